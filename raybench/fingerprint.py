@@ -1,0 +1,100 @@
+"""Hardware and software provenance recorded with every result row.
+
+Environment variables are captured only from an allow-list of prefixes, and any name that looks like a
+secret is dropped even when its prefix is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+ENV_ALLOWED_PREFIXES = ("NCCL_", "CUDA_", "OMP_", "TORCH_", "TORCHINDUCTOR_", "MKL_", "SLURM_JOB_ID", "SLURM_NODELIST")
+SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+PACKAGES = ("torch", "ray", "transformers", "peft", "deepspeed", "raybench")
+
+
+def captured_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    return {
+        k: v for k, v in sorted(environ.items())
+        if k.startswith(ENV_ALLOWED_PREFIXES) and not SECRET_PATTERN.search(k)
+    }
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@cache
+def git_sha() -> str | None:
+    """The commit of the raybench source tree when it runs from a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def ram_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def software() -> dict:
+    import torch
+
+    nccl = None
+    if torch.cuda.is_available():
+        nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+    row = {f"{name}_version": package_version(name) for name in PACKAGES}
+    row.update(python_version=platform.python_version(), cuda_version=torch.version.cuda, nccl_version=nccl,
+               git_sha=git_sha())
+    return row
+
+
+def hardware(device) -> dict:
+    import torch
+
+    gpu = device.type == "cuda"
+    props = torch.cuda.get_device_properties(device) if gpu else None
+    return {
+        "device_type": device.type,
+        "gpu_name": props.name if gpu else None,
+        "gpu_count": torch.cuda.device_count() if gpu else 0,
+        "gpu_memory_gib": props.total_memory / 2**30 if gpu else None,
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "ram_gib": ram_gib(),
+        "hostname": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "platform": f"{platform.system()} {platform.release()} {sys.implementation.name}",
+    }

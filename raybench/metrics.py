@@ -1,0 +1,75 @@
+"""Pure metric functions: percentiles, throughput, the FLOP model, MFU. No torch, no I/O.
+
+FLOP model (per processed token, forward + backward; activation recomputation is NOT counted, so MFU is
+model FLOPs utilization as in PaLM, not hardware FLOPs):
+  N   = parameters that take part in matmuls: every weight except the input embedding lookup
+        (a tied output head counts once, as the head)
+  full fine-tuning: 6N            (forward 2N, backward 4N: activation grads 2N + weight grads 2N)
+  LoRA / frozen base: 4N + 2T     (forward 2N, activation grads 2N, weight grads only for the T trainables)
+  attention: 12 * L * s * d       (QK^T and AV: 4*s*d per layer forward, twice that backward; no causal discount)
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+# Dense (no sparsity) peak TFLOP/s per GPU by compute dtype. First matching name fragment wins, so the more
+# specific names come first. A GPU missing here gets MFU = null rather than a guess.
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("GB200", {"bf16": 2500.0}),
+    ("B200", {"bf16": 2250.0}),
+    ("H200", {"bf16": 989.0, "fp32": 67.0}),
+    ("H100 NVL", {}),
+    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.0}),
+    ("H100", {"bf16": 989.0, "fp32": 67.0}),  # SXM (HBM3) parts report "NVIDIA H100 80GB HBM3"
+    ("A100", {"bf16": 312.0, "fp32": 19.5}),
+]
+
+
+def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
+    if not gpu_name:
+        return None
+    for fragment, peaks in PEAK_TFLOPS:
+        if fragment.lower() in gpu_name.lower():
+            return peaks.get(precision)
+    return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100] (numpy's default method)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def step_time_stats(step_times_s: list[float]) -> dict[str, float]:
+    return {
+        "step_time_p50_s": percentile(step_times_s, 50),
+        "step_time_p90_s": percentile(step_times_s, 90),
+        "step_time_mean_s": statistics.fmean(step_times_s),
+        "step_time_std_s": statistics.pstdev(step_times_s),
+    }
+
+
+def matmul_params(params_total: int, vocab_size: int, hidden_size: int, tied_embeddings: bool) -> int:
+    """Parameters used in matmuls: the input embedding is a lookup, unless it doubles as the output head."""
+    return params_total if tied_embeddings else params_total - vocab_size * hidden_size
+
+
+def flops_per_token(
+    matmul_params_n: int, trainable_params: int, full_finetune: bool, num_layers: int, seq_len: int, hidden_size: int
+) -> float:
+    dense = 6 * matmul_params_n if full_finetune else 4 * matmul_params_n + 2 * trainable_params
+    attention = 12 * num_layers * seq_len * hidden_size
+    return float(dense + attention)
+
+
+def mfu(tok_per_s_per_gpu: float, flops_per_tok: float, peak_tflops_per_gpu: float | None) -> float | None:
+    """Model FLOPs utilization in [0, 1]; None when the GPU's peak is unknown (CPU runs included)."""
+    if peak_tflops_per_gpu is None:
+        return None
+    return tok_per_s_per_gpu * flops_per_tok / (peak_tflops_per_gpu * 1e12)

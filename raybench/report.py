@@ -1,0 +1,58 @@
+"""Text tables of planned trials and of stored results."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from raybench.plan import PlannedTrial
+
+
+def render(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _fmt(value, spec: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def plan_table(trials: list[PlannedTrial]) -> str:
+    axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
+    headers = ["#", "trial_id", *axes, "world", "layers", "ac_blocks", "status"]
+    rows = [
+        [str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes), str(t.world_size),
+         str(t.shape.num_hidden_layers), ",".join(map(str, t.ac_blocks)) or "-",
+         t.status if not t.reasons else f"{t.status}: {'; '.join(t.reasons)}"]
+        for t in trials
+    ]
+    return render(headers, rows)
+
+
+def results_table(df) -> str:
+    """Stored rows (a DataFrame from read_results) as a table, one line per trial."""
+    if len(df) == 0:
+        return "no results"
+    records = df.sort_values(["sweep", "started_at", "trial_id"], na_position="last").to_dict("records")
+    axis_values = [json.loads(r["axis_values_json"] or "{}") for r in records]
+    axes = list(dict.fromkeys(k for a in axis_values for k in a))
+    on_gpu = all(r["device_type"] == "cuda" for r in records if r["status"] == "ok")
+    per = "GPU" if on_gpu else "worker"
+    headers = ["sweep", "trial_id", "status", *(a.split(".")[-1] for a in axes), f"tok/s/{per}",
+               f"nonpad tok/s/{per}", "step p50 ms", "step p90 ms", "peak GiB", "loss first→final", "message"]
+    rows = []
+    for r, values in zip(records, axis_values):
+        peak = r["peak_reserved_gib"] if r["device_type"] == "cuda" else r["peak_rss_gib"]
+        loss = f"{_fmt(r['loss_first'], '.3f')}→{_fmt(r['loss_final'], '.3f')}" if r["status"] == "ok" else "-"
+        rows.append([
+            r["sweep"], r["trial_id"], r["status"], *(str(values.get(a, "")) for a in axes),
+            _fmt(r["tok_per_s_per_device"], ",.0f"), _fmt(r["nonpad_tok_per_s_per_device"], ",.0f"),
+            _fmt(r["step_time_p50_s"] and r["step_time_p50_s"] * 1000, ".1f"),
+            _fmt(r["step_time_p90_s"] and r["step_time_p90_s"] * 1000, ".1f"),
+            _fmt(peak, ".2f"), loss, (r["message"] or "")[:80],
+        ])
+    note = "" if on_gpu else "\n(CPU run: throughput is per worker process, not per GPU; peak is host RSS)"
+    return render(headers, rows) + note

@@ -1,0 +1,16 @@
+"""DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets during backward."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from raybench.config import TrainSpec
+from raybench.strategies import RankContext, Trainable, autocast_for, torch_trainable
+
+
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    # LoRA freezes most weights; DDP then needs to skip them when building its reducer buckets (it does).
+    ddp = DistributedDataParallel(model, device_ids=device_ids)
+    return torch_trainable(ddp, train, ctx, no_grad_sync=ddp.no_sync, autocast=autocast_for(train, ctx.device))

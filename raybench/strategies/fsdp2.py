@@ -1,0 +1,40 @@
+"""FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded across ranks.
+
+Each decoder block is its own FSDP unit (all-gathered just before it runs, freed after if
+reshard_after_forward), then the root takes the embeddings and head. bf16 uses a MixedPrecisionPolicy with
+fp32 gradient reduction, so no autocast is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from raybench.config import TrainSpec
+from raybench.model import decoder_blocks
+from raybench.strategies import RankContext, Trainable, torch_trainable
+
+
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    mp = MixedPrecisionPolicy()
+    if train.precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    shard = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=train.reshard_after_forward)
+    for block in decoder_blocks(model):
+        fully_shard(block, **shard)
+    fully_shard(model, **shard)
+
+    @contextlib.contextmanager
+    def no_grad_sync():
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    return torch_trainable(model, train, ctx, no_grad_sync=no_grad_sync, autocast=contextlib.nullcontext)

@@ -1,0 +1,90 @@
+"""One trial: run it through an executor, turn the outcome (failure included) into a row, store the row.
+
+A failed trial is a result row with a status and a one-line message, never an aborted sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from raybench import store
+from raybench.store import SCHEMA, flatten_config, json_column
+
+STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s")
+_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "OOM")
+
+
+def one_line_message(text: str, limit: int = 500) -> str:
+    """The most telling line of an error text: its last 'SomeError: ...' line, else its first line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    exc_lines = [line for line in lines if _EXC_LINE.match(line)]
+    return (exc_lines[-1] if exc_lines else lines[0])[:limit]
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, TimeoutError):
+        return "timeout", one_line_message(text)
+    status = "oom" if any(m in text for m in _OOM_MARKERS) else "error"
+    return status, one_line_message(text)
+
+
+def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dict | None = None,
+              started_at: datetime | None = None, ended_at: datetime | None = None,
+              wall_s: float | None = None, executor: str | None = None) -> dict:
+    metrics = dict(metrics or {})
+    config = payload["config"]
+    row = {
+        "sweep": sweep,
+        "trial_id": payload["trial_id"],
+        "config_id": payload["config_id"],
+        "repeat": payload["repeat"],
+        "status": status,
+        "message": message,
+        "executor": executor,
+        "started_at": started_at,
+        "ended_at": ended_at or datetime.now(timezone.utc),
+        "trial_wall_s": wall_s,
+        **flatten_config(config),
+        "world_size": config["resources"]["workers"],
+        "num_layers": payload["num_layers"],
+        "ac_blocks": payload["ac_blocks"],
+        "axis_values_json": json_column(payload["axis_values"]),
+        "config_json": json_column(config),
+        "env_json": json_column(metrics.pop("env", None)),
+    }
+    row.update({k: v for k, v in metrics.items() if k in SCHEMA.names and k not in row})
+    return row
+
+
+def run_trial(payload: dict, sweep: str, store_path: str, executor: str,
+              execute: Callable[[dict], dict]) -> dict:
+    """Execute one planned trial and store its row; never raises for a failure of the trial itself."""
+    started_at = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    try:
+        metrics, status, message = execute(payload), "ok", ""
+    except Exception as exc:  # any failure of the benchmark becomes the row's status
+        metrics = {}
+        status, message = classify(exc)
+    row = build_row(payload, sweep, status, message, metrics, started_at, datetime.now(timezone.utc),
+                    time.perf_counter() - t0, executor)
+    store.write_row(store_path, row)
+    return row
+
+
+def summary(row: dict) -> str:
+    """One progress line for a finished trial."""
+    axes = json.loads(row["axis_values_json"] or "{}")
+    where = " ".join(f"{k.split('.')[-1]}={v}" for k, v in axes.items())
+    if row["status"] == "ok":
+        return (f"{row['trial_id']} ok  {where}  {row['tok_per_s_per_device']:.0f} tok/s/device  "
+                f"step p50 {row['step_time_p50_s'] * 1000:.0f} ms")
+    return f"{row['trial_id']} {row['status']}  {where}  {row['message']}"

@@ -1,0 +1,110 @@
+"""Sweep validation: every problem reported at once, with field, value and fix; exit 2; nothing written."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from raybench import cli
+from raybench.config import ConfigError, load_sweep, parse_ratio, parse_sweep
+
+BASE = {"name": "t", "model": {"preset": "tiny"}}
+
+
+def problems(raw: dict) -> list:
+    with pytest.raises(ConfigError) as info:
+        parse_sweep(raw)
+    return info.value.problems
+
+
+def fields(raw: dict) -> set[str]:
+    return {p.field for p in problems(raw)}
+
+
+def test_three_separate_mistakes_reported_together():
+    raw = {**BASE, "train": {"stpes": 10, "micro_batch": 0, "strategy": "dpp"}}
+    found = problems(raw)
+    assert {p.field for p in found} == {"train.stpes", "train.micro_batch", "train.strategy"}
+    typo = next(p for p in found if p.field == "train.stpes")
+    assert "did you mean 'steps'" in typo.message
+    strategy = next(p for p in found if p.field == "train.strategy")
+    assert strategy.value == "dpp" and "ddp" in strategy.message
+
+
+def test_wrong_types_and_unknown_top_level_key():
+    raw = {**BASE, "resources": {"workers": "two"}, "repeat": 3}
+    assert fields(raw) == {"resources.workers", "repeat"}
+    assert "did you mean 'repeats'" in next(p for p in problems(raw) if p.field == "repeat").message
+
+
+@pytest.mark.parametrize("value", [1.5, "1/0", "__import__('os').system('true')", "1/2+1/4", True, -0.25, "3/2"])
+def test_bad_ac_ratio_names_the_field(value):
+    found = problems({**BASE, "train": {"ac_ratio": value}})
+    assert [p.field for p in found] == ["train.ac_ratio"]
+
+
+@pytest.mark.parametrize("value, expected", [("3/4", Fraction(3, 4)), (0.5, Fraction(1, 2)), ("0.25", Fraction(1, 4)),
+                                             (0, Fraction(0)), (1, Fraction(1)), (" 1 / 3 ", Fraction(1, 3))])
+def test_ac_ratio_parsing(value, expected):
+    assert parse_ratio(value) == expected
+
+
+def test_equal_ratios_have_one_spelling():
+    a = parse_sweep({**BASE, "train": {"ac_ratio": 0.5}})
+    b = parse_sweep({**BASE, "train": {"ac_ratio": "1/2"}})
+    assert a.train.ac_ratio == b.train.ac_ratio == "1/2"
+
+
+def test_axes_errors_point_at_the_bad_value():
+    raw = {**BASE, "axes": {"train.strategy": ["ddp", "zero9"], "train.micro_bach": [1], "train.seq_len": []}}
+    assert fields(raw) == {"axes.train.strategy[1]", "axes.train.micro_bach", "axes.train.seq_len"}
+    assert "did you mean 'train.micro_batch'" in next(p.message for p in problems(raw)
+                                                      if p.field == "axes.train.micro_bach")
+
+
+def test_model_needs_exactly_one_source():
+    assert fields({"name": "t", "model": {}}) == {"model"}
+    assert fields({"name": "t", "model": {"preset": "tiny", "path": "/nonexistent"}}) >= {"model"}
+
+
+def test_missing_paths_and_pickle_only_weights(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80")
+    found = problems({"name": "t", "model": {"path": str(tmp_path)},
+                      "data": {"source": "json", "path": str(tmp_path / "missing.jsonl")}})
+    by_field = {p.field: p.message for p in found}
+    assert "pickle" in by_field["model.path"] and "allow_pickle" in by_field["model.path"]
+    assert by_field["data.path"] == "file not found"
+    parse_sweep({"name": "t", "model": {"path": str(tmp_path), "allow_pickle": True}})  # explicit opt-in is accepted
+
+
+def test_cli_validate_exits_2_and_lists_all(tmp_path, capsys):
+    sweep = tmp_path / "bad.yaml"
+    sweep.write_text("name: bad\nmodel: {preset: tiny}\ntrain: {stpes: 10, micro_batch: 0, strategy: dpp}\n"
+                     "store: " + str(tmp_path / "store") + "\n")
+    assert cli.main(["validate", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err
+    for name in ("train.stpes", "train.micro_batch", "train.strategy"):
+        assert name in err
+    assert "Traceback" not in err
+    assert cli.main(["run", str(sweep)]) == 2
+    assert not (tmp_path / "store").exists()
+
+
+def test_cross_field_rule_rejected_at_plan_time(tmp_path, capsys):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\nmodel: {preset: tiny}\ntrain: {steps: 4}\naxes: {train.warmup_steps: [1, 4]}\n")
+    assert cli.main(["validate", str(sweep)]) == 2
+    assert "train.warmup_steps" in capsys.readouterr().err
+    assert cli.main(["validate", str(sweep), "--keep-invalid"]) == 0
+
+
+def test_yaml_syntax_and_missing_file(tmp_path):
+    bad = tmp_path / "x.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_sweep(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_sweep(tmp_path / "nope.yaml")

@@ -1,0 +1,57 @@
+"""Presets build the published shapes; local directories load safetensors only; data packing and padding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raybench import data
+from raybench.config import ModelSpec
+from raybench.model import build_model, count_params, decoder_blocks
+
+
+@pytest.mark.parametrize("preset, billions", [("llama-3.2-1b", 1.236), ("llama-3-8b", 8.03), ("qwen2.5-14b", 14.77)])
+def test_presets_match_published_sizes(preset, billions):
+    model = build_model(ModelSpec(preset=preset), torch.device("meta"), seed=0)
+    total, trainable = count_params(model)
+    assert total / 1e9 == pytest.approx(billions, rel=0.01)
+    assert trainable == total
+
+
+def test_local_dir_loads_safetensors(model_dir):
+    model = build_model(ModelSpec(path=str(model_dir)), torch.device("cpu"), seed=0)
+    assert len(decoder_blocks(model)) == 2
+    reloaded = build_model(ModelSpec(path=str(model_dir)), torch.device("cpu"), seed=1)
+    for a, b in zip(model.parameters(), reloaded.parameters()):  # weights come from the file, not the seed
+        assert torch.equal(a, b)
+
+
+def test_pickle_only_dir_is_refused(tmp_path, model_dir):
+    import shutil
+
+    shutil.copy(model_dir / "config.json", tmp_path / "config.json")
+    torch.save({}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="pickle"):
+        build_model(ModelSpec(path=str(tmp_path)), torch.device("cpu"), seed=0)
+
+
+def test_pack_and_pad():
+    packed = data.pack([[1, 2, 3], [4, 5], [6, 7, 8, 9]], seq_len=4)
+    assert packed.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    ids, mask = data.pad([[1, 2, 3, 4, 5], [6]], seq_len=3, pad_id=0)
+    assert ids.tolist() == [[1, 2, 3], [6, 0, 0]] and mask.sum().item() == 4
+
+
+def test_text_batches_mask_padding_in_labels(model_dir, alpaca_file):
+    from raybench.config import TrialConfig
+    from raybench.plan import model_shape
+
+    config = TrialConfig.model_validate({
+        "model": {"path": str(model_dir)},
+        "data": {"source": "json", "path": str(alpaca_file), "packing": False},
+        "train": {"seq_len": 64, "micro_batch": 4},
+    })
+    batch = next(data.batches(config, model_shape(config), rank=0, world_size=2))
+    assert batch["input_ids"].shape == (4, 64)
+    assert ((batch["labels"] == data.IGNORE_INDEX) == (batch["attention_mask"] == 0)).all()
+    assert 0 < batch["attention_mask"].sum() < 4 * 64
