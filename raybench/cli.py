@@ -11,8 +11,10 @@ import json
 import sys
 
 from raybench.config import ConfigError, load_sweep
+from raybench.slurm import SlurmError
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130  # SIGTERM / Ctrl-C: stored rows are kept; the same command resumes the sweep
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,10 +52,24 @@ def _run(args) -> int:
     from raybench.report import results_table
 
     spec = load_sweep(args.sweep)
+    address = args.address
+    if args.cluster:  # before anything imports ray: the cluster's token must be in the environment first
+        from raybench import slurm
+
+        address = slurm.connect(args.cluster)
     store_path = args.store or spec.store
     progress = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
-    trials = run_sweep(spec, address=args.address, store_path=store_path, keep_invalid=args.keep_invalid,
-                       rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
+    from raybench.sweep import Terminated, terminate_on_sigterm
+
+    try:
+        with terminate_on_sigterm():
+            trials = run_sweep(spec, address=address, store_path=store_path, keep_invalid=args.keep_invalid,
+                               rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
+    except (Terminated, KeyboardInterrupt) as why:
+        # Every finished trial's row is already stored (each is written atomically when its trial ends).
+        print(f"interrupted ({why or 'Ctrl-C'}); finished trials are stored in {store_path}; "
+              f"run the same command again to resume", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     rows = read_results(store_path, spec.name)
     print(results_table(rows))
     ran = rows[rows.trial_id.isin({t.trial_id for t in trials})]
@@ -91,6 +107,95 @@ def _report(args) -> int:
     return EXIT_OK
 
 
+def _slurm_options(args):
+    from raybench.slurm import SlurmOptions
+
+    return SlurmOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
+                        mem=args.mem, time=args.time, partition=args.partition, account=args.account,
+                        container_cmd=args.container_cmd, port=args.port)
+
+
+def _slurm_submit(args) -> int:
+    from raybench import slurm
+
+    extra = [flag for flag, on in (("--rerun", args.rerun), ("--keep-invalid", args.keep_invalid)) if on]
+    job_id, job_dir = slurm.submit(args.sweep, _slurm_options(args), args.store, extra)
+    print(f"submitted job {job_id}; script, log and token in {job_dir}", flush=True)
+    if not args.wait:
+        return EXIT_OK
+    code = slurm.sweep_exit_code(job_id, job_dir)
+    print(f"job {job_id} finished: the sweep exited {code}; log: {sorted(job_dir.glob('slurm-*.out'))[-1]}")
+    return code
+
+
+def _cluster_up(args) -> int:
+    from raybench import slurm
+
+    record = slurm.cluster_up(args.name, _slurm_options(args), ready_timeout=args.ready_timeout)
+    print(f"cluster {args.name} up: job {record['job_id']}, address {record['address']}; "
+          f"run sweeps with `raybench run SWEEP --cluster {args.name}`")
+    return EXIT_OK
+
+
+def _cluster_status(args) -> int:
+    from raybench import slurm
+
+    status = slurm.cluster_status(args.name)
+    print(json.dumps(status) if args.json else
+          f"cluster {status['name']}: job {status['job_id']} {status['state']}, address {status['address'] or '-'}")
+    return EXIT_OK if status["state"] != "GONE" else EXIT_TRIALS_FAILED
+
+
+def _cluster_down(args) -> int:
+    from raybench import slurm
+
+    job_id = slurm.cluster_down(args.name, timeout=args.timeout)
+    print(f"cluster {args.name} down (job {job_id} ended)")
+    return EXIT_OK
+
+
+def _add_slurm_options(p) -> None:
+    p.add_argument("--nodes", type=int, default=1, help="nodes (Ray head on the first, a worker on each other)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (sbatch --gpus-per-node)")
+    p.add_argument("--cpus-per-node", type=int, help="CPUs per node (default: the partition's default)")
+    p.add_argument("--mem", help="memory per node, e.g. 200G (default: the partition's default)")
+    p.add_argument("--time", default="01:00:00", help="time limit, e.g. 30, 02:00:00, 1-00:00:00")
+    p.add_argument("--partition", help="SLURM partition")
+    p.add_argument("--account", help="SLURM account")
+    p.add_argument("--container-cmd", help="prefix for ray and raybench, e.g. 'apptainer exec --nv img.sif'")
+    p.add_argument("--port", type=int, default=6379,
+                   help="Ray GCS port; node i uses port+1000*i … port+1000*i+999 (default 6379)")
+
+
+def _add_slurm_parsers(sub) -> None:
+    slurm = sub.add_parser("slurm", help="run a sweep as one SLURM job").add_subparsers(
+        dest="slurm_command", required=True, parser_class=_Parser)
+    p = slurm.add_parser("submit", help="allocation → Ray cluster → sweep → results → exit (one job)")
+    p.add_argument("sweep")
+    _add_slurm_options(p)
+    p.add_argument("--store", help="result store directory, on a filesystem every node sees")
+    p.add_argument("--rerun", action="store_true", help="run trials again even if stored as ok")
+    p.add_argument("--keep-invalid", action="store_true", help="record impossible grid points as invalid rows")
+    p.add_argument("--wait", action="store_true", help="wait for the job; exit with the sweep's exit code")
+    p.set_defaults(func=_slurm_submit)
+
+    cluster = sub.add_parser("cluster", help="hold a warm Ray cluster on a SLURM allocation").add_subparsers(
+        dest="cluster_command", required=True, parser_class=_Parser)
+    p = cluster.add_parser("up", help="submit a job holding a Ray cluster; wait until it is up")
+    p.add_argument("name")
+    _add_slurm_options(p)
+    p.add_argument("--ready-timeout", type=float, default=900, help="seconds to wait for the cluster (900)")
+    p.set_defaults(func=_cluster_up)
+    p = cluster.add_parser("status", help="the cluster's job state and address")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cluster_status)
+    p = cluster.add_parser("down", help="scancel the cluster's job and wait until every process is gone")
+    p.add_argument("name")
+    p.add_argument("--timeout", type=float, default=300, help="seconds to wait for the job to end (300)")
+    p.set_defaults(func=_cluster_down)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="raybench", description="Benchmark LLM fine-tuning configurations as Ray sweeps.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -108,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a sweep on an embedded local Ray, or on --address")
     p.add_argument("sweep")
-    p.add_argument("--address", help="existing Ray cluster (ray://… or host:port); default: private local Ray")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--address", help="existing Ray cluster (ray://… or host:port); default: private local Ray")
+    where.add_argument("--cluster", metavar="NAME", help="a cluster started by `raybench cluster up NAME`")
     p.add_argument("--store", help="result store directory (overrides the sweep's store)")
     p.add_argument("--keep-invalid", action="store_true", help="record impossible grid points as invalid rows")
     p.add_argument("--rerun", action="store_true", help="run trials again even if stored as ok")
@@ -127,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", help="only this sweep")
     p.add_argument("--all-attempts", action="store_true", help="every attempt, not only the latest per trial")
     p.set_defaults(func=_report)
+    _add_slurm_parsers(sub)
     return parser
 
 
@@ -137,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(err.report(), file=sys.stderr)
         return EXIT_BAD_INPUT
+    except SlurmError as err:
+        print(f"raybench: {err}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
+import typing
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from raybench.fingerprint import SECRET_PATTERN
 from raybench.presets import PRESETS
 
 TRIAL_SECTIONS = ("model", "data", "train", "resources")
@@ -79,9 +82,59 @@ def _canonical_ratio(value: Any) -> str:
 
 Ratio = Annotated[str, BeforeValidator(_canonical_ratio)]
 
+# A trial may tune communication, threading and compiler knobs, but not redirect what runs (PATH, LD_PRELOAD,
+# PYTHONPATH) or leak into the launcher: only these prefixes are accepted in train.env.
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "CUDA_", "OMP_", "MKL_", "KMP_", "UCX_",
+                "FI_", "DS_")
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def _check_env(value: Any) -> Any:
+    """train.env: names from ENV_PREFIXES, scalar values (numbers become strings, as a shell would pass them)."""
+    if not isinstance(value, dict):
+        raise ValueError("expected a mapping of environment variable names to values, e.g. {NCCL_BUFFSIZE: 4194304}")
+    out = {}
+    for name, val in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name) or not name.startswith(ENV_PREFIXES):
+            raise ValueError(f"variable {name!r} is not allowed; use an upper-case name starting with one of "
+                             f"{', '.join(ENV_PREFIXES)}")
+        if SECRET_PATTERN.search(name):  # the sweep's config is stored with every row: no secrets in it
+            raise ValueError(f"variable {name!r} looks like a secret; secrets must not be in a sweep file (it is "
+                             "stored with every result row): export it in the environment that launches raybench")
+        if isinstance(val, bool) or not isinstance(val, (str, int, float)):
+            raise ValueError(f"{name}: value {val!r} must be a string or a number")
+        out[name] = str(val)
+    return out
+
+
+def worker_env(train: dict) -> dict[str, str]:
+    """Variables a trial's workers get on top of the launcher's: train.env plus the compile cache directory.
+
+    Launchers set them when they start the workers (torchrun's subprocess env, Ray Train's worker runtime env),
+    before any process group or communicator exists, so NCCL_* settings take effect for this trial only.
+    """
+    env = dict(train.get("env") or {})
+    if train.get("compile_cache_dir"):
+        env["TORCHINDUCTOR_CACHE_DIR"] = train["compile_cache_dir"]
+    return env
+
+
+def _numeric(annotation) -> bool:
+    """int or float, possibly optional (`float | None`)."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    return annotation in (int, float) or any(a in (int, float) for a in args)
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads `workers: true` as 1: a YAML slip that must not pass as a number.
+        if isinstance(value, bool) and _numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
+        return value
 
 
 class ModelSpec(_Spec):
@@ -89,7 +142,9 @@ class ModelSpec(_Spec):
     path: str | None = Field(None, description="Local Hugging Face model directory (safetensors weights).")
     allow_pickle: bool = Field(False, description="Allow pickle (.bin/.pt) weights; unsafe, off by default.")
     trust_remote_code: bool = Field(False, description="Run a model directory's own Python code.")
-    attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = Field(
+        "sdpa", description="transformers attention kernel (flash_attention_2: CUDA and the flash-attn package)."
+    )
 
 
 class DataSpec(_Spec):
@@ -99,6 +154,10 @@ class DataSpec(_Spec):
     packing: bool = Field(True, description="Concatenate examples into full sequences instead of padding each.")
     num_workers: int = Field(0, ge=0, le=64, description="torch DataLoader worker processes per rank.")
     pin_memory: bool = Field(False, description="Pin host memory of batches (GPU only).")
+    prefetch_factor: int | None = Field(
+        None, ge=1, le=1024, description="Batches each loader worker prepares ahead; needs num_workers > 0."
+    )
+    persistent_workers: bool = Field(True, description="Keep loader workers alive across epochs (num_workers > 0).")
 
 
 class LoraSpec(_Spec):
@@ -111,29 +170,58 @@ class LoraSpec(_Spec):
 
 
 class TrainSpec(_Spec):
-    strategy: Literal["ddp", "fsdp2"] = Field("ddp", description="How ranks share the model.")
+    strategy: Literal["ddp", "fsdp2", "deepspeed", "tp", "tp_fsdp2"] = Field("ddp", description=(
+        "How ranks share the model: ddp replicas; fsdp2 sharding; deepspeed ZeRO (train.zero_stage); tp tensor "
+        "parallel over all ranks; tp_fsdp2 a 2D mesh, tp_size ranks per TP group and FSDP2 across groups."))
+    tp_size: int = Field(1, ge=1, le=1024, description=(
+        "Tensor-parallel group size: the world size for tp, >1 and dividing the world size for tp_fsdp2, else 1."))
+    zero_stage: int = Field(2, ge=1, le=3, description=(
+        "DeepSpeed ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded (strategy=deepspeed)."))
+    offload: Literal["none", "optimizer", "optimizer_params"] = Field("none", description=(
+        "DeepSpeed ZeRO offload to host memory (GPU only): optimizer state, or with stage 3 parameters too."))
     steps: int = Field(20, ge=1, le=1_000_000, description="Optimizer steps per trial, warm-up included.")
     warmup_steps: int = Field(3, ge=0, description="Leading steps excluded from every timing.")
     seq_len: int = Field(512, ge=8, le=1_048_576, description="Tokens per sequence.")
     micro_batch: int = Field(1, ge=1, le=4096, description="Sequences per rank per forward pass.")
     grad_accum: int = Field(1, ge=1, le=4096, description="Micro-batches per optimizer step.")
-    precision: Literal["fp32", "bf16"] = Field("bf16", description="Compute dtype (bf16: autocast / FSDP2 policy).")
-    finetune: Literal["full", "lora"] = Field("full", description="Train every weight, or LoRA adapters only.")
-    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA settings (used when finetune=lora).")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("bf16", description=(
+        "Compute dtype (bf16/fp16: autocast, FSDP2 policy or DeepSpeed's own; fp16 needs grad_scaler)."))
+    grad_scaler: bool = Field(True, description=(
+        "fp16 only: dynamic loss scaling (torch GradScaler with ddp, DeepSpeed's own scaler with deepspeed)."))
+    finetune: Literal["full", "lora", "qlora"] = Field("full", description=(
+        "Train every weight, LoRA adapters only, or LoRA on a 4-bit bitsandbytes base (qlora: CUDA only)."))
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA settings (used when finetune=lora/qlora).")
     ac_ratio: Ratio = Field("0", description="Fraction of decoder blocks activation-checkpointed, e.g. '1/2'.")
+    ac_mode: Literal["block", "op"] = Field("block", description=(
+        "How a checkpointed block saves memory: block recomputes it whole (ac_ratio 1 = full AC); op keeps "
+        "matmul and attention outputs and recomputes the rest (torchtitan's op-level selective AC)."))
     compile: bool = Field(False, description="torch.compile each decoder block.")
-    optimizer: Literal["adamw"] = Field("adamw", description="Optimizer.")
+    compile_cache_dir: str | None = Field(None, description=(
+        "TORCHINDUCTOR_CACHE_DIR for this trial's workers (a warm cache skips recompiling); null: inductor's default."))
+    liger: bool = Field(False, description="Patch the model with Liger Triton kernels (CUDA and liger-kernel only).")
+    optimizer: Literal["adamw", "adamw_foreach", "adamw_fused", "adafactor", "sgd"] = Field("adamw", description=(
+        "adamw picks fused on CUDA and foreach elsewhere; adamw_foreach/adamw_fused force one; adafactor "
+        "(torch.optim.Adafactor); sgd with momentum 0.9."))
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1, description="Decoupled weight decay.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm; null disables clipping.")
     reshard_after_forward: bool = Field(True, description="FSDP2: free gathered weights after forward.")
     seed: int = Field(0, ge=0, description="Seed for weights and synthetic data.")
+    env: Annotated[dict[str, str], BeforeValidator(_check_env)] = Field(default_factory=dict, description=(
+        "Environment variables for this trial's workers only, e.g. {NCCL_SOCKET_NTHREADS: '4'}; names must "
+        f"start with one of {', '.join(ENV_PREFIXES)}."))
 
 
 class ResourcesSpec(_Spec):
     workers: int = Field(1, ge=1, le=65536, description="Ranks per trial (one per GPU on GPU clusters).")
     cpus_per_worker: float = Field(1, gt=0, le=1024, description="CPUs reserved per rank.")
     gpus_per_worker: int = Field(0, ge=0, le=1, description="GPUs per rank: 1 on GPU clusters, 0 for CPU runs.")
+    timeout_s: float = Field(3600, ge=1, le=7 * 86400, description=(
+        "Wall-clock limit per trial, start-up included; a trial past it (a stuck collective, a deadlock) is "
+        "killed, its resources freed and its row marked timeout. Also the torch.distributed collective timeout."))
+    memory_limit_gib: float | None = Field(None, gt=0, le=65536, description=(
+        "Host-memory cap per worker process (private memory, RLIMIT_DATA); an allocation past it fails and "
+        "the trial is recorded as oom. null: no cap."))
 
 
 class TrialConfig(_Spec):
@@ -145,6 +233,19 @@ class TrialConfig(_Spec):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
 
 
+class PoolSpec(_Spec):
+    recycle_after_trials: int = Field(200, ge=1, le=1_000_000, description=(
+        "Replace a pool group's actors after this many trials (bounds slow memory creep)."))
+
+
+class ProjectionSpec(_Spec):
+    """The full run the user plans, to project each trial's hours and GPU-hours (not part of trial ids)."""
+
+    dataset_tokens: float | None = Field(None, gt=0, description="Tokens in the training set (one epoch).")
+    epochs: float = Field(1.0, gt=0, description="Passes over dataset_tokens.")
+    total_steps: int | None = Field(None, ge=1, description="Optimizer steps of the full run (instead of tokens).")
+
+
 class SweepSpec(_Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="Sweep name (store partition).")
     description: str = Field("", description="Free text shown in reports.")
@@ -152,11 +253,18 @@ class SweepSpec(_Spec):
     data: DataSpec = Field(default_factory=DataSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    axes: dict[str, list[Any]] = Field(default_factory=dict, description="Grid: dotted trial field -> values.")
+    axes: dict[str, list[Any]] = Field(default_factory=dict, description=(
+        "Grid: dotted trial field -> values; or a bundle name -> list of {dotted field: value} mappings, each "
+        "setting several fields together (one grid point per mapping)."))
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="Grid points to drop (partial match).")
-    executor: Literal["train"] = Field("train", description="How a trial's ranks are started.")
+    executor: Literal["train", "pool", "torchrun"] = Field("train", description=(
+        "How a trial's ranks are started: 'train' (new Ray Train workers per trial, any cluster), 'pool' (warm "
+        "Ray actors reused across trials and sweeps: milliseconds per trial instead of seconds) or 'torchrun' "
+        "(a torchrun per trial on the node of its Ray Tune driver; single-node)."))
+    pool: PoolSpec = Field(default_factory=PoolSpec, description="Warm pool settings (executor: pool).")
     store: str = Field("./raybench-results", description="Result store directory (relative to the cwd).")
     repeats: int = Field(1, ge=1, le=100, description="Measurements per configuration.")
+    projection: ProjectionSpec = Field(default_factory=ProjectionSpec, description="Full-run cost projection.")
 
     def base_trial(self) -> dict:
         """The trial fields before any axis is applied, as plain data."""
@@ -174,12 +282,18 @@ def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
+def _loc_part(part: Any) -> str:
+    # A key that prints as nothing (an empty or blank YAML key) is shown quoted, so the field is never blank.
+    text = str(part)
+    return text if text.strip() else repr(text)
+
+
 def problems_from_validation(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[Problem]:
     """Turn pydantic errors into Problems with dotted paths, the bad value and a fix."""
     problems = []
     for e in err.errors(include_url=False):
         loc = tuple(e["loc"])
-        path = prefix + ".".join(str(p) for p in loc)
+        path = prefix + ".".join(_loc_part(p) for p in loc)
         if e["type"] == "extra_forbidden":
             known = _known_keys(model, loc[:-1])
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
@@ -227,7 +341,8 @@ def _check_axes(spec: SweepSpec) -> list[Problem]:
     base = spec.base_trial()
     for key, values in spec.axes.items():
         where = f"axes.{key}"
-        if (why := _section_path_ok(key)) is not None:
+        why = _section_path_ok(key) if "." in key else _bundle_problem(key, values)
+        if why is not None:
             problems.append(Problem(where, values, why))
             continue
         if not values:
@@ -237,18 +352,42 @@ def _check_axes(spec: SweepSpec) -> list[Problem]:
             problems.append(Problem(where, values, "repeated values; list each value once (use repeats: for more)"))
         for i, value in enumerate(values):
             trial = _copy_sections(base)
-            set_path(trial, key, value)
+            assigned = axis_assignments(key, value)
+            for path, leaf in assigned.items():
+                set_path(trial, path, leaf)
             try:
                 TrialConfig.model_validate(trial)
             except ValidationError as err:
                 for p in problems_from_validation(err, TrialConfig):
-                    if p.field == key or p.field.startswith(key + "."):
-                        problems.append(Problem(f"{where}[{i}]{p.field[len(key):]}", value, p.message))
+                    for path in assigned:
+                        if p.field == path or p.field.startswith(path + "."):
+                            sub = p.field[len(key):] if "." in key else f".{p.field}"
+                            problems.append(Problem(f"{where}[{i}]{sub}", value, p.message))
     for i, rule in enumerate(spec.exclude):
         for key in rule:
             if key not in spec.axes:
                 problems.append(Problem(f"exclude[{i}].{key}", rule[key], "exclude keys must be axis keys"))
     return problems
+
+
+def axis_assignments(key: str, value: Any) -> dict[str, Any]:
+    """The trial fields one axis value sets: {key: value}, or for a bundle axis its mapping of fields."""
+    return {key: value} if "." in key else dict(value)
+
+
+def _bundle_problem(key: str, values: Any) -> str | None:
+    """Why an undotted axis key is not a valid bundle axis (a named list of field mappings), or None."""
+    usage = ("an axis key without a dot is a bundle: a name whose values each set several fields together, "
+             "e.g. setup: [{train.strategy: tp, train.tp_size: 2}, {train.strategy: ddp}]")
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", key) or key in TRIAL_SECTIONS:
+        return usage
+    for value in values if isinstance(values, list) else []:
+        if not isinstance(value, dict) or not value:
+            return f"{usage}; got {value!r}"
+        for field in value:
+            if not isinstance(field, str) or "." not in field or (why := _section_path_ok(field)) is not None:
+                return f"bundle field {field!r}: " + (why if isinstance(field, str) and "." in field else usage)
+    return None
 
 
 def _copy_sections(base: dict) -> dict:
@@ -328,6 +467,14 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raw = yaml.safe_load(path.read_text())
     except OSError as err:
         raise ConfigError(str(path), [Problem("<file>", str(path), f"cannot read: {err.strerror}")]) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), [Problem("<file>", str(path), f"not UTF-8 text ({err.reason} at byte "
+                                              f"{err.start}); a sweep is a YAML text file")]) from None
     except yaml.YAMLError as err:
         raise ConfigError(str(path), [Problem("<yaml>", None, f"not valid YAML: {err}")]) from None
+    except (ValueError, OverflowError, RecursionError) as err:
+        # PyYAML's own constructors raise these for well-formed but impossible scalars (a date 2001-13-45)
+        # and for absurd nesting; they are bad input like any other.
+        raise ConfigError(str(path), [Problem("<yaml>", None, f"not valid YAML: {type(err).__name__}: {err}; "
+                                              "quote the value if it is meant as text")]) from None
     return parse_sweep(raw, str(path), path.parent)

@@ -7,10 +7,13 @@ fills every position (all tokens count as non-padding); padded data masks the pa
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -72,6 +75,70 @@ def text_dataset(data: DataSpec, model_path: str | None, seq_len: int) -> Tensor
     return TensorDataset(*pad(sequences, seq_len, pad_id))
 
 
+_MEMORY_CACHE: dict[str, TensorDataset] = {}  # a warm pool actor keeps tokenized data between trials
+_MEMORY_CACHE_ENTRIES = 4
+
+
+def _digest_files(h, paths: list[Path]) -> None:
+    for path in paths:
+        h.update(path.name.encode())
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+
+
+def dataset_cache_key(data: DataSpec, tokenizer_dir: str, seq_len: int) -> str:
+    """Content hash of (data file, tokenizer files, seq_len, packing): a changed file never hits a stale entry."""
+    h = hashlib.sha256(f"v1:{seq_len}:{data.packing}".encode())
+    tokenizer_files = sorted(p for p in Path(tokenizer_dir).iterdir()
+                             if p.is_file() and p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")))
+    _digest_files(h, [Path(data.path), *tokenizer_files])
+    return h.hexdigest()[:24]
+
+
+def _write_arrow(dataset: TensorDataset, path: Path) -> None:
+    ids, mask = dataset.tensors
+    seq_len = ids.shape[1]
+    table = pa.table({
+        "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(ids.flatten().numpy()), seq_len),
+        "attention_mask": pa.FixedSizeListArray.from_arrays(pa.array(mask.flatten().numpy().astype("int8")), seq_len),
+    })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # ranks may write at once: each its own temp file
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    tmp.replace(path)
+
+
+def _read_arrow(path: Path) -> TensorDataset:
+    with pa.memory_map(str(path)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    columns = []
+    for name in ("input_ids", "attention_mask"):
+        column = table.column(name).combine_chunks()
+        flat = torch.from_numpy(column.values.to_numpy(zero_copy_only=False).astype("int64"))
+        columns.append(flat.view(len(column), column.type.list_size))
+    return TensorDataset(*columns)
+
+
+def cached_text_dataset(data: DataSpec, model_path: str | None, seq_len: int, cache_dir: str | None) -> TensorDataset:
+    """Tokenized data from this process's memory, else the store's Arrow cache, else tokenized now (and cached)."""
+    key = dataset_cache_key(data, data.tokenizer or model_path, seq_len)
+    if key in _MEMORY_CACHE:
+        return _MEMORY_CACHE[key]
+    path = Path(cache_dir, "data", f"{key}.arrow") if cache_dir else None
+    if path is not None and path.exists():
+        dataset = _read_arrow(path)
+    else:
+        dataset = text_dataset(data, model_path, seq_len)
+        if path is not None:
+            _write_arrow(dataset, path)
+    if len(_MEMORY_CACHE) >= _MEMORY_CACHE_ENTRIES:
+        _MEMORY_CACHE.pop(next(iter(_MEMORY_CACHE)))
+    _MEMORY_CACHE[key] = dataset
+    return dataset
+
+
 def synthetic_dataset(shape: ModelShape, micro_batch: int, seq_len: int, seed: int, rank: int) -> TensorDataset:
     gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
     ids = torch.randint(0, shape.vocab_size, (SYNTHETIC_POOL_BATCHES * micro_batch, seq_len), generator=gen)
@@ -84,7 +151,8 @@ def _collate(rows) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, IGNORE_INDEX)}
 
 
-def batches(config: TrialConfig, shape: ModelShape, rank: int, world_size: int) -> Iterator[dict]:
+def batches(config: TrialConfig, shape: ModelShape, rank: int, world_size: int,
+            cache_dir: str | None = None) -> Iterator[dict]:
     """An endless iterator of this rank's micro-batches (epochs repeat with a new shuffle)."""
     train, data = config.train, config.data
     if data.source == "synthetic":
@@ -92,7 +160,7 @@ def batches(config: TrialConfig, shape: ModelShape, rank: int, world_size: int) 
         dataset = synthetic_dataset(shape, train.micro_batch, train.seq_len, train.seed, rank)
         sampler = None
     else:
-        dataset = text_dataset(data, config.model.path, train.seq_len)
+        dataset = cached_text_dataset(data, config.model.path, train.seq_len, cache_dir)
         if len(dataset) < world_size * train.micro_batch:
             raise ValueError(f"{data.path}: {len(dataset)} sequences of {train.seq_len} tokens, fewer than one "
                              f"micro-batch per rank ({world_size} x {train.micro_batch}); add data or shorten seq_len")
@@ -105,7 +173,9 @@ def batches(config: TrialConfig, shape: ModelShape, rank: int, world_size: int) 
         drop_last=True,
         num_workers=data.num_workers,
         pin_memory=data.pin_memory,
-        persistent_workers=data.num_workers > 0,
+        # Both only exist with worker processes (torch rejects them otherwise; plan.py says so up front).
+        persistent_workers=data.persistent_workers and data.num_workers > 0,
+        prefetch_factor=data.prefetch_factor if data.num_workers > 0 else None,
         collate_fn=_collate,
     )
     epoch = 0

@@ -49,6 +49,7 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
+@cache
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -69,7 +70,49 @@ def ram_gib() -> float | None:
     return None
 
 
+def filesystem_of(path: str | Path) -> str | None:
+    """Filesystem type of the mount holding `path` (longest mount-point prefix in /proc/mounts)."""
+    target = str(Path(path).resolve())
+    best, fstype = "", None
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, mount, kind, *_ = line.split()
+            inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) >= len(best):
+                best, fstype = mount, kind
+    except OSError:
+        return None
+    return fstype
+
+
+def nvml_details(device_index: int) -> dict:
+    """Clocks, power limit, driver and topology from NVML / nvidia-smi; empty when NVML is absent."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        details = {
+            "gpu_mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "gpu_sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "gpu_power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000,
+            "gpu_driver_version": pynvml.nvmlSystemGetDriverVersion(),
+        }
+    finally:
+        pynvml.nvmlShutdown()
+    try:
+        topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=10).stdout
+        details["gpu_topology"] = topo.strip()[:4000] or None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return details
+
+
+@cache
 def software() -> dict:
+    """Versions never change inside a process: looked up once (a warm pool actor serves many trials)."""
     import torch
 
     nccl = None
@@ -97,4 +140,5 @@ def hardware(device) -> dict:
         "hostname": socket.gethostname(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "platform": f"{platform.system()} {platform.release()} {sys.implementation.name}",
+        **(nvml_details(device.index or 0) if gpu else {}),
     }

@@ -55,6 +55,31 @@ def step_time_stats(step_times_s: list[float]) -> dict[str, float]:
     }
 
 
+def phase_stats(phase_times_s: dict[str, list[float]], step_times_s: list[float]) -> dict[str, float]:
+    """p50/p90/mean/std per phase, and how much of the mean step the phases account for (ideally ~1)."""
+    stats = {}
+    for phase, times in phase_times_s.items():
+        stats.update({
+            f"phase_{phase}_p50_s": percentile(times, 50),
+            f"phase_{phase}_p90_s": percentile(times, 90),
+            f"phase_{phase}_mean_s": statistics.fmean(times),
+            f"phase_{phase}_std_s": statistics.pstdev(times),
+        })
+    covered = sum(statistics.fmean(t) for t in phase_times_s.values())
+    stats["phase_sum_over_step"] = covered / statistics.fmean(step_times_s)
+    return stats
+
+
+def projection(step_time_s: float, tokens_per_step: int, world_size: int, dataset_tokens: float | None,
+               epochs: float, total_steps: int | None) -> dict[str, float | None]:
+    """Wall hours and device-hours of the user's full run at this trial's median step time (as IDRIS did)."""
+    if total_steps is None and dataset_tokens is None:
+        return {"projected_steps": None, "projected_hours": None, "projected_device_hours": None}
+    steps = total_steps if total_steps is not None else math.ceil(dataset_tokens * epochs / tokens_per_step)
+    hours = steps * step_time_s / 3600
+    return {"projected_steps": steps, "projected_hours": hours, "projected_device_hours": hours * world_size}
+
+
 def matmul_params(params_total: int, vocab_size: int, hidden_size: int, tied_embeddings: bool) -> int:
     """Parameters used in matmuls: the input embedding is a lookup, unless it doubles as the output head."""
     return params_total if tied_embeddings else params_total - vocab_size * hidden_size

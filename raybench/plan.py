@@ -10,7 +10,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from raybench.config import ConfigError, Problem, SweepSpec, TrialConfig, _copy_sections, set_path
+from raybench.config import (ConfigError, Problem, SweepSpec, TrialConfig, _copy_sections, axis_assignments,
+                             set_path)
 from raybench.presets import PRESETS, ModelShape, shape_from_model_dir
 from raybench.techniques.activation_checkpointing import checkpointed_blocks
 
@@ -29,6 +30,8 @@ class PlannedTrial:
     ac_blocks: tuple[int, ...]
     status: str = "planned"  # or "invalid"
     reasons: tuple[str, ...] = field(default=())
+    projection: dict = field(default_factory=dict)  # the sweep's planned full run; not part of the id
+    pool: dict = field(default_factory=dict)  # warm-pool settings; not part of the id
 
     @property
     def world_size(self) -> int:
@@ -44,6 +47,8 @@ class PlannedTrial:
             "axis_values": self.axis_values,
             "ac_blocks": list(self.ac_blocks),
             "num_layers": self.shape.num_hidden_layers,
+            "projection": self.projection,
+            "pool": self.pool,
         }
 
 
@@ -71,6 +76,78 @@ def trial_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[str, st
                          f"max_position_embeddings {shape.max_position_embeddings}"))
     if config.data.pin_memory and res.gpus_per_worker == 0:
         problems.append(("data.pin_memory", "pin_memory needs GPUs (resources.gpus_per_worker: 1)"))
+    if config.data.prefetch_factor is not None and config.data.num_workers == 0:
+        problems.append(("data.prefetch_factor", "prefetch_factor needs loader workers (data.num_workers > 0); "
+                         "remove it or add workers"))
+    return problems + parallelism_problems(config, shape) + technique_problems(config)
+
+
+def parallelism_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[str, str]]:
+    """Rules for strategy, tp_size, ZeRO offload: what the mesh and the engines can express."""
+    train, workers = config.train, config.resources.workers
+    problems = []
+    if train.strategy == "tp" and train.tp_size != workers:
+        problems.append(("train.tp_size", f"strategy tp puts all {workers} ranks in one TP group: set "
+                         f"train.tp_size: {workers} (or use tp_fsdp2 for TP groups smaller than the world)"))
+    elif train.strategy == "tp_fsdp2" and (train.tp_size < 2 or workers % train.tp_size):
+        problems.append(("train.tp_size", f"tp_fsdp2 needs a tp_size >= 2 that divides resources.workers "
+                         f"({workers}); got {train.tp_size}"))
+    elif train.strategy == "deepspeed" and train.tp_size != 1:
+        problems.append(("train.tp_size", "tensor parallelism with deepspeed is not supported (ZeRO shards over "
+                         "data-parallel ranks only); use strategy tp_fsdp2, or tp_size: 1"))
+    elif train.strategy not in ("tp", "tp_fsdp2") and train.tp_size != 1:
+        problems.append(("train.tp_size", f"tp_size applies to strategies tp and tp_fsdp2, not "
+                         f"{train.strategy}; set train.tp_size: 1"))
+    if train.strategy in ("tp", "tp_fsdp2"):
+        for what, heads in (("attention heads", shape.num_attention_heads), ("KV heads", shape.num_key_value_heads)):
+            if heads % train.tp_size:
+                problems.append(("train.tp_size", f"tp_size {train.tp_size} must divide the model's {heads} "
+                                 f"{what} (each rank holds whole heads)"))
+        if train.finetune != "full":
+            problems.append(("train.finetune", f"{train.strategy} splits nn.Linear weights and cannot split PEFT "
+                             "adapter layers; use finetune: full, or strategy ddp/fsdp2 for LoRA"))
+    if train.offload != "none":
+        if train.strategy != "deepspeed":
+            problems.append(("train.offload", f"offload is a DeepSpeed ZeRO option; strategy is {train.strategy}"))
+        if config.resources.gpus_per_worker == 0:
+            problems.append(("train.offload", "offload moves ZeRO state from GPU to host memory and needs GPUs "
+                             "(resources.gpus_per_worker: 1); set train.offload: none on CPU"))
+        if train.offload == "optimizer_params" and train.zero_stage != 3:
+            problems.append(("train.offload", "parameter offload needs train.zero_stage: 3 (stages 1-2 keep "
+                             "full parameters on every GPU)"))
+    return problems
+
+
+def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
+    """Rules for precision, QLoRA, Liger, attention kernel and AC mode."""
+    train, gpus = config.train, config.resources.gpus_per_worker
+    problems = []
+    if train.precision == "fp16":
+        if not train.grad_scaler:
+            problems.append(("train.grad_scaler", "fp16 gradients underflow without loss scaling; set "
+                             "train.grad_scaler: true, or use precision bf16"))
+        if train.strategy not in ("ddp", "deepspeed"):
+            problems.append(("train.precision", f"fp16 loss scaling is wired for ddp (GradScaler) and deepspeed "
+                             f"(its own scaler), not {train.strategy}; use bf16 with {train.strategy}"))
+    if train.optimizer == "adafactor" and train.strategy in ("fsdp2", "tp", "tp_fsdp2"):
+        problems.append(("train.optimizer", f"torch's Adafactor updates its factored statistics in place, which "
+                         f"DTensor parameters ({train.strategy}) reject; use adafactor with ddp or deepspeed, or "
+                         "adamw/sgd"))
+    if train.finetune == "qlora":
+        if gpus == 0:
+            problems.append(("train.finetune", "qlora needs CUDA (bitsandbytes 4-bit kernels; "
+                             "resources.gpus_per_worker: 1); on CPU use finetune: lora"))
+        if train.strategy != "ddp":
+            problems.append(("train.finetune", f"qlora runs with strategy ddp: 4-bit weights are not sharded by "
+                             f"{train.strategy} here"))
+    if train.liger and gpus == 0:
+        problems.append(("train.liger", "Liger kernels need CUDA (Triton; resources.gpus_per_worker: 1); "
+                         "set train.liger: false on CPU"))
+    if config.model.attn_implementation == "flash_attention_2" and gpus == 0:
+        problems.append(("model.attn_implementation", "flash_attention_2 needs CUDA; use sdpa on CPU"))
+    if train.ac_mode == "op" and Fraction(train.ac_ratio) == 0:
+        problems.append(("train.ac_mode", "op-level AC applies to the blocks ac_ratio selects and ac_ratio is 0; "
+                         "set train.ac_ratio (1 = every block)"))
     return problems
 
 
@@ -90,10 +167,15 @@ def _grid(spec: SweepSpec):
 def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>") -> list[PlannedTrial]:
     """Expand the grid into trials. Invalid points raise one ConfigError, or stay as invalid rows if asked."""
     base = spec.base_trial()
+    projection = spec.projection.model_dump(mode="json")
+    pool = spec.pool.model_dump(mode="json")
     shapes: dict[tuple, ModelShape] = {}
     trials, problems = [], []
-    for values in _grid(spec):
+    for grid_values in _grid(spec):
         raw = _copy_sections(base)
+        # Bundle axes set several fields per value; trials show every field an axis set, by its dotted path.
+        values = {path: leaf for key, value in grid_values.items()
+                  for path, leaf in axis_assignments(key, value).items()}
         for key, value in values.items():
             set_path(raw, key, value)
         config = TrialConfig.model_validate(raw)  # each axis value was validated alone in load_sweep
@@ -112,6 +194,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>") -
                 index=len(trials), trial_id=f"{cid}-r{repeat}", config_id=cid, repeat=repeat, config=config,
                 axis_values=values, shape=shape, ac_blocks=blocks,
                 status="invalid" if reasons else "planned", reasons=tuple(why for _, why in reasons),
+                projection=projection, pool=pool,
             ))
     if problems:
         raise ConfigError(source, problems)

@@ -42,6 +42,9 @@ def config_fields(model: type[BaseModel] = TrialConfig, prefix: str = "") -> lis
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             out += [(col, (name, *path), t) for col, path, t in config_fields(ann, f"{prefix}{name}_")]
+        elif typing.get_origin(ann) is dict:
+            # A mapping (train.env) has no fixed keys to become columns: it is stored as sorted-key JSON text.
+            out.append((f"{prefix}{name}_json", (name,), pa.string()))
         else:
             out.append((f"{prefix}{name}", (name,), _arrow_type(ann)))
     return out
@@ -70,11 +73,21 @@ METRIC_COLUMNS = [
     ("peak_rss_gib", pa.float64()), ("peak_alloc_gib", pa.float64()), ("peak_reserved_gib", pa.float64()),
     ("params_total", pa.int64()), ("params_trainable", pa.int64()),
     ("model_build_s", pa.float64()), ("wrap_s", pa.float64()), ("warmup_s", pa.float64()),
-    ("time_to_first_step_s", pa.float64()), ("worker_wall_s", pa.float64()),
+    ("time_to_first_step_s", pa.float64()), ("first_step_s", pa.float64()), ("compile_s", pa.float64()),
+    ("worker_wall_s", pa.float64()),
+    *[(f"phase_{phase}_{stat}_s", pa.float64())
+      for phase in ("data", "forward", "backward", "optimizer") for stat in ("p50", "p90", "mean", "std")],
+    ("phase_sum_over_step", pa.float64()),
+    ("cpu_util_pct", pa.float64()), ("gpu_util_pct", pa.float64()), ("gpu_power_w", pa.float64()),
+    ("gpu_sm_clock_mhz", pa.float64()), ("gpu_mem_clock_mhz", pa.float64()),
+    ("projected_steps", pa.int64()), ("projected_hours", pa.float64()), ("projected_device_hours", pa.float64()),
 ]
 PROVENANCE_COLUMNS = [
     ("device_type", pa.string()), ("gpu_name", pa.string()), ("gpu_count", pa.int32()),
-    ("gpu_memory_gib", pa.float64()), ("cpu_model", pa.string()), ("cpu_count", pa.int32()),
+    ("gpu_memory_gib", pa.float64()), ("gpu_mem_clock_max_mhz", pa.float64()),
+    ("gpu_sm_clock_max_mhz", pa.float64()), ("gpu_power_limit_w", pa.float64()), ("gpu_driver_version", pa.string()),
+    ("gpu_topology", pa.string()), ("data_fs_type", pa.string()),
+    ("allreduce_busbw_gbps", pa.float64()), ("allreduce_busbw_json", pa.string()), ("cpu_model", pa.string()), ("cpu_count", pa.int32()),
     ("ram_gib", pa.float64()), ("hostname", pa.string()), ("hostnames", pa.list_(pa.string())),
     ("slurm_job_id", pa.string()), ("platform", pa.string()), ("env_json", pa.string()),
     ("torch_version", pa.string()), ("ray_version", pa.string()), ("transformers_version", pa.string()),
@@ -97,7 +110,7 @@ def flatten_config(config: dict) -> dict:
         node = config
         for part in path:
             node = node[part]
-        row[col] = node
+        row[col] = json.dumps(node, sort_keys=True) if isinstance(node, dict) else node
     return row
 
 
@@ -144,11 +157,26 @@ def read_table(store: str | Path, sweep: str | None = None, latest: bool = True)
     files = result_files(store, sweep)
     if not files:
         return SCHEMA.empty_table()
-    tables = [pq.read_table(f) for f in files]
-    table = pa.concat_tables([_conform(t) for t in tables])
+    # Files written under one schema are concatenated first and conformed once: conforming each one-row file
+    # on its own cost ~9 ms a file (minutes for a store of thousands of rows).
+    groups: list[tuple[pa.Schema, list[pa.Table]]] = []
+    for f in files:
+        table = _read_file(f)
+        same = next((g for s, g in groups if s.equals(table.schema, check_metadata=True)), None)
+        if same is None:
+            groups.append((table.schema, [table]))
+        else:
+            same.append(table)
+    table = pa.concat_tables([_conform(pa.concat_tables(g)) for _, g in groups])
     if latest:
         table = _latest_per_trial(table)
     return table
+
+
+def _read_file(path: Path) -> pa.Table:
+    # ParquetFile.read skips the dataset discovery that pq.read_table does per call (~2x faster per file).
+    with pq.ParquetFile(path) as f:
+        return f.read()
 
 
 def _conform(table: pa.Table) -> pa.Table:

@@ -8,6 +8,7 @@ import contextlib
 import math
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -20,11 +21,96 @@ from raybench.trial import build_row, run_trial, summary
 # (a Tune trial cannot ask for zero resources), so drivers never steal cores from the workers.
 DRIVER_RESOURCE = "raybench_driver"
 DRIVER_SLOTS = 1000
+# Embedded Ray clusters live in TEMP_ROOT/rb-*; OWNER_FILE there names the raybench process that owns one.
+TEMP_ROOT = "/tmp"
+OWNER_FILE = "raybench-owner"
+
+
+class Terminated(BaseException):
+    """SIGTERM (end of allocation, scancel) reached the sweep: stop now, keep what is stored."""
+
+
+@contextlib.contextmanager
+def terminate_on_sigterm():
+    """Turn SIGTERM into `Terminated` in the main thread so that every `finally` (Ray shutdown) runs."""
+    def handler(signum, frame):
+        raise Terminated(f"received signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _process_id(pid: int) -> str:
+    """pid plus start time: a pid alone may be reused by an unrelated process."""
+    import psutil
+
+    return f"{pid} {psutil.Process(pid).create_time()}"
+
+
+def _owner_alive(temp_dir: Path) -> bool:
+    import psutil
+
+    try:
+        recorded = (temp_dir / OWNER_FILE).read_text().strip()
+        return _process_id(int(recorded.split()[0])) == recorded
+    except (OSError, ValueError, psutil.Error):
+        return False
+
+
+def _processes_using(directory: Path) -> list:
+    """This user's processes with an open file or working directory inside `directory`."""
+    import psutil
+
+    prefix, found = str(directory) + "/", []
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            if proc.info["uids"].real != os.getuid() or proc.pid == os.getpid():
+                continue
+            paths = [f.path for f in proc.open_files()] + [proc.cwd()]
+            if any(p.startswith(prefix) for p in paths):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def reap_stale_clusters(root: str = TEMP_ROOT) -> list[Path]:
+    """Kill what is left of embedded Rays whose raybench process died (kill -9, OOM killer) and delete their
+    temp dirs. Only dirs with an owner file whose process is gone are touched; other Rays are never seen."""
+    reaped = []
+    for temp_dir in Path(root).glob("rb-*"):
+        owned = (temp_dir / OWNER_FILE).is_file() and temp_dir.stat().st_uid == os.getuid()
+        if not owned or _owner_alive(temp_dir):
+            continue
+        remove_cluster_dir(temp_dir)
+        reaped.append(temp_dir)
+    return reaped
+
+
+def remove_cluster_dir(temp_dir: Path) -> None:
+    """Stop the processes that still use an embedded Ray's temp dir (SIGTERM, then SIGKILL), then delete it."""
+    import psutil
+
+    procs = _processes_using(temp_dir)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def ray_cluster(address: str | None, verbose: bool = False):
     """Connect to `address`, or start a private local Ray that touches no other Ray on this host."""
+    if not address:
+        use_token_auth()  # before `import ray`
     import ray
 
     if ray.is_initialized():
@@ -38,16 +124,42 @@ def ray_cluster(address: str | None, verbose: bool = False):
         finally:
             ray.shutdown()
         return
-    # Explicit auth mode: a stray ~/.ray token would otherwise switch token auth on silently.
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    temp_dir = tempfile.mkdtemp(prefix="rb-", dir="/tmp")  # short: Ray's unix sockets need paths <= 107 bytes
+    reap_stale_clusters()
+    temp_dir = tempfile.mkdtemp(prefix="rb-", dir=TEMP_ROOT)  # short: Ray's unix sockets need paths <= 107 bytes
+    Path(temp_dir, OWNER_FILE).write_text(_process_id(os.getpid()))
     try:
+        # Ray's gRPC servers listen on every interface whatever the node IP: token auth is what keeps other
+        # hosts out. The dashboard listens on localhost only. It must run: Train V2's placement-group cleaner
+        # asks it whether a Train controller is alive, and without it a controller killed at a trial's timeout
+        # leaves its placement group (the trial's CPUs/GPUs) reserved for good.
         ray.init(address="local", _temp_dir=temp_dir, resources={DRIVER_RESOURCE: DRIVER_SLOTS},
-                 include_dashboard=False, **log)
+                 include_dashboard=True, dashboard_host="127.0.0.1", **log)
         yield
     finally:
         ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        remove_cluster_dir(Path(temp_dir))  # Ray's agents can outlive shutdown and keep writing logs there
+
+
+def use_token_auth() -> None:
+    """Embedded Ray runs with token auth and a fresh random token unless the user chose a mode explicitly
+    (an implicit mode is a trap: a stray ~/.ray token switches token auth on silently).
+
+    Ray fixes its auth mode when `ray` is first imported, so this must run before that import. If Ray was
+    imported earlier without a mode, the mode it runs with (disabled) is made explicit and said out loud.
+    """
+    import secrets
+    import sys
+    import warnings
+
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    if "ray" in sys.modules:
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        warnings.warn("ray was imported before raybench could enable token auth; the embedded Ray runs without "
+                      "it. Set RAY_AUTH_MODE (and RAY_AUTH_TOKEN) before importing ray to choose.", stacklevel=2)
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 def max_concurrent(trials: list[PlannedTrial], cluster: dict[str, float]) -> int:
@@ -81,13 +193,17 @@ def _trial_driver(config: dict) -> None:
 def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
                 address: str | None = None, progress: Callable[[str], None] = print, verbose: bool = False) -> None:
     """Run every planned trial through Ray Tune (grid order); rows land in the store as trials finish."""
+    if not address:
+        use_token_auth()  # before `import ray`
     import ray
     from ray import tune
 
     store_path = str(Path(store_path).resolve())  # drivers run with another working directory
-    # Tune's own console tables and result loggers duplicate what raybench prints and stores.
+    # Tune's own console tables duplicate what raybench prints (its result files go to a temp dir).
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # Ctrl-C must stop the sweep like SIGTERM does, not make Tune end its trials and return as if it had run
+    # them (the trials would then get "driver died" error rows).
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     job = {"sweep": sweep, "store": store_path, "executor": executor}
     total = len(trials)
     done = 0
@@ -98,12 +214,16 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
             done += 1
             progress(f"[{done}/{total}] {result['summary']}")
 
-    with ray_cluster(address, verbose), tempfile.TemporaryDirectory(prefix="raybench-tune-") as tune_dir:
+    # ray.init installs its own SIGTERM handler (a stack dump, then death with no cleanup): ours goes on after it.
+    with ray_cluster(address, verbose), terminate_on_sigterm(), \
+            tempfile.TemporaryDirectory(prefix="raybench-tune-") as tune_dir:
         cluster = ray.cluster_resources()
         tuner = tune.Tuner(
             tune.with_resources(_trial_driver, _driver_resources(cluster)),
             param_space={"job": job, "payload": tune.grid_search([t.as_payload() for t in trials])},
-            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent(trials, cluster), reuse_actors=False),
+            # A warm pool's trial drivers are as reusable as its workers.
+            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent(trials, cluster),
+                                        reuse_actors=executor == "pool"),
             run_config=tune.RunConfig(name=sweep, storage_path=tune_dir, verbose=0, callbacks=[Progress()]),
         )
         tuner.fit()

@@ -10,13 +10,19 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 
 from raybench import store
+from raybench.metrics import projection as metrics_projection
 from raybench.store import SCHEMA, flatten_config, json_column
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s")
-_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "OOM")
+# CUDA OOM, and a host allocation refused under resources.memory_limit_gib (torch's CPU allocator, Python).
+_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "OOM", "can't allocate memory",
+                "Cannot allocate memory", "MemoryError")
+# A torch.distributed collective that outlived the process-group timeout is a hang, not a crash.
+_TIMEOUT_MARKERS = ("Timed out waiting", "timed out after", "Watchdog caught collective operation timeout")
 
 
 def one_line_message(text: str, limit: int = 500) -> str:
@@ -29,11 +35,17 @@ def one_line_message(text: str, limit: int = 500) -> str:
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
-    text = f"{type(exc).__name__}: {exc}"
+    """(status, one-line message) of a failed trial; the message is the line that explains the status."""
+    # Ray's dead-worker message lists guesses ("killed by the OOM killer", ...) after this phrase: they are
+    # not findings, so they must not decide the status.
+    text = f"{type(exc).__name__}: {exc}".split("Some common causes include")[0]
     if isinstance(exc, TimeoutError):
         return "timeout", one_line_message(text)
-    status = "oom" if any(m in text for m in _OOM_MARKERS) else "error"
-    return status, one_line_message(text)
+    for status, markers in (("oom", _OOM_MARKERS), ("timeout", _TIMEOUT_MARKERS)):
+        lines = [line.strip() for line in text.splitlines() if any(m in line for m in markers)]
+        if lines:
+            return status, lines[-1][:500]
+    return "error", one_line_message(text)
 
 
 def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dict | None = None,
@@ -61,6 +73,10 @@ def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dic
         "env_json": json_column(metrics.pop("env", None)),
     }
     row.update({k: v for k, v in metrics.items() if k in SCHEMA.names and k not in row})
+    plan = payload.get("projection")
+    if plan and row.get("step_time_p50_s") and row.get("tokens_per_step"):
+        row.update(metrics_projection(row["step_time_p50_s"], row["tokens_per_step"], row["world_size"],
+                                      plan["dataset_tokens"], plan["epochs"], plan["total_steps"]))
     return row
 
 
@@ -69,6 +85,8 @@ def run_trial(payload: dict, sweep: str, store_path: str, executor: str,
     """Execute one planned trial and store its row; never raises for a failure of the trial itself."""
     started_at = datetime.now(timezone.utc)
     t0 = time.perf_counter()
+    # Per-cluster measurements (the all-reduce probe) are cached next to the results they explain.
+    payload = {**payload, "cache_dir": str(Path(store_path) / "_cache")}
     try:
         metrics, status, message = execute(payload), "ok", ""
     except Exception as exc:  # any failure of the benchmark becomes the row's status

@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import json  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -22,14 +23,16 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from raybench import bench, data, fingerprint, metrics, strategies  # noqa: E402
+from raybench import bench, data, fingerprint, limits, metrics, probe, strategies  # noqa: E402
 from raybench.config import TrainSpec, TrialConfig  # noqa: E402
 from raybench.model import build_model, count_params, decoder_blocks  # noqa: E402
 from raybench.plan import model_shape  # noqa: E402
+from raybench.sampler import Sampler  # noqa: E402
 from raybench.strategies import RankContext  # noqa: E402
-from raybench.techniques import activation_checkpointing, compile, lora  # noqa: E402
+from raybench.techniques import activation_checkpointing, compile, liger, lora, qlora  # noqa: E402
 
 GIB = 2**30
+SAMPLED = ("cpu_util_pct", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz")
 
 
 def init_distributed(config: TrialConfig, timeout_s: float = 1800) -> RankContext:
@@ -49,18 +52,23 @@ def init_distributed(config: TrialConfig, timeout_s: float = 1800) -> RankContex
 
 
 def prepare_model(model: nn.Module, train: TrainSpec, ac_blocks: list[int]) -> nn.Module:
-    """Apply the techniques in the one order that composes: LoRA → activation checkpointing → compile.
+    """Apply the techniques in the one order that composes: Liger → 4-bit base (QLoRA) → LoRA → AC → compile.
 
-    LoRA first: adapters must exist before the blocks are wrapped, so that they are inside each block's
-    checkpoint and compiled graph. Checkpointing before compile: the compiled graph then contains the
-    checkpoint boundary and can plan the recomputation itself. Sharding/wrapping (the strategy) comes last,
-    in the caller, because it must see the final modules and parameters: anything swapped in later would
-    escape sharding and gradient reduction.
+    Liger and quantization first: they swap the model's own modules and forwards, which LoRA then wraps (PEFT
+    puts adapters around whatever Linear/Linear4bit it finds). LoRA before checkpointing: adapters must exist
+    before the blocks are wrapped, so that they are inside each block's checkpoint and compiled graph.
+    Checkpointing before compile: the compiled graph then contains the checkpoint boundary and can plan the
+    recomputation itself. Sharding/wrapping (the strategy) comes last, in the caller, because it must see the
+    final modules and parameters: anything swapped in later would escape sharding and gradient reduction.
     """
-    if train.finetune == "lora":
+    if train.liger:
+        model = liger.apply(model)
+    if train.finetune == "qlora":
+        model = qlora.quantize(model)
+    if train.finetune in ("lora", "qlora"):
         model = lora.apply(model, train.lora)
     blocks = decoder_blocks(model)
-    activation_checkpointing.apply(blocks, ac_blocks)
+    activation_checkpointing.apply(blocks, ac_blocks, train.ac_mode)
     if train.compile:
         compile.apply(blocks)
     return model
@@ -95,8 +103,17 @@ def run(payload: dict) -> dict | None:
     t_start = time.perf_counter()
     config = TrialConfig.model_validate(payload["config"])
     train = config.train
-    ctx = init_distributed(config)
+    limits.apply_memory_limit(config.resources.memory_limit_gib)
+    # A collective stuck past the trial's budget fails on its own too, not only by the launcher's kill.
+    ctx = init_distributed(config, timeout_s=config.resources.timeout_s)
     shape = model_shape(config)
+    hostnames = [None] * ctx.world_size
+    dist.all_gather_object(hostnames, fingerprint.hardware(ctx.device)["hostname"])
+    # Measured before the model exists, so its buffers neither compete for memory nor count in the peaks.
+    # Only trials run for a store (which holds the per-cluster cache) probe; bare worker runs skip it.
+    busbw = {}
+    if ctx.world_size > 1 and payload.get("cache_dir"):
+        busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload["cache_dir"])
     _reset_peak_host_memory()
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -109,28 +126,39 @@ def run(payload: dict) -> dict | None:
     t0 = time.perf_counter()
     trainable = strategies.setup(train.strategy, model, train, ctx)
     wrap_s = time.perf_counter() - t0
-    batches = data.batches(config, shape, ctx.rank, ctx.world_size)
+    # Ranks of one tensor-parallel group share a batch: data is drawn per data-parallel rank.
+    dp_rank, dp_size = strategies.data_parallel_rank(train, ctx)
+    batches = data.batches(config, shape, dp_rank, dp_size, payload.get("cache_dir"))
 
     t_loop = time.perf_counter()
-    record = bench.timed_loop(trainable, batches, train, ctx.device)
+    sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
+    record = bench.timed_loop(trainable, batches, train, ctx.device, sampler)
+    sampler.close()
+    sampled = sampler.means(since=record.step_starts[train.warmup_steps])
+    # Utilization means over the timed window, averaged over ranks; NaN (not sampled) becomes null.
+    sampled = dict(zip(SAMPLED, _reduce([sampled.get(k, math.nan) for k in SAMPLED], dist.ReduceOp.SUM, ctx.device)))
+    sampled = {k: None if math.isnan(v) else v / ctx.world_size for k, v in sampled.items()}
 
     # A step lasts as long as its slowest rank; losses are averaged over ranks.
     step_times = _reduce(record.step_times_s, dist.ReduceOp.MAX, ctx.device)
     losses = [v / ctx.world_size for v in _reduce(record.losses, dist.ReduceOp.SUM, ctx.device)]
-    nonpad = _reduce([float(n) for n in record.nonpad_tokens], dist.ReduceOp.SUM, ctx.device)
+    # Summed over all ranks, so each TP group's shared batch counts tp_size times: divide it back out.
+    nonpad = [n / train.tp_size for n in _reduce([float(n) for n in record.nonpad_tokens], dist.ReduceOp.SUM,
+                                                 ctx.device)]
+    # Phases are averaged over ranks (each rank's phases add up to its own step time).
+    phases = {p: [v / ctx.world_size for v in _reduce(t, dist.ReduceOp.SUM, ctx.device)]
+              for p, t in record.phase_times_s.items()}
     peaks = [_peak_host_memory_gib() or 0.0]
     if ctx.device.type == "cuda":
         peaks += [torch.cuda.max_memory_allocated(ctx.device) / GIB, torch.cuda.max_memory_reserved(ctx.device) / GIB]
     peaks = _reduce(peaks, dist.ReduceOp.MAX, ctx.device)
-    hostnames = [None] * ctx.world_size
-    dist.all_gather_object(hostnames, fingerprint.hardware(ctx.device)["hostname"])
     if ctx.rank != 0:
         return None
 
     warm = train.warmup_steps
     timed = step_times[warm:]
     timed_s = sum(timed)
-    tokens_per_step = train.micro_batch * train.seq_len * train.grad_accum * ctx.world_size
+    tokens_per_step = train.micro_batch * train.seq_len * train.grad_accum * dp_size
     tok_per_s = tokens_per_step * len(timed) / timed_s
     hardware = fingerprint.hardware(ctx.device)
     flops_tok = metrics.flops_per_token(
@@ -141,6 +169,7 @@ def run(payload: dict) -> dict | None:
     peak = metrics.peak_tflops(hardware["gpu_name"], train.precision)
     return {
         **metrics.step_time_stats(timed),
+        **metrics.phase_stats({p: t[warm:] for p, t in phases.items()}, timed),
         "steps_timed": len(timed),
         "tokens_per_step": tokens_per_step,
         "tok_per_s": tok_per_s,
@@ -161,10 +190,17 @@ def run(payload: dict) -> dict | None:
         "wrap_s": wrap_s,
         "warmup_s": sum(step_times[:warm]),
         "time_to_first_step_s": t_loop - t_start + record.step_times_s[0],
+        "first_step_s": step_times[0],
+        # Compilation happens inside the first step; its excess over a typical step is the compile cost.
+        "compile_s": step_times[0] - metrics.percentile(timed, 50) if train.compile else None,
         "worker_wall_s": time.perf_counter() - t_start,
         "world_size": ctx.world_size,
         "hostnames": sorted(set(hostnames)),
+        "allreduce_busbw_gbps": max(busbw.values()) if busbw else None,
+        "allreduce_busbw_json": json.dumps(busbw) if busbw else None,
         "env": fingerprint.captured_env(),
+        "data_fs_type": fingerprint.filesystem_of(config.data.path or config.model.path or os.getcwd()),
+        **sampled,
         **hardware,
         **fingerprint.software(),
     }
@@ -178,6 +214,9 @@ def main(argv: list[str]) -> int:
         tmp = Path(result_path + ".tmp")
         tmp.write_text(json.dumps(result))
         tmp.replace(result_path)
+    # Tear gloo down together: a rank that destroys its group while rank 0 is still finishing up made the
+    # process abort at exit ("terminate called without an active exception") in about 1 run in 8.
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

@@ -12,3 +12,10 @@ if [ "${1:-}" = "--test" ]; then extras="[test]"; fi
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 .venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" -c constraints.txt torch
 "${pip[@]}" -c constraints.txt -e ".${extras}"
+# DeepSpeed's CPU communication backend JIT-builds a shared-memory op (g++, ~30-90 s) the first time it starts;
+# DeepSpeed 0.19 has no switch to skip it. Build it once now into the torch extensions cache, so no trial (or test)
+# pays for it. Not needed with CUDA, where DeepSpeed communicates through NCCL.
+if .venv/bin/python -c "import sys, torch; sys.exit(1 if torch.cuda.is_available() else 0)"; then
+  DS_ACCELERATOR=cpu .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" \
+    >/dev/null 2>&1 || echo "note: DeepSpeed's CPU shm op did not build (needs g++); deepspeed trials build it" >&2
+fi

@@ -2,6 +2,10 @@
 
 Workers report nothing during the loop (a Train V2 report costs ~1.6 s); rank 0's return value carries the
 metrics back through `Result.return_value`.
+
+`fit()` runs in a Ray task of its own (zero CPUs) so that a trial past `resources.timeout_s` can be ended with
+public APIs only: force-cancelling the task kills its worker process; the Train controller actor it created
+dies with its owner, the training workers die with the controller, and their placement group is released.
 """
 
 from __future__ import annotations
@@ -10,6 +14,11 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from raybench.config import worker_env
+
+# Seconds to wait for the cancelled fit task to be reported dead before giving up on it.
+CANCEL_WAIT_S = 30
+
 
 def _train_loop(payload: dict) -> dict | None:
     from raybench import worker
@@ -17,7 +26,7 @@ def _train_loop(payload: dict) -> dict | None:
     return worker.run(payload)
 
 
-def execute(payload: dict) -> dict:
+def _fit(payload: dict) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -31,11 +40,16 @@ def execute(payload: dict) -> dict:
             use_gpu=use_gpu,
             resources_per_worker={"CPU": resources["cpus_per_worker"], **({"GPU": 1} if use_gpu else {})},
         ),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        # Collectives stuck past the trial's budget fail inside the workers as well.
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(resources["timeout_s"])),
         run_config=RunConfig(
             name=f"{payload['trial_id']}-{uuid.uuid4().hex[:8]}",
             storage_path=str(Path(tempfile.gettempdir()) / "raybench-train"),
-            failure_config=FailureConfig(max_failures=0),
+            # No retries: a worker that dies, in training or while starting (which Train V2 would otherwise
+            # retry forever), fails the trial; the row says why.
+            failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
+            # train.env reaches this trial's worker processes only, before their process group exists.
+            worker_runtime_env={"env_vars": worker_env(payload["config"]["train"])},
         ),
     )
     result = trainer.fit()
@@ -44,3 +58,51 @@ def execute(payload: dict) -> dict:
     if not isinstance(result.return_value, dict):
         raise RuntimeError("rank 0 returned no metrics")
     return result.return_value
+
+
+def execute(payload: dict) -> dict:
+    import ray
+
+    timeout_s = payload["config"]["resources"]["timeout_s"]
+    # Pinned to this node (the controller attaches to its creator's node) and never retried: a failed
+    # trial is a row, not a second attempt.
+    # RAY_ADDRESS names this cluster to the controller and its helpers (inherited runtime env): Train V2's
+    # placement-group cleaner finds the cluster through the state API, which gives up when a second Ray
+    # runs on the host ("Found multiple active Ray instances") and would leave the trial's resources held.
+    # Train's own 60 s limit on waiting for workers would fail a trial that is merely queued behind one being
+    # torn down; resources.timeout_s already bounds start-up.
+    env = {"RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(int(timeout_s))}
+    fit = ray.remote(num_cpus=0, max_retries=0, runtime_env={"env_vars": env})(_fit)
+    ref = fit.remote(payload)
+    ready = []
+    try:
+        ready, _ = ray.wait([ref], timeout=timeout_s)
+    finally:
+        if not ready:  # timed out, or interrupted (Tune stopping): the trainer must not outlive its trial
+            _cancel(ref)
+    if not ready:
+        raise TimeoutError(f"trial exceeded resources.timeout_s={timeout_s:g} s; its Ray Train run was killed")
+    return _unwrap(ref)
+
+
+def _cancel(ref) -> None:
+    """Kill the fit task's process and wait until Ray reports it gone (its actors and resources go with it)."""
+    import ray
+
+    ray.cancel(ref, force=True, recursive=True)
+    try:
+        ray.get(ref, timeout=CANCEL_WAIT_S)
+    except Exception:  # cancelled/crashed is the expected outcome; a finished result is dropped
+        pass
+
+
+def _unwrap(ref) -> dict:
+    """The task's return value; a failure inside it is re-raised as its original error where Ray has it."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as err:
+        cause = err.as_instanceof_cause()
+        raise cause from None

@@ -41,27 +41,71 @@ def setup(name: str, model: nn.Module, train: TrainSpec, ctx: RankContext) -> Tr
     return importlib.import_module(f"raybench.strategies.{name}").setup(model, train, ctx)
 
 
+SGD_MOMENTUM = 0.9
+
+
 def make_optimizer(model: nn.Module, train: TrainSpec, device: torch.device) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    # Fused AdamW is CUDA-only; foreach is the fast path elsewhere.
-    fused = device.type == "cuda"
+    """The torch optimizer train.optimizer names, over the trainable parameters (DeepSpeed gets one too)."""
+    params = param_groups([p for p in model.parameters() if p.requires_grad])
+    if train.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=train.lr, momentum=SGD_MOMENTUM, weight_decay=train.weight_decay)
+    if train.optimizer == "adafactor":
+        return torch.optim.Adafactor(params, lr=train.lr, weight_decay=train.weight_decay)
+    # "adamw": fused is the fast path on CUDA, foreach elsewhere; the other two force one implementation.
+    fused = train.optimizer == "adamw_fused" or (train.optimizer == "adamw" and device.type == "cuda")
     return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, fused=fused, foreach=not fused)
 
 
-def torch_trainable(model: nn.Module, train: TrainSpec, ctx: RankContext, no_grad_sync, autocast) -> Trainable:
+def param_groups(params: list[nn.Parameter]) -> list[dict]:
+    """One optimizer parameter group per tensor kind: plain tensors, and DTensors of each device mesh.
+
+    foreach/fused optimizer kernels take one list per group and fail on mixed Tensor/DTensor lists (tensor
+    parallel leaves norms and embeddings as plain tensors); separate groups keep every kernel homogeneous.
+    With DDP or FSDP2 all parameters are of one kind, so there is a single group, as before.
+    """
+    from torch.distributed.tensor import DTensor
+
+    groups: dict = {}
+    for p in params:
+        groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    return [{"params": group} for group in groups.values()]
+
+
+def torch_trainable(model: nn.Module, train: TrainSpec, ctx: RankContext, no_grad_sync, autocast,
+                    clip_grad_norm: Callable = torch.nn.utils.clip_grad_norm_) -> Trainable:
+    """A Trainable for plain PyTorch wrappers; fp16 adds a GradScaler around backward and step."""
     optimizer = make_optimizer(model, train, ctx.device)
     params = [p for p in model.parameters() if p.requires_grad]
+    scaler = torch.amp.GradScaler(ctx.device.type) if train.precision == "fp16" and train.grad_scaler else None
+
+    def backward(loss: torch.Tensor) -> None:
+        (scaler.scale(loss) if scaler else loss).backward()
 
     def step() -> None:
+        if scaler:
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         if train.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, train.max_grad_norm)
-        optimizer.step()
+            clip_grad_norm(params, train.max_grad_norm)
+        if scaler:
+            scaler.step(optimizer)  # skips the step when the gradients overflowed
+            scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return Trainable(model, optimizer, lambda loss: loss.backward(), step, no_grad_sync, autocast)
+    return Trainable(model, optimizer, backward, step, no_grad_sync, autocast)
 
 
 def autocast_for(train: TrainSpec, device: torch.device) -> Callable[[], ContextManager]:
     if train.precision == "fp32":
         return contextlib.nullcontext
-    return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    dtype = torch.float16 if train.precision == "fp16" else torch.bfloat16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def data_parallel_rank(train: TrainSpec, ctx: RankContext) -> tuple[int, int]:
+    """(rank, size) for feeding data: the ranks of one tensor-parallel group must see the same batch.
+
+    TP groups are tp_size consecutive ranks (tp is the mesh's inner dimension), so they share rank // tp_size.
+    """
+    return ctx.rank // train.tp_size, ctx.world_size // train.tp_size

@@ -8,10 +8,12 @@ fp32 gradient reduction, so no autocast is needed.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import ContextManager
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from raybench.config import TrainSpec
@@ -19,15 +21,15 @@ from raybench.model import decoder_blocks
 from raybench.strategies import RankContext, Trainable, torch_trainable
 
 
-def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+def shard(model: nn.Module, train: TrainSpec, mesh: DeviceMesh) -> Callable[[], ContextManager]:
+    """fully_shard each decoder block, then the root, over a 1D mesh; returns the no-gradient-sync context."""
     mp = MixedPrecisionPolicy()
     if train.precision == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    shard = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=train.reshard_after_forward)
+    kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=train.reshard_after_forward)
     for block in decoder_blocks(model):
-        fully_shard(block, **shard)
-    fully_shard(model, **shard)
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
 
     @contextlib.contextmanager
     def no_grad_sync():
@@ -37,4 +39,10 @@ def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
         finally:
             model.set_requires_gradient_sync(True)
 
+    return no_grad_sync
+
+
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    no_grad_sync = shard(model, train, mesh)
     return torch_trainable(model, train, ctx, no_grad_sync=no_grad_sync, autocast=contextlib.nullcontext)

@@ -39,3 +39,29 @@ def test_peak_table_and_mfu():
     assert metrics.peak_tflops(None, "bf16") is None
     assert metrics.mfu(1000.0, 6e9, None) is None
     assert metrics.mfu(10_000.0, 6e9, 989.0) == pytest.approx(10_000 * 6e9 / 989e12)
+
+
+def test_phase_stats_reconcile_by_hand():
+    phases = {"data": [0.01, 0.01], "forward": [0.1, 0.2], "backward": [0.2, 0.4], "optimizer": [0.05, 0.05]}
+    stats = metrics.phase_stats(phases, step_times_s=[0.37, 0.66])
+    assert stats["phase_forward_p50_s"] == pytest.approx(0.15)
+    assert stats["phase_backward_p90_s"] == pytest.approx(0.38)
+    assert stats["phase_sum_over_step"] == pytest.approx((0.01 + 0.15 + 0.3 + 0.05) / 0.515)
+
+
+def test_projection_by_hand():
+    # 1e9 tokens, 2 epochs, 262,144 tokens per step -> 7,630 steps; at 1.5 s/step on 64 GPUs.
+    got = metrics.projection(1.5, 262_144, 64, dataset_tokens=1e9, epochs=2, total_steps=None)
+    assert got["projected_steps"] == 7630
+    assert got["projected_hours"] == pytest.approx(7630 * 1.5 / 3600)
+    assert got["projected_device_hours"] == pytest.approx(7630 * 1.5 / 3600 * 64)
+    assert metrics.projection(2.0, 1, 8, None, 1, total_steps=1800)["projected_hours"] == pytest.approx(1.0)
+    assert metrics.projection(2.0, 1, 8, None, 1, None)["projected_hours"] is None
+
+
+def test_bus_bandwidth_formula_matches_nccl_tests():
+    from raybench.probe import bus_bandwidth_gbps
+
+    # nccl-tests: 8 ranks, 1 GB in 10 ms -> algbw 100 GB/s, busbw = 100 * 2 * 7 / 8 = 175 GB/s.
+    assert bus_bandwidth_gbps(10**9, 0.01, 8) == pytest.approx(175.0)
+    assert bus_bandwidth_gbps(10**9, 0.01, 2) == pytest.approx(100.0)

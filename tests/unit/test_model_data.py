@@ -55,3 +55,21 @@ def test_text_batches_mask_padding_in_labels(model_dir, alpaca_file):
     assert batch["input_ids"].shape == (4, 64)
     assert ((batch["labels"] == data.IGNORE_INDEX) == (batch["attention_mask"] == 0)).all()
     assert 0 < batch["attention_mask"].sum() < 4 * 64
+
+
+def test_tokenized_data_cached_as_arrow_and_keyed_by_content(tmp_path, model_dir, alpaca_file):
+    from raybench.config import DataSpec
+
+    spec = DataSpec(source="json", path=str(alpaca_file), packing=True)
+    data._MEMORY_CACHE.clear()
+    fresh = data.cached_text_dataset(spec, str(model_dir), 32, str(tmp_path))
+    cached_files = list((tmp_path / "data").glob("*.arrow"))
+    assert len(cached_files) == 1
+    data._MEMORY_CACHE.clear()
+    again = data.cached_text_dataset(spec, str(model_dir), 32, str(tmp_path))  # read back from Arrow
+    assert all(torch.equal(a, b) for a, b in zip(fresh.tensors, again.tensors))
+    assert data.dataset_cache_key(spec, str(model_dir), 64) != data.dataset_cache_key(spec, str(model_dir), 32)
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(alpaca_file.read_text().replace("fox", "cat"))
+    other = DataSpec(source="json", path=str(changed), packing=True)
+    assert data.dataset_cache_key(other, str(model_dir), 32) != data.dataset_cache_key(spec, str(model_dir), 32)

@@ -1,0 +1,97 @@
+"""raybench's instrumented loop (phase clock, per-step sync, utilization sampler) vs a bare PyTorch loop.
+
+Both drive the same DDP model, optimizer and batches on 2 gloo ranks, interleaved in rounds so machine noise
+hits both alike:
+    .venv/bin/python bench/harness_overhead.py [--rounds 12] [--steps 8] [--seq-len 256] [--micro-batch 4]
+Prints a table, then one JSON line: value = median instrumented step / median bare step. Goal <= 1.02.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def bare_loop(trainable, batches, steps: int) -> list[float]:
+    """The loop a user would write by hand: no phase marks, no sampler."""
+    model, optimizer = trainable.model, trainable.optimizer
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = model(**next(batches), use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def instrumented_loop(trainable, batches, train, device) -> list[float]:
+    from raybench import bench
+    from raybench.sampler import Sampler
+
+    return bench.timed_loop(trainable, batches, train, device, Sampler(None)).step_times_s
+
+
+def run_rank(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from raybench import data, strategies
+    from raybench.config import TrialConfig
+    from raybench.model import build_model
+    from raybench.plan import model_shape
+    from raybench.strategies import RankContext
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    config = TrialConfig.model_validate({
+        "model": {"preset": "tiny"},
+        "train": {"steps": args.steps, "warmup_steps": 0, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
+                  "precision": "fp32", "max_grad_norm": None, "strategy": "ddp"},
+        "resources": {"workers": dist.get_world_size()},
+    })
+    ctx = RankContext(dist.get_rank(), dist.get_world_size(), 0, torch.device("cpu"))
+    trainable = strategies.setup("ddp", build_model(config.model, ctx.device, 0), config.train, ctx)
+    batches = data.batches(config, model_shape(config), ctx.rank, ctx.world_size)
+    bare_loop(trainable, batches, 3)  # warm both paths' allocator and DDP buckets once
+    bare, ours = [], []
+    for _ in range(args.rounds):
+        bare += bare_loop(trainable, batches, args.steps)
+        ours += instrumented_loop(trainable, batches, config.train, ctx.device)
+    if ctx.rank == 0:
+        rows = [("bare PyTorch", bare), ("raybench loop", ours)]
+        print(f"{'loop':<16}{'steps':>7}{'p50 ms':>10}{'p90 ms':>10}{'mean ms':>10}")
+        for name, times in rows:
+            q = statistics.quantiles(times, n=10)
+            print(f"{name:<16}{len(times):>7}{statistics.median(times) * 1e3:>10.2f}{q[8] * 1e3:>10.2f}"
+                  f"{statistics.fmean(times) * 1e3:>10.2f}")
+        ratio = statistics.median(ours) / statistics.median(bare)
+        print(json.dumps({"bench": "harness_overhead", "metric": "median step time, raybench loop / bare loop",
+                          "value": round(ratio, 4), "goal": "<= 1.02", "bare_p50_ms": round(statistics.median(bare) * 1e3, 3),
+                          "raybench_p50_ms": round(statistics.median(ours) * 1e3, 3), "steps_each": len(bare),
+                          "world_size": ctx.world_size, "config": vars(args)}))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    args = parser.parse_args()
+    if "RANK" in os.environ:
+        run_rank(args)
+        return
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__, *sys.argv[1:]]
+    sys.exit(subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Per-worker limits that turn a runaway trial into a row instead of a dead machine.
+
+Host memory: `resources.memory_limit_gib` becomes RLIMIT_DATA on each worker process. RLIMIT_DATA (Linux
+>= 4.7) counts the heap and private writable mappings, so it tracks what a rank really allocates, while
+RLIMIT_AS would also count Ray's shared object-store mapping and reserved-but-unused address space. An
+allocation past the cap fails inside the process (torch: "DefaultCPUAllocator: can't allocate memory",
+Python: MemoryError) and the trial is classified oom; nothing else on the host is touched.
+"""
+
+from __future__ import annotations
+
+import resource
+
+GIB = 2**30
+
+
+def apply_memory_limit(gib: float | None) -> None:
+    """Cap this process's private memory at `gib` GiB (no-op for None); never raises the hard limit."""
+    if gib is None:
+        return
+    soft = int(gib * GIB)
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+

@@ -1,0 +1,76 @@
+"""DeepSpeed ZeRO stage 1/2/3: optimizer state (1), + gradients (2), + parameters (3) partitioned across ranks.
+
+The engine owns backward (loss scaling, gradient partitioning) and step (clipping, optimizer, zeroing), so the
+Trainable carries the engine's own functions. The optimizer is a torch optimizer built by raybench: a config
+optimizer name ("AdamW") would make DeepSpeed JIT-compile its fused_adam op (minutes, and a compiler on every
+worker). On CPU DeepSpeed needs DS_ACCELERATOR=cpu before its first import and the gloo backend; its CPU
+communication backend also JIT-builds a shared-memory all-reduce op (`deepspeed_shm_comm`, ~30-90 s with g++)
+the first time on a machine and then loads it from the torch extensions cache (TORCH_EXTENSIONS_DIR).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from torch import nn
+
+from raybench.config import TrainSpec
+from raybench.strategies import RankContext, Trainable, make_optimizer
+
+# DeepSpeed prints its config and a throughput line every N steps; a benchmark step must not pay for that.
+NEVER_PRINT_STEPS = 2**31 - 1
+
+
+def ds_config(train: TrainSpec, world_size: int, use_gpu: bool) -> dict:
+    """The DeepSpeed config for one trial (batch sizes, ZeRO stage, offload, precision, clipping)."""
+    zero: dict = {"stage": train.zero_stage, "overlap_comm": use_gpu, "contiguous_gradients": True}
+    if train.offload != "none":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if train.offload == "optimizer_params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    config = {
+        "train_micro_batch_size_per_gpu": train.micro_batch,
+        "gradient_accumulation_steps": train.grad_accum,
+        "train_batch_size": train.micro_batch * train.grad_accum * world_size,
+        "zero_optimization": zero,
+        "steps_per_print": NEVER_PRINT_STEPS,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,  # torch optimizers (Adafactor, SGD) are fine with ZeRO
+    }
+    if train.max_grad_norm is not None:
+        config["gradient_clipping"] = train.max_grad_norm
+    if train.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif train.precision == "fp16":
+        # loss_scale 0 = dynamic scaling; a fixed scale of 1 is "no scaler" (plan rejects it for fp16).
+        config["fp16"] = {"enabled": True, "loss_scale": 0 if train.grad_scaler else 1}
+    return config
+
+
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+    use_gpu = ctx.device.type == "cuda"
+    if train.offload != "none" and not use_gpu:
+        raise ValueError(f"train.offload={train.offload!r} moves ZeRO state from GPU to host memory and needs "
+                         "GPUs (resources.gpus_per_worker: 1); on CPU set train.offload: none")
+    if not use_gpu:
+        # Must precede the first `import deepspeed` anywhere in this process: it picks the accelerator once.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    # The process group already exists (torchrun or Ray Train); this wraps it in DeepSpeed's comm layer.
+    deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo")
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, optimizer=make_optimizer(model, train, ctx.device),
+        config=ds_config(train, ctx.world_size, use_gpu),
+    )
+
+    def backward(loss) -> None:
+        # The loop already divides the loss by grad_accum. DeepSpeed counts micro-batches through step():
+        # on every micro-batch but the last, step() only advances that counter (no optimizer step).
+        engine.backward(loss, scale_wrt_gas=False)
+        if not engine.is_gradient_accumulation_boundary():
+            engine.step()
+
+    # The engine decides itself when to reduce gradients and casts the model for bf16/fp16: no contexts needed.
+    return Trainable(engine, optimizer, backward, engine.step, contextlib.nullcontext, contextlib.nullcontext)

@@ -1,0 +1,85 @@
+"""Tensor parallelism (DTensor): every rank holds a slice of each attention and MLP projection.
+
+Megatron-style pairing per decoder block: q/k/v and gate/up are split by output features (ColwiseParallel),
+o and down by input features (RowwiseParallel), so each block needs one all-reduce after attention and one after
+the MLP, and heads stay whole on a rank (hence tp must divide the attention and KV heads). Embeddings, norms and
+the LM head stay replicated. All ranks of a TP group must see the same batch: the worker feeds data by
+data-parallel rank (`strategies.data_parallel_rank`). Here the TP group is the whole world.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from raybench.config import TrainSpec
+from raybench.model import decoder_blocks
+from raybench.strategies import RankContext, Trainable, autocast_for, torch_trainable
+
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROWWISE = ("o_proj", "down_proj")
+
+
+def block_plan(block: nn.Module) -> dict:
+    """The parallelize plan of one decoder block, by full module name inside it.
+
+    Found by leaf name rather than fixed paths so the plan also reaches into checkpoint wrappers.
+    """
+    plan = {}
+    for name, _ in block.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in COLWISE:
+            plan[name] = ColwiseParallel()
+        elif leaf in ROWWISE:
+            plan[name] = RowwiseParallel()
+    if not plan:
+        raise ValueError(f"no {'/'.join(COLWISE + ROWWISE)} projections in {type(block).__name__}: "
+                         "tensor parallelism supports Llama/Qwen2-style blocks")
+    return plan
+
+
+def parallelize(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard every decoder block's projections over tp_mesh, in place."""
+    for block in decoder_blocks(model):
+        parallelize_module(block, tp_mesh, block_plan(block))
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Clip by the global gradient norm when grads mix plain tensors and DTensors on different meshes.
+
+    torch's clip_grad_norm_ stacks all per-tensor norms, which fails across meshes (TP DTensors next to
+    replicated plain tensors; or 2D and dp-only DTensors under TP x FSDP2). Each mesh's group gets its own
+    norm (a DTensor norm is reduced over its mesh by full_tensor()), and the groups combine as a root sum of
+    squares. Replicated parameters count once, as in a single-device run.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    groups: dict[DeviceMesh | None, list[torch.Tensor]] = {}
+    for grad in grads:
+        groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+    total_sq = torch.zeros((), dtype=torch.float32)
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total_sq = total_sq + norm.float().cpu() ** 2
+    total = total_sq.sqrt()
+    coef = min(1.0, max_norm / (float(total) + 1e-6))
+    if coef < 1.0 and math.isfinite(coef):
+        for group in groups.values():
+            torch._foreach_mul_(group, coef)
+    return total
+
+
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("tp",))
+    parallelize(model, mesh)
+    # Every rank computes the same replicated parameters' gradients (TP all-reduces activations, not grads),
+    # so there is nothing to skip between micro-batches.
+    return torch_trainable(model, train, ctx, no_grad_sync=torch.enable_grad,
+                           autocast=autocast_for(train, ctx.device), clip_grad_norm=clip_grad_norm)

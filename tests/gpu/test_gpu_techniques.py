@@ -1,0 +1,65 @@
+"""GPU-only techniques train on CUDA: QLoRA (bitsandbytes 4-bit), Liger kernels, ZeRO offload, fp16 + GradScaler,
+FlashAttention-2. Skipped without CUDA (the CPU errors are covered in tests/unit/test_strategy_rules.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raybench.config import parse_sweep
+from raybench.executors import torchrun
+from raybench.plan import plan
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+BASE_TRAIN = {"steps": 10, "warmup_steps": 2, "seq_len": 64, "micro_batch": 2, "precision": "bf16", "lr": 1e-3}
+
+
+@pytest.fixture
+def data(model_dir, alpaca_file) -> dict:
+    # Learnable text (random tokens show no learning in a few steps); token ids fit the tiny preset.
+    return {"source": "json", "path": str(alpaca_file), "tokenizer": str(model_dir)}
+
+
+def run_gpu_trial(data: dict, train: dict, model: dict | None = None, workers: int = 1) -> dict:
+    workers = min(workers, torch.cuda.device_count())
+    spec = parse_sweep({"name": "gpu", "model": {"preset": "tiny", **(model or {})}, "data": data,
+                        "train": {**BASE_TRAIN, **train},
+                        "resources": {"workers": workers, "gpus_per_worker": 1, "timeout_s": 600}})
+    (trial,) = plan(spec)
+    return torchrun.execute(trial.as_payload())
+
+
+def assert_learns(result: dict) -> None:
+    assert result["loss_final"] < result["loss_first"], result
+    assert result["peak_alloc_gib"] > 0
+
+
+def test_qlora_trains_on_4bit_base(data):
+    pytest.importorskip("bitsandbytes")
+    result = run_gpu_trial(data, {"finetune": "qlora", "lora": {"rank": 8, "alpha": 16}})
+    assert_learns(result)
+    assert result["params_trainable"] < result["params_total"] / 2
+
+
+def test_liger_kernels(data):
+    pytest.importorskip("liger_kernel")
+    assert_learns(run_gpu_trial(data, {"liger": True}))
+
+
+@pytest.mark.parametrize("offload, stage", [("optimizer", 2), ("optimizer_params", 3)])
+def test_deepspeed_offload(data, offload, stage):
+    assert_learns(run_gpu_trial(data, {"strategy": "deepspeed", "zero_stage": stage, "offload": offload}))
+
+
+def test_fp16_with_grad_scaler(data):
+    assert_learns(run_gpu_trial(data, {"precision": "fp16"}))
+
+
+def test_fsdp2_bf16_mixed_precision_and_fused_adamw(data):
+    assert_learns(run_gpu_trial(data, {"strategy": "fsdp2", "optimizer": "adamw_fused"}, workers=2))
+
+
+def test_flash_attention_2(data):
+    pytest.importorskip("flash_attn")
+    assert_learns(run_gpu_trial(data, {}, model={"attn_implementation": "flash_attention_2"}))

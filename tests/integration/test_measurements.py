@@ -1,0 +1,76 @@
+"""One real 2-rank trial: phases reconcile with the step, cost is projected, the all-reduce probe is cached,
+and secrets in the environment leave no trace in the store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from raybench import executors, store
+from raybench.config import parse_sweep
+from raybench.plan import plan
+from raybench.trial import run_trial
+
+pytestmark = pytest.mark.integration
+SECRETS = {"HF_TOKEN": "hf_s3cr3tvalue111", "WANDB_API_KEY": "wandb-s3cr3t-222", "TORCH_FAKE_API_KEY": "s3cr3t-333"}
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("measure")
+    spec = parse_sweep({
+        "name": "measure", "model": {"preset": "tiny"},
+        "train": {"steps": 8, "warmup_steps": 2, "seq_len": 64, "micro_batch": 2, "grad_accum": 2,
+                  "precision": "fp32", "strategy": "fsdp2"},
+        "resources": {"workers": 2}, "projection": {"dataset_tokens": 1.0e6, "epochs": 2},
+        "axes": {"train.ac_ratio": ["0", "1"]},
+    })
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in SECRETS.items():
+            mp.setenv(key, value)
+        mp.setenv("NCCL_DEBUG", "WARN")
+        rows = [run_trial(t.as_payload(), "measure", str(tmp), "torchrun", executors.get("torchrun"))
+                for t in plan(spec)]
+    return tmp, rows
+
+
+def test_phases_reconcile_with_step_time(measured):
+    _, rows = measured
+    for row in rows:
+        assert row["status"] == "ok", row["message"]
+        for phase in ("data", "forward", "backward", "optimizer"):
+            assert row[f"phase_{phase}_p50_s"] >= 0 and row[f"phase_{phase}_p90_s"] >= row[f"phase_{phase}_p50_s"]
+        assert row["phase_backward_mean_s"] > row["phase_data_mean_s"]
+        assert 0.95 <= row["phase_sum_over_step"] <= 1.05
+
+
+def test_projection_setup_times_and_null_mfu(measured):
+    _, rows = measured
+    row = rows[0]
+    steps = -(-2_000_000 // (2 * 64 * 2 * 2))
+    assert row["projected_steps"] == steps
+    assert row["projected_device_hours"] == pytest.approx(steps * row["step_time_p50_s"] / 3600 * 2)
+    assert row["mfu"] is None and row["flops_per_token"] > 0
+    assert row["first_step_s"] > 0 and row["time_to_first_step_s"] >= row["first_step_s"]
+    assert row["model_build_s"] > 0 and row["wrap_s"] > 0
+    assert row["cpu_util_pct"] is None or row["cpu_util_pct"] >= 0
+    assert row["data_fs_type"]
+
+
+def test_allreduce_probe_measured_once_and_cached(measured):
+    tmp, rows = measured
+    first, second = (json.loads(r["allreduce_busbw_json"]) for r in rows)
+    assert set(first) == {"1", "4", "16", "64", "256"} and all(v > 0 for v in first.values())
+    assert first == second  # the second trial read the cache instead of measuring again
+    assert len(list((tmp / "_cache").glob("busbw-*.json"))) == 1
+
+
+def test_secrets_leave_no_trace_in_store(measured):
+    tmp, rows = measured
+    env = json.loads(rows[0]["env_json"])
+    assert env.get("NCCL_DEBUG") == "WARN" and "TORCH_FAKE_API_KEY" not in env
+    blobs = b"".join(p.read_bytes() for p in tmp.rglob("*") if p.is_file())
+    for value in SECRETS.values():
+        assert value.encode() not in blobs
+    assert len(store.read_results(tmp)) == 2

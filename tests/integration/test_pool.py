@@ -1,0 +1,104 @@
+"""The warm pool executor on a real local Ray: reuse, failure isolation, recycling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+
+from raybench import store
+from raybench.config import parse_sweep
+from raybench.executors.pool import manager
+from raybench.plan import plan
+from raybench.sweep import ray_cluster, run_planned
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_cluster(None):
+        yield
+
+
+def pool_sweep(name: str, axes: dict, **extra):
+    return parse_sweep({"name": name, "model": {"preset": "tiny"}, "executor": "pool",
+                        "train": {"steps": 6, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"},
+                        "resources": {"workers": 2}, "axes": axes, **extra})
+
+
+def run(spec, store_dir):
+    run_planned(plan(spec), spec.name, str(store_dir), "pool", progress=lambda line: None)
+    return store.read_results(store_dir, spec.name).sort_values("ended_at")
+
+
+def groups():
+    return ray.get(manager().groups_info.remote())
+
+
+def test_pool_reuses_one_group_across_trials_and_sweeps(cluster, tmp_path):
+    rows = run(pool_sweep("pool-a", {"train.strategy": ["ddp", "fsdp2"], "train.micro_batch": [1, 2]}), tmp_path)
+    assert list(rows.status) == ["ok"] * 4 and set(rows.executor) == {"pool"}
+    first = groups()
+    assert len(first) == 1 and first[0]["trials_run"] == 4
+    rows = run(pool_sweep("pool-b", {"train.micro_batch": [3]}), tmp_path)  # a second sweep: same warm actors
+    assert list(rows.status) == ["ok"]
+    assert [(g["id"], g["trials_run"]) for g in groups()] == [(first[0]["id"], 5)]
+
+
+def test_failed_trial_keeps_group_usable(cluster, tmp_path, model_dir):
+    one_record = tmp_path / "one.jsonl"
+    one_record.write_text('{"instruction": "say hi", "input": "", "output": "hi"}\n')
+    before = {g["id"] for g in groups()}
+    # Too little text for one 256-token sequence: every rank fails while loading data, after the group formed.
+    bad = parse_sweep({"name": "pool-fail", "model": {"path": str(model_dir)}, "executor": "pool",
+                       "data": {"source": "json", "path": str(one_record)},
+                       "train": {"steps": 6, "warmup_steps": 1, "seq_len": 256, "precision": "fp32"},
+                       "resources": {"workers": 2}})
+    rows = run(bad, tmp_path)
+    assert list(rows.status) == ["error"] and "fewer than one sequence" in rows.message.iloc[0]
+    rows = run(pool_sweep("pool-after-fail", {"train.lr": [1e-4]}), tmp_path)
+    assert list(rows.status) == ["ok"]
+    assert {g["id"] for g in groups()} == before  # the same group served the failing and the next trial
+
+
+def test_killed_actor_gives_error_row_and_group_is_rebuilt(cluster, tmp_path):
+    before = {g["id"] for g in groups()}
+    spec = pool_sweep("pool-kill", {"train.lr": [1e-4, 2e-4]}, train={"steps": 400, "warmup_steps": 1,
+                                                                       "seq_len": 32, "precision": "fp32"})
+    killed = []
+
+    def kill_rank_one():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            busy = [g for g in groups() if g["busy"]]
+            if busy:
+                time.sleep(3)  # let the trial get into its loop
+                pid = ray.get(busy[0]["actors"][1].pid.remote())
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_rank_one)
+    killer.start()
+    rows = run(spec, tmp_path)
+    killer.join()
+    assert killed
+    assert sorted(rows.status) == ["error", "ok"]
+    assert "died" in rows[rows.status == "error"].message.iloc[0].lower()
+    assert not before & {g["id"] for g in groups()}  # the broken group was replaced
+
+
+def test_groups_recycle_after_configured_trials(cluster, tmp_path):
+    spec = pool_sweep("pool-recycle", {"train.micro_batch": [1, 2, 3]}, pool={"recycle_after_trials": 2})
+    ids_before = {g["id"] for g in groups()}
+    rows = run(spec, tmp_path)
+    assert list(rows.status) == ["ok"] * 3
+    now = groups()
+    # Earlier groups had served >= 2 trials, so they were replaced; a group is dropped on its 2nd trial.
+    assert not ids_before & {g["id"] for g in now}
+    assert all(g["trials_run"] < 2 for g in now)

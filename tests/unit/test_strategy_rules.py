@@ -1,0 +1,140 @@
+"""Plan-time compatibility rules for strategies and techniques, bundle axes, train.env, and the clear errors
+GPU-only techniques raise on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from raybench.config import ConfigError, parse_sweep
+from raybench.plan import plan
+from raybench.store import CONFIG_COLUMNS, flatten_config
+
+BASE = {"name": "rules", "model": {"preset": "tiny"}, "train": {"steps": 4, "warmup_steps": 1}}
+
+
+def rule_problems(train: dict = None, resources: dict = None, data: dict = None, model: dict = None) -> dict:
+    """{field: messages joined} of the plan-time problems for one trial of the tiny preset."""
+    raw = {**BASE, "train": {**BASE["train"], **(train or {})}, "resources": resources or {},
+           "data": data or {}, "model": {**BASE["model"], **(model or {})}}
+    with pytest.raises(ConfigError) as info:
+        plan(parse_sweep(raw))
+    found: dict[str, str] = {}
+    for p in info.value.problems:
+        found[p.field] = f"{found.get(p.field, '')} | {p.message}"
+    return found
+
+
+@pytest.mark.parametrize("train, resources, field, words", [
+    ({"strategy": "tp", "tp_size": 2}, {"workers": 4}, "train.tp_size", "set train.tp_size: 4"),
+    ({"strategy": "tp_fsdp2", "tp_size": 3}, {"workers": 4}, "train.tp_size", "divides resources.workers"),
+    ({"strategy": "tp", "tp_size": 4}, {"workers": 4}, "train.tp_size", "2 KV heads"),
+    ({"strategy": "deepspeed", "tp_size": 2}, {"workers": 2}, "train.tp_size", "not supported"),
+    ({"strategy": "ddp", "tp_size": 2}, {"workers": 2}, "train.tp_size", "tp_size: 1"),
+    ({"strategy": "tp", "tp_size": 2, "finetune": "lora"}, {"workers": 2}, "train.finetune", "adapter"),
+    ({"finetune": "qlora"}, {}, "train.finetune", "needs CUDA"),
+    ({"liger": True}, {}, "train.liger", "need CUDA"),
+    ({"precision": "fp16", "grad_scaler": False}, {}, "train.grad_scaler", "underflow"),
+    ({"precision": "fp16", "strategy": "fsdp2"}, {}, "train.precision", "use bf16"),
+    ({"strategy": "deepspeed", "offload": "optimizer"}, {}, "train.offload", "needs GPUs"),
+    ({"strategy": "ddp", "offload": "optimizer"}, {}, "train.offload", "DeepSpeed ZeRO option"),
+    ({"ac_mode": "op"}, {}, "train.ac_mode", "set train.ac_ratio"),
+    ({"optimizer": "adafactor", "strategy": "fsdp2"}, {}, "train.optimizer", "DTensor"),
+])
+def test_incompatible_combinations_are_rejected_with_the_field(train, resources, field, words):
+    found = rule_problems(train, resources)
+    assert field in found and words in found[field], found
+
+
+def test_zero3_param_offload_needs_stage_3_even_on_gpus():
+    found = rule_problems({"strategy": "deepspeed", "offload": "optimizer_params", "zero_stage": 2},
+                          {"gpus_per_worker": 1})
+    assert "zero_stage: 3" in found["train.offload"]
+
+
+def test_data_and_attention_rules():
+    assert "num_workers" in rule_problems(data={"prefetch_factor": 4})["data.prefetch_factor"]
+    assert "CUDA" in rule_problems(model={"attn_implementation": "flash_attention_2"})["model.attn_implementation"]
+
+
+def test_valid_combinations_plan():
+    for train, workers in [({"strategy": "tp", "tp_size": 2}, 2), ({"strategy": "tp_fsdp2", "tp_size": 2}, 4),
+                           ({"strategy": "deepspeed", "zero_stage": 3}, 2), ({"ac_mode": "op", "ac_ratio": 1}, 2),
+                           ({"precision": "fp16"}, 2), ({"optimizer": "adafactor"}, 1)]:
+        raw = {**BASE, "train": {**BASE["train"], **train}, "resources": {"workers": workers}}
+        assert plan(parse_sweep(raw))[0].status == "planned"
+
+
+def test_keep_invalid_records_the_reason():
+    raw = {**BASE, "axes": {"train.finetune": ["lora", "qlora"]}}
+    trials = plan(parse_sweep(raw), keep_invalid=True)
+    assert [t.status for t in trials] == ["planned", "invalid"] and "CUDA" in trials[1].reasons[0]
+
+
+def test_bundle_axis_sets_fields_together_and_shows_each():
+    raw = {**BASE, "axes": {"setup": [{"train.strategy": "ddp"},
+                                      {"train.strategy": "tp", "train.tp_size": 2, "resources.workers": 2}],
+                            "train.micro_batch": [1, 2]}}
+    trials = plan(parse_sweep(raw))
+    assert len(trials) == 4
+    assert trials[2].axis_values == {"train.strategy": "tp", "train.tp_size": 2, "resources.workers": 2,
+                                     "train.micro_batch": 1}
+    assert trials[2].config.train.tp_size == 2 and trials[2].world_size == 2
+
+
+@pytest.mark.parametrize("axes, field", [
+    ({"setup": [{"train.strategy": "dpp"}]}, "axes.setup[0].train.strategy"),
+    ({"setup": [{"train.stratgy": "ddp"}]}, "axes.setup"),
+    ({"setup": ["ddp"]}, "axes.setup"),
+    ({"train": [{"train.strategy": "ddp"}]}, "axes.train"),
+])
+def test_bad_bundle_axes_name_the_field(axes, field):
+    with pytest.raises(ConfigError) as info:
+        parse_sweep({**BASE, "axes": axes})
+    assert field in {p.field for p in info.value.problems}, info.value.report()
+
+
+def test_env_is_checked_and_stored_as_json():
+    spec = parse_sweep({**BASE, "train": {**BASE["train"], "env": {"NCCL_SOCKET_NTHREADS": 4}}})
+    assert spec.train.env == {"NCCL_SOCKET_NTHREADS": "4"}
+    row = flatten_config(plan(spec)[0].config.model_dump(mode="json"))
+    assert json.loads(row["train_env_json"]) == {"NCCL_SOCKET_NTHREADS": "4"}
+    assert "train_env_json" in {c for c, _, _ in CONFIG_COLUMNS}
+    with pytest.raises(ConfigError) as info:
+        parse_sweep({**BASE, "train": {"env": {"LD_PRELOAD": "/tmp/x.so"}}})
+    assert info.value.problems[0].field == "train.env" and "NCCL_" in info.value.problems[0].message
+
+
+def test_gpu_only_techniques_fail_clearly_on_cpu():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from raybench.techniques import liger, qlora
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU error path")
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
+    with pytest.raises(ValueError, match="qlora needs CUDA"):
+        qlora.quantize(model)
+    with pytest.raises(ValueError, match="liger=true needs CUDA"):
+        liger.apply(model)
+
+
+def test_deepspeed_offload_fails_clearly_on_cpu():
+    from raybench.config import TrainSpec
+    from raybench.strategies import RankContext, deepspeed
+
+    ctx = RankContext(0, 1, 0, torch.device("cpu"))
+    with pytest.raises(ValueError, match="offload='optimizer' .* needs GPUs"):
+        deepspeed.setup(torch.nn.Linear(2, 2), TrainSpec(strategy="deepspeed", offload="optimizer"), ctx)
+
+
+def test_deepspeed_config_uses_no_jit_optimizer():
+    from raybench.config import TrainSpec
+    from raybench.strategies.deepspeed import ds_config
+
+    config = ds_config(TrainSpec(strategy="deepspeed", zero_stage=3, micro_batch=2, grad_accum=4), 8, True)
+    assert "optimizer" not in config  # a config optimizer would JIT-build fused_adam
+    assert config["train_batch_size"] == 2 * 4 * 8 and config["zero_optimization"]["stage"] == 3
