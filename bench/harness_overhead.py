@@ -61,9 +61,14 @@ def run_rank(args) -> None:
     batches = data.batches(config, model_shape(config), ctx.rank, ctx.world_size)
     bare_loop(trainable, batches, 3)  # warm both paths' allocator and DDP buckets once
     bare, ours = [], []
-    for _ in range(args.rounds):
-        bare += bare_loop(trainable, batches, args.steps)
-        ours += instrumented_loop(trainable, batches, config.train, ctx.device)
+    for round_index in range(args.rounds):
+        # Alternate which loop goes first, so that neither always inherits the other's allocator/cache state.
+        if round_index % 2:
+            ours += instrumented_loop(trainable, batches, config.train, ctx.device)
+            bare += bare_loop(trainable, batches, args.steps)
+        else:
+            bare += bare_loop(trainable, batches, args.steps)
+            ours += instrumented_loop(trainable, batches, config.train, ctx.device)
     if ctx.rank == 0:
         rows = [("bare PyTorch", bare), ("raybench loop", ours)]
         print(f"{'loop':<16}{'steps':>7}{'p50 ms':>10}{'p90 ms':>10}{'mean ms':>10}")

@@ -71,6 +71,8 @@ METRIC_COLUMNS = [
     ("tflops_per_device", pa.float64()), ("mfu", pa.float64()), ("flops_per_token", pa.float64()),
     ("loss_first", pa.float64()), ("loss_final", pa.float64()),
     ("peak_rss_gib", pa.float64()), ("peak_alloc_gib", pa.float64()), ("peak_reserved_gib", pa.float64()),
+    ("peak_rss_gib_by_rank", pa.list_(pa.float64())), ("peak_alloc_gib_by_rank", pa.list_(pa.float64())),
+    ("peak_reserved_gib_by_rank", pa.list_(pa.float64())),
     ("params_total", pa.int64()), ("params_trainable", pa.int64()),
     ("model_build_s", pa.float64()), ("wrap_s", pa.float64()), ("warmup_s", pa.float64()),
     ("time_to_first_step_s", pa.float64()), ("first_step_s", pa.float64()), ("compile_s", pa.float64()),

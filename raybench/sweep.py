@@ -217,6 +217,10 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     # ray.init installs its own SIGTERM handler (a stack dump, then death with no cleanup): ours goes on after it.
     with ray_cluster(address, verbose), terminate_on_sigterm(), \
             tempfile.TemporaryDirectory(prefix="raybench-tune-") as tune_dir:
+        if executor != "pool":
+            from raybench.executors import pool
+
+            pool.release_idle()
         cluster = ray.cluster_resources()
         tuner = tune.Tuner(
             tune.with_resources(_trial_driver, _driver_resources(cluster)),

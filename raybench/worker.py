@@ -99,7 +99,30 @@ def _reduce(values: list[float], op, device: torch.device) -> list[float]:
 
 
 def run(payload: dict) -> dict | None:
-    """Benchmark one trial on this rank. Rank 0 returns the metrics; the other ranks return None."""
+    """Benchmark one trial on this rank. Rank 0 returns the metrics; the other ranks return None.
+
+    Running out of memory re-raises with the memory in use at that moment, so the oom row says how much.
+    """
+    try:
+        return _benchmark(payload)
+    except (RuntimeError, MemoryError) as err:
+        # CUDA raises torch.OutOfMemoryError; the CPU allocator a plain RuntimeError ("can't allocate memory").
+        if not isinstance(err, (torch.OutOfMemoryError, MemoryError)) and "can't allocate memory" not in str(err):
+            raise
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        raise RuntimeError(f"OutOfMemoryError on rank {rank} with {_memory_in_use()}: {err}") from None
+
+
+def _memory_in_use() -> str:
+    host = f"host RSS peak {_peak_host_memory_gib() or 0:.2f} GiB"
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return host
+    device = torch.cuda.current_device()
+    return (f"{torch.cuda.memory_allocated(device) / GIB:.2f} GiB allocated, "
+            f"{torch.cuda.memory_reserved(device) / GIB:.2f} GiB reserved on GPU {device}, {host}")
+
+
+def _benchmark(payload: dict) -> dict | None:
     t_start = time.perf_counter()
     config = TrialConfig.model_validate(payload["config"])
     train = config.train
@@ -148,10 +171,14 @@ def run(payload: dict) -> dict | None:
     # Phases are averaged over ranks (each rank's phases add up to its own step time).
     phases = {p: [v / ctx.world_size for v in _reduce(t, dist.ReduceOp.SUM, ctx.device)]
               for p, t in record.phase_times_s.items()}
+    # Peaks per rank (host RSS; GPU allocated and reserved), gathered so that an unbalanced rank shows.
     peaks = [_peak_host_memory_gib() or 0.0]
     if ctx.device.type == "cuda":
         peaks += [torch.cuda.max_memory_allocated(ctx.device) / GIB, torch.cuda.max_memory_reserved(ctx.device) / GIB]
-    peaks = _reduce(peaks, dist.ReduceOp.MAX, ctx.device)
+    peaks_by_rank = [None] * ctx.world_size
+    dist.all_gather_object(peaks_by_rank, peaks)
+    by_kind = list(zip(*peaks_by_rank))  # [(rss per rank), (allocated per rank), (reserved per rank)]
+    peaks = [max(values) for values in by_kind]
     if ctx.rank != 0:
         return None
 
@@ -184,6 +211,9 @@ def run(payload: dict) -> dict | None:
         "peak_rss_gib": peaks[0],
         "peak_alloc_gib": peaks[1] if len(peaks) > 1 else None,
         "peak_reserved_gib": peaks[2] if len(peaks) > 2 else None,
+        "peak_rss_gib_by_rank": list(by_kind[0]),
+        "peak_alloc_gib_by_rank": list(by_kind[1]) if len(by_kind) > 1 else None,
+        "peak_reserved_gib_by_rank": list(by_kind[2]) if len(by_kind) > 2 else None,
         "params_total": params_total,
         "params_trainable": params_trainable,
         "model_build_s": model_build_s,

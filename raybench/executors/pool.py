@@ -147,6 +147,14 @@ class PoolManager:
                 self._destroy(group)
             self.changed.notify_all()
 
+    async def drain_idle(self) -> int:
+        """Destroy every idle group, handing its resources back to the cluster; returns how many."""
+        async with self.changed:
+            idle = [g for g in self.groups.values() if not g.busy]
+            for group in idle:
+                self._destroy(group)
+            return len(idle)
+
     def groups_info(self) -> list[dict]:
         """The current groups (for `raybench cluster status` and tests)."""
         return [{"id": g.id, "shape": g.shape, "busy": g.busy, "trials_run": g.trials_run, "actors": g.actors}
@@ -193,6 +201,16 @@ def manager():
         name=MANAGER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
         max_concurrency=1000, scheduling_strategy="DEFAULT",
     ).remote()
+
+
+def release_idle() -> int:
+    """Give idle pool actors' resources back, if this cluster has a pool: a sweep that runs its trials any
+    other way would otherwise wait for CPUs/GPUs held by warm actors nobody is using."""
+    try:
+        pool = ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return 0
+    return ray.get(pool.drain_idle.remote())
 
 
 def execute(payload: dict) -> dict:

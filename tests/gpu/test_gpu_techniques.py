@@ -63,3 +63,20 @@ def test_fsdp2_bf16_mixed_precision_and_fused_adamw(data):
 def test_flash_attention_2(data):
     pytest.importorskip("flash_attn")
     assert_learns(run_gpu_trial(data, {}, model={"attn_implementation": "flash_attention_2"}))
+
+
+def test_cuda_oom_is_an_oom_row_with_memory_at_oom(tmp_path):
+    from raybench.executors import get
+    from raybench.store import read_results
+    from raybench.trial import run_trial
+
+    # Logits alone: 4096 x 2048 x 2000 fp32 = 67 GB, beyond one 80 GB GPU with the rest of the step.
+    spec = parse_sweep({"name": "gpu-oom", "model": {"preset": "tiny"},
+                        "train": {"steps": 3, "warmup_steps": 1, "seq_len": 2048, "micro_batch": 4096,
+                                  "precision": "fp32"},
+                        "resources": {"workers": 1, "gpus_per_worker": 1, "timeout_s": 600}})
+    (trial,) = plan(spec)
+    row = run_trial(trial.as_payload(), "gpu-oom", str(tmp_path), "torchrun", get("torchrun"))
+    assert row["status"] == "oom", row["message"]
+    assert "GiB allocated" in row["message"]
+    assert list(read_results(tmp_path).status) == ["oom"]

@@ -99,4 +99,4 @@ def test_oom_host_memory_limit(tmp_path, cap_gib, seq_len, micro_batch, status):
     assert row.status == status, row.message
     assert code == (0 if status == "ok" else 1)
     if status == "oom":
-        assert "can't allocate memory" in row.message
+        assert "can't allocate memory" in row.message and "host RSS peak" in row.message  # memory at OOM

@@ -56,6 +56,8 @@ def test_projection_setup_times_and_null_mfu(measured):
     assert row["model_build_s"] > 0 and row["wrap_s"] > 0
     assert row["cpu_util_pct"] is None or row["cpu_util_pct"] >= 0
     assert row["data_fs_type"]
+    assert len(row["peak_rss_gib_by_rank"]) == 2 and max(row["peak_rss_gib_by_rank"]) == row["peak_rss_gib"]
+    assert row["peak_alloc_gib_by_rank"] is None  # CPU: no CUDA allocator
 
 
 def test_allreduce_probe_measured_once_and_cached(measured):

@@ -102,3 +102,14 @@ def test_groups_recycle_after_configured_trials(cluster, tmp_path):
     # Earlier groups had served >= 2 trials, so they were replaced; a group is dropped on its 2nd trial.
     assert not ids_before & {g["id"] for g in now}
     assert all(g["trials_run"] < 2 for g in now)
+
+
+def test_other_executors_get_the_pools_idle_resources(cluster, tmp_path):
+    run(pool_sweep("pool-before-train", {"train.lr": [1e-4]}), tmp_path)
+    assert groups()  # a warm group holds the 2 CPUs of this machine
+    spec = parse_sweep({"name": "train-after-pool", "model": {"preset": "tiny"}, "executor": "torchrun",
+                        "train": {"steps": 4, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"},
+                        "resources": {"workers": 2, "timeout_s": 120}})
+    run_planned(plan(spec), spec.name, str(tmp_path), "torchrun", progress=lambda line: None)
+    assert list(store.read_results(tmp_path, spec.name).status) == ["ok"]
+    assert groups() == []
