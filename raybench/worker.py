@@ -248,7 +248,11 @@ def main(argv: list[str]) -> int:
     # process abort at exit ("terminate called without an active exception") in about 1 run in 8.
     dist.barrier()
     dist.destroy_process_group()
-    return 0
+    # The barrier made the abort rarer but not gone (seen in CI, FSDP2 + LoRA): it comes from C++ threads
+    # destroyed during interpreter shutdown. Every result is written and every rank is done: skip that shutdown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
