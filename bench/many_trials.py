@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/many_trials.py [--trials 1000] [--small 200]
 
-Two sweeps in one process on one embedded Ray: first --small trials, then --trials trials (1 worker each,
-2 steps of 16 tokens on the tiny preset), every row written to a store. Prints a table, then one JSON line:
-value = trials per minute of the large sweep; driver_rss_gib after each sweep shows whether the driver's
-memory stays flat as the number of trials grows. Goal: driver peak < 2 GiB, flat.
+Three sweeps in one process on one embedded Ray: first --small trials, then --trials trials twice (1 worker
+each, 2 steps of 16 tokens on the tiny preset), every row written to a store. Prints a table, then one JSON
+line: value = trials per minute of the first large sweep; driver_rss_gib after each sweep shows whether the
+driver's memory stays flat as the number of trials grows (the second large sweep must not add what the first
+added). Goal: driver peak < 2 GiB, flat.
 """
 
 from __future__ import annotations
@@ -52,16 +53,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="raybench-many-") as store_dir, ray_cluster(None):
         small = run(store_dir, "many-small", args.small)
         large = run(store_dir, "many-large", args.trials)
+        again = run(store_dir, "many-large-again", args.trials)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"{'sweep':<8}{'trials':>8}{'ok':>6}{'wall s':>9}{'trials/min':>12}{'driver RSS GiB':>16}")
-    for name, r in (("small", small), ("large", large)):
+    for name, r in (("small", small), ("large", large), ("again", again)):
         print(f"{name:<8}{r['trials']:>8}{r['ok']:>6}{r['wall_s']:>9.1f}{r['trials_per_min']:>12.0f}"
               f"{r['driver_rss_gib']:>16.2f}")
     print(json.dumps({
         "bench": "many_trials", "metric": "trials per minute through the warm pool (large sweep)",
         "value": round(large["trials_per_min"], 1), "goal": "driver peak < 2 GiB and flat in trial count",
         "driver_peak_gib": round(peak_gib, 3), "driver_rss_small_gib": round(small["driver_rss_gib"], 3),
-        "driver_rss_large_gib": round(large["driver_rss_gib"], 3), "small": small, "large": large,
+        "driver_rss_large_gib": round(large["driver_rss_gib"], 3),
+        "driver_rss_again_gib": round(again["driver_rss_gib"], 3), "small": small, "large": large, "again": again,
     }))
 
 

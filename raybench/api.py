@@ -9,23 +9,61 @@ from raybench.config import SweepSpec, load_sweep
 from raybench.plan import PlannedTrial, plan
 
 
+# A sweep partition holding more result files than this is compacted at the end of a run: one file per trial
+# attempt keeps writers independent, but readers pay per file (docs/results/store-scale-2026-11-22.md).
+AUTO_COMPACT_FILES = 100
+
+
 def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | None = None,
               keep_invalid: bool = False, rerun: bool = False, progress=print, verbose: bool = False,
               source: str = "<sweep>") -> list[PlannedTrial]:
-    """Plan and run a sweep; returns the trials that were run (stored ok trials are skipped unless rerun).
+    """Plan and run a sweep, or search it (spec.search); returns the trials that were run (stored ok trials are
+    skipped unless rerun; a search answers them from the store). A search keeps invalid points as rows.
 
     Raises ConfigError before anything starts if the sweep cannot be planned.
     """
+    store_path = str(Path(store_path or spec.store))
+    if spec.search.algo != "grid":
+        if not address:
+            from raybench.sweep import use_token_auth
+
+            use_token_auth()  # raybench.search imports ray, and Ray fixes its auth mode at import
+        from raybench.search import run_search
+
+        ran = run_search(spec, store_path=store_path, address=address, rerun=rerun, progress=progress,
+                         verbose=verbose, source=source).ran
+    else:
+        ran = _run_grid(spec, store_path, address, keep_invalid, rerun, progress, verbose, source)
+    compact_if_many_files(store_path, spec.name, progress)
+    return ran
+
+
+def compact_if_many_files(store_path: str, sweep: str, progress=print) -> None:
+    from raybench import compaction
+
+    if len(store.result_files(store_path, sweep)) > AUTO_COMPACT_FILES:
+        done = compaction.compact_sweep(store_path, sweep)
+        progress(f"compacted {done.files_before} result files of sweep {sweep} into {done.files_after}")
+
+
+def _run_grid(spec: SweepSpec, store_path: str, address: str | None, keep_invalid: bool, rerun: bool, progress,
+              verbose: bool, source: str) -> list[PlannedTrial]:
     from raybench.sweep import run_planned, write_unrun
 
-    trials = plan(spec, keep_invalid=keep_invalid, source=source)
-    store_path = str(Path(store_path or spec.store))
+    trials = plan(spec, keep_invalid=keep_invalid, source=source, store_path=store_path)
     done = set() if rerun else store.ok_trial_ids(store_path, spec.name)
     unrun = [t for t in trials if t.status != "planned"]
     todo = [t for t in trials if t.status == "planned" and t.trial_id not in done]
     skipped = len(trials) - len(unrun) - len(todo)
     if skipped:
         progress(f"{skipped} trial(s) already stored as ok in {store_path}; skipping them (--rerun to repeat)")
+    if unrun and not rerun:  # an invalid point's row says the same on every run: write it once
+        table = store.read_table(store_path, spec.name)
+        # A trial now estimated not to fit keeps the row it has: a measured row outranks the estimate.
+        pruned = {t.trial_id for t in unrun if t.status == "skipped"}
+        recorded = {i for i, s in zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist())
+                    if s == "invalid" or i in pruned}
+        unrun = [t for t in unrun if t.trial_id not in recorded]
     write_unrun(unrun, spec.name, store_path)
     if todo:
         run_planned(todo, spec.name, store_path, spec.executor, address=address, progress=progress, verbose=verbose)

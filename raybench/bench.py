@@ -71,8 +71,11 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 
 def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
-               clock: PhaseClock) -> tuple:
-    """One optimizer step over grad_accum micro-batches; returns (loss tensor, non-padding tokens)."""
+               clock: PhaseClock, sync: bool = True) -> tuple:
+    """One optimizer step over grad_accum micro-batches; returns (loss tensor, non-padding tokens).
+
+    sync=False skips the gradient reduction of the last micro-batch too (see `exposed_comm_s`).
+    """
     total_loss = torch.zeros((), device=device)
     nonpad = 0
     clock.start()
@@ -82,7 +85,7 @@ def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
         batch = _to_device(host_batch, device)
         clock.mark("data")
         last = micro == train.grad_accum - 1
-        sync_ctx = torch.enable_grad() if last else trainable.no_grad_sync()
+        sync_ctx = torch.enable_grad() if last and sync else trainable.no_grad_sync()
         with sync_ctx:
             with trainable.autocast():
                 loss = trainable.model(**batch, use_cache=False).loss / train.grad_accum
@@ -116,3 +119,21 @@ def timed_loop(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
     # Losses stay on the device until the end so reading them never adds a sync inside the timed steps.
     record.losses = torch.stack(losses).float().cpu().tolist()
     return record
+
+
+def backward_with_and_without_sync(trainable: Trainable, batches: Iterator[dict], train: TrainSpec,
+                                   device: torch.device, pairs: int) -> tuple[list[float], list[float]]:
+    """Backward seconds of `pairs` steps that reduce gradients and `pairs` that do not, interleaved.
+
+    The reduction DDP overlaps with backward shows in the backward phase only where it is not hidden, so the
+    difference of the two medians is the exposed communication. Run after the timed window: the steps without
+    reduction leave the ranks' weights slightly apart, which no later measurement reads.
+    """
+    clock = PhaseClock(device)
+    synced, local = [], []
+    for _ in range(pairs):
+        for sync, out in ((True, synced), (False, local)):
+            train_step(trainable, batches, train, device, clock, sync=sync)
+            synchronize(device)
+            out.append(clock.totals_s()["backward"])
+    return synced, local

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from raybench import cli_results, cli_store
 from raybench.config import ConfigError, load_sweep
 from raybench.slurm import SlurmError
 
@@ -37,13 +38,30 @@ def _plan(args) -> int:
     from raybench.report import plan_table
 
     spec = load_sweep(args.sweep)
-    trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep)
+    trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=args.store or spec.store)
     if args.json:
         for t in trials:
             print(json.dumps({**t.as_payload(), "status": t.status, "reasons": list(t.reasons)}, sort_keys=True))
     else:
         print(plan_table(trials))
         print(f"\n{len(trials)} trials, sweep '{spec.name}', executor {spec.executor}")
+    return EXIT_OK
+
+
+def _estimate(args) -> int:
+    from raybench.estimate import estimate_summary, estimate_table
+    from raybench.plan import plan
+
+    spec = load_sweep(args.sweep)
+    store_path = args.store or spec.store
+    trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=store_path)
+    if args.json:
+        for t in trials:
+            print(json.dumps({"index": t.index, "trial_id": t.trial_id, "axis_values": t.axis_values,
+                              "status": t.status, "reasons": list(t.reasons), "estimate": t.estimate}, sort_keys=True))
+    else:
+        print(estimate_table(trials))
+        print(f"\n{estimate_summary(trials, store_path)}")
     return EXIT_OK
 
 
@@ -58,11 +76,11 @@ def _run(args) -> int:
 
         address = slurm.connect(args.cluster)
     store_path = args.store or spec.store
-    progress = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    from raybench.progress import SweepProgress
     from raybench.sweep import Terminated, terminate_on_sigterm
 
     try:
-        with terminate_on_sigterm():
+        with terminate_on_sigterm(), SweepProgress.for_terminal(args.quiet, args.verbose) as progress:
             trials = run_sweep(spec, address=address, store_path=store_path, keep_invalid=args.keep_invalid,
                                rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
     except (Terminated, KeyboardInterrupt) as why:
@@ -72,6 +90,10 @@ def _run(args) -> int:
         return EXIT_INTERRUPTED
     rows = read_results(store_path, spec.name)
     print(results_table(rows))
+    if spec.search.algo != "grid" or not isinstance(spec.search.metric, str):
+        from raybench.best import front_report
+
+        print("\n" + front_report(rows, spec.search.objectives()))
     ran = rows[rows.trial_id.isin({t.trial_id for t in trials})]
     failed = int((ran.status != "ok").sum())
     print(f"\n{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
@@ -86,7 +108,7 @@ def _trial(args) -> int:
     from raybench.trial import run_trial
 
     spec = load_sweep(args.sweep)
-    trials = plan(spec, source=args.sweep)
+    trials = plan(spec, source=args.sweep, store_path=args.store or spec.store)
     chosen = [t for t in trials if args.id in (t.trial_id, t.config_id, str(t.index))]
     if not chosen:
         print(f"{args.sweep}: no trial with id or index {args.id!r}; see `raybench plan {args.sweep}`",
@@ -100,11 +122,17 @@ def _trial(args) -> int:
 
 
 def _report(args) -> int:
-    from raybench.api import read_results
-    from raybench.report import results_table
+    return cli_results.report(args)
 
-    print(results_table(read_results(args.store, args.sweep, latest=not args.all_attempts)))
-    return EXIT_OK
+
+def _best(args) -> int:
+    from raybench.best import best_report, read_rows, resolve_source
+
+    store_path, sweep = resolve_source(args.source, args.sweep)
+    rows = read_rows(store_path, sweep)
+    print(best_report(rows, by=args.by, metric=args.metric, mode=args.mode, axis=args.axis,
+                      max_mem_gib=args.max_mem_gib, source=args.source))
+    return EXIT_OK if (rows.status == "ok").any() else EXIT_TRIALS_FAILED
 
 
 def _slurm_options(args):
@@ -209,7 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sweep")
     p.add_argument("--keep-invalid", action="store_true", help="list impossible grid points as invalid")
     p.add_argument("--json", action="store_true", help="one JSON object per trial instead of a table")
+    p.add_argument("--store", help="result store whose measured peaks calibrate the estimate (default: the sweep's)")
     p.set_defaults(func=_plan)
+
+    p = sub.add_parser("estimate", help="per-trial memory (params/grads/optimizer/activations) and step-time guess")
+    p.add_argument("sweep")
+    p.add_argument("--store", help="result store whose measured peaks calibrate the estimate (default: the sweep's)")
+    p.add_argument("--keep-invalid", action="store_true", help="list impossible grid points as invalid")
+    p.add_argument("--json", action="store_true", help="one JSON object per trial instead of a table")
+    p.set_defaults(func=_estimate)
 
     p = sub.add_parser("run", help="run a sweep on an embedded local Ray, or on --address")
     p.add_argument("sweep")
@@ -219,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="result store directory (overrides the sweep's store)")
     p.add_argument("--keep-invalid", action="store_true", help="record impossible grid points as invalid rows")
     p.add_argument("--rerun", action="store_true", help="run trials again even if stored as ok")
-    p.add_argument("--quiet", action="store_true", help="no per-trial progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress output (batch jobs); the results table "
+                   "still ends the run. Default: a live view on a terminal, one line per finished trial otherwise")
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
     p.set_defaults(func=_run)
 
@@ -229,11 +266,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="result store directory (overrides the sweep's store)")
     p.set_defaults(func=_trial)
 
-    p = sub.add_parser("report", help="print stored results as a table")
+    p = sub.add_parser("report", help="stored results as a table, or a Markdown/HTML/PNG report with figures")
     p.add_argument("store", nargs="?", default="./raybench-results")
     p.add_argument("--sweep", help="only this sweep")
     p.add_argument("--all-attempts", action="store_true", help="every attempt, not only the latest per trial")
+    cli_results.add_report_options(p)
     p.set_defaults(func=_report)
+    cli_results.add_parsers(sub)  # compare, export
+    cli_store.add_parsers(sub)  # query, compact
+
+    p = sub.add_parser("best", help="best configuration (or best value of one axis) per GPU type and model")
+    p.add_argument("source", nargs="?", default="./raybench-results", help="result store, or a sweep file")
+    p.add_argument("--sweep", help="only this sweep (default: the sweep file's, or every sweep in the store)")
+    p.add_argument("--by", default="gpu_name", help="group by this result column (gpu_name; CPU rows: 'cpu')")
+    p.add_argument("--metric", default="tok_per_s_per_device", help="rank by this result column")
+    p.add_argument("--mode", choices=["max", "min"], help="default: inferred from the metric's name")
+    p.add_argument("--axis", help="best value of this config field per group and model, e.g. train.ac_ratio")
+    p.add_argument("--max-mem-gib", type=float, help="only configurations whose mean peak memory per device "
+                   "(GPU reserved, CPU RSS) is at most this")
+    p.set_defaults(func=_best)
     _add_slurm_parsers(sub)
     return parser
 

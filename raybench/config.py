@@ -107,16 +107,33 @@ def _check_env(value: Any) -> Any:
     return out
 
 
-def worker_env(train: dict) -> dict[str, str]:
+def worker_env(payload: dict) -> dict[str, str]:
     """Variables a trial's workers get on top of the launcher's: train.env plus the compile cache directory.
 
     Launchers set them when they start the workers (torchrun's subprocess env, Ray Train's worker runtime env),
     before any process group or communicator exists, so NCCL_* settings take effect for this trial only.
     """
+    train = payload["config"]["train"]
     env = dict(train.get("env") or {})
-    if train.get("compile_cache_dir"):
-        env["TORCHINDUCTOR_CACHE_DIR"] = train["compile_cache_dir"]
+    cache_dir = compile_cache_dir(payload)
+    if cache_dir:
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+        env["TRITON_CACHE_DIR"] = str(Path(cache_dir) / "triton")
     return env
+
+
+def compile_cache_dir(payload: dict) -> str | None:
+    """Where a compiled trial caches its kernels: train.compile_cache_dir, else caches.compile_dir, else the
+    store's cache directory, which every trial on every node of the cluster shares (compile once per cluster)."""
+    train = payload["config"]["train"]
+    if train.get("compile_cache_dir"):
+        return train["compile_cache_dir"]
+    if not train.get("compile"):
+        return None
+    configured = (payload.get("caches") or {}).get("compile_dir")
+    if configured:
+        return configured
+    return str(Path(payload["cache_dir"]) / "compile") if payload.get("cache_dir") else None
 
 
 def _numeric(annotation) -> bool:
@@ -236,6 +253,20 @@ class TrialConfig(_Spec):
 class PoolSpec(_Spec):
     recycle_after_trials: int = Field(200, ge=1, le=1_000_000, description=(
         "Replace a pool group's actors after this many trials (bounds slow memory creep)."))
+    weights_cache_gib: float = Field(4.0, ge=0, le=4096, description=(
+        "Host memory each pool actor may keep for the weights of the models it last loaded, so the next trial "
+        "on the same model skips loading them (0: off)."))
+
+
+class CacheSpec(_Spec):
+    """Where trials keep what later trials reuse (not part of trial ids: caches change no measurement)."""
+
+    weights_local_copy: Literal["auto", "always", "never"] = Field("auto", description=(
+        "Copy a model.path directory once per node to node-local disk (RAYBENCH_LOCAL_DIR, SLURM_TMPDIR, TMPDIR "
+        "or /tmp) and load it from there: 'auto' when it is on a network filesystem (NFS, Lustre, GPFS, ...)."))
+    compile_dir: str | None = Field(None, description=(
+        "Inductor/Triton cache of compiled trials (train.compile) shared by every trial and node of the store; "
+        "null: <store>/_cache/compile. train.compile_cache_dir, when set, wins."))
 
 
 class ProjectionSpec(_Spec):
@@ -244,6 +275,60 @@ class ProjectionSpec(_Spec):
     dataset_tokens: float | None = Field(None, gt=0, description="Tokens in the training set (one epoch).")
     epochs: float = Field(1.0, gt=0, description="Passes over dataset_tokens.")
     total_steps: int | None = Field(None, ge=1, description="Optimizer steps of the full run (instead of tokens).")
+
+
+class EstimateSpec(_Spec):
+    """Per-trial memory and step-time estimate, and pruning of trials that cannot fit (not part of trial ids)."""
+
+    gpu: str | None = Field(None, description=(
+        "GPU the sweep's GPU trials run on, e.g. 'H100 SXM', 'H100 PCIe', 'H200', 'A100 80GB': its dense peak "
+        "gives the step-time guess and its memory the default device_memory_gib (docs/estimate.md)."))
+    device_memory_gib: float | None = Field(None, gt=0, le=65536, description=(
+        "Memory one rank may use: a GPU's memory, or host memory per worker on CPU trials; null: from gpu."))
+    margin_fraction: float | None = Field(None, ge=0, lt=1, description=(
+        "Share of device memory kept free of the estimate; null: 0.1 unless margin_gib is set."))
+    margin_gib: float | None = Field(None, ge=0, le=65536, description="Memory kept free, in GiB (instead of "
+                                     "margin_fraction).")
+    prune: bool = Field(True, description=(
+        "Mark trials whose estimated peak (calibrated by stored measurements) plus margin exceeds the device "
+        "memory as skipped, with the estimate in their row, instead of running them."))
+
+
+Mode = Literal["max", "min"]
+# Metrics whose name says "smaller is better": times, memory, hours, losses. Everything else is maximized.
+_MIN_SUFFIXES, _MIN_PREFIXES = ("_s", "_gib", "_hours"), ("loss_",)
+
+
+def default_mode(metric: str) -> Mode:
+    """max or min for a stored metric when the user does not say: times, memory and losses are minimized."""
+    return "min" if metric.endswith(_MIN_SUFFIXES) or metric.startswith(_MIN_PREFIXES) else "max"
+
+
+class SearchSpec(_Spec):
+    """How the grid of `axes` is explored: every point, or points chosen one by one by a searcher."""
+
+    algo: Literal["grid", "random", "optuna"] = Field("grid", description=(
+        "grid runs every point; random draws points uniformly, never one twice; optuna chooses each next point "
+        "with Optuna's TPE sampler (through Ray Tune's OptunaSearch), learning from every result, failed ones too."))
+    metric: str | list[str] = Field("tok_per_s_per_device", description=(
+        "Stored metric column to optimize, or a list of them for a multi-objective search (the result is a "
+        "Pareto front), e.g. [tok_per_s_per_device, peak_reserved_gib]."))
+    mode: Mode | list[Mode] | None = Field(None, description=(
+        "max or min, one per metric; null: inferred from each name (*_s, *_gib, *_hours, loss_* are minimized)."))
+    num_samples: int | None = Field(None, ge=1, le=1_000_000, description=(
+        "Distinct grid points to evaluate (run, or answered from stored ok rows); null: the whole grid at most."))
+    seed: int = Field(0, ge=0, description="Searcher seed: the same seed and store give the same points.")
+    max_concurrent: int | None = Field(None, ge=1, le=100_000, description=(
+        "Trials in flight at once (fewer lets the searcher learn from more results); null: as many as fit."))
+    early_stop: int | None = Field(None, ge=1, le=1_000_000, description=(
+        "Stop after this many evaluated points in a row without a better value (multi-objective: without a new "
+        "point on the Pareto front); null: off."))
+
+    def objectives(self) -> list[tuple[str, Mode]]:
+        """(metric, mode) pairs, modes filled in from the metric names where not given."""
+        metrics = [self.metric] if isinstance(self.metric, str) else list(self.metric)
+        modes = self.mode if isinstance(self.mode, list) else [self.mode] * len(metrics)
+        return [(m, mode or default_mode(m)) for m, mode in zip(metrics, modes)]
 
 
 class SweepSpec(_Spec):
@@ -262,9 +347,13 @@ class SweepSpec(_Spec):
         "Ray actors reused across trials and sweeps: milliseconds per trial instead of seconds) or 'torchrun' "
         "(a torchrun per trial on the node of its Ray Tune driver; single-node)."))
     pool: PoolSpec = Field(default_factory=PoolSpec, description="Warm pool settings (executor: pool).")
+    caches: CacheSpec = Field(default_factory=CacheSpec, description="Node-local weights and compile caches.")
     store: str = Field("./raybench-results", description="Result store directory (relative to the cwd).")
     repeats: int = Field(1, ge=1, le=100, description="Measurements per configuration.")
+    search: SearchSpec = Field(default_factory=SearchSpec, description="Grid, random or Optuna search over the axes.")
     projection: ProjectionSpec = Field(default_factory=ProjectionSpec, description="Full-run cost projection.")
+    estimate: EstimateSpec = Field(default_factory=EstimateSpec, description=(
+        "Memory/step-time estimate and pruning of trials that would not fit."))
 
     def base_trial(self) -> dict:
         """The trial fields before any axis is applied, as plain data."""
@@ -395,6 +484,80 @@ def _copy_sections(base: dict) -> dict:
     return {k: {kk: (dict(vv) if isinstance(vv, dict) else vv) for kk, vv in v.items()} for k, v in base.items()}
 
 
+# Measured on GPUs only: null in every CPU trial's row.
+_GPU_ONLY_METRICS = ("peak_alloc_gib", "peak_reserved_gib", "mfu", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz",
+                     "gpu_mem_clock_mhz")
+
+
+def numeric_metric_names() -> list[str]:
+    """Stored metric columns a search or `raybench best` can rank by (numbers, not per-rank lists)."""
+    import pyarrow as pa
+
+    from raybench.store import METRIC_COLUMNS  # store imports this module: import it when first needed
+
+    return [name for name, kind in METRIC_COLUMNS if pa.types.is_integer(kind) or pa.types.is_floating(kind)]
+
+
+def metric_problem(field: str, metric: Any) -> Problem | None:
+    """A Problem if `metric` is not a numeric stored metric column, naming the closest one."""
+    known = numeric_metric_names()
+    if isinstance(metric, str) and metric in known:
+        return None
+    close = difflib.get_close_matches(str(metric), known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else "e.g. tok_per_s_per_device, step_time_p50_s, peak_rss_gib"
+    return Problem(field, metric, f"not a numeric result column; {hint} (all: docs/metrics.md)")
+
+
+def _check_search(spec: SweepSpec) -> list[Problem]:
+    """The search section names real metrics, one mode per metric, and options its algo uses."""
+    search = spec.search
+    metrics = [search.metric] if isinstance(search.metric, str) else search.metric
+    problems = [p for m in metrics if (p := metric_problem("search.metric", m))]
+    if not metrics:
+        problems.append(Problem("search.metric", search.metric, "name at least one metric"))
+    if len(set(metrics)) != len(metrics):
+        problems.append(Problem("search.metric", search.metric, "a metric is listed twice; list each once"))
+    gpus_vary = any("gpus_per_worker" in repr((key, values)) for key, values in spec.axes.items())
+    if spec.resources.gpus_per_worker == 0 and not gpus_vary:
+        problems += [Problem("search.metric", m, "is null on CPU trials (resources.gpus_per_worker: 0), so no "
+                             "trial could be ranked; on CPU use peak_rss_gib for memory, tok_per_s_per_device "
+                             "for speed") for m in metrics if m in _GPU_ONLY_METRICS]
+    if isinstance(search.mode, list) and len(search.mode) != len(metrics):
+        problems.append(Problem("search.mode", search.mode, f"give one mode per metric ({len(metrics)}), a single "
+                                "mode for all, or null to infer each from its name"))
+    if search.algo == "grid":
+        for name in ("num_samples", "early_stop"):
+            if getattr(search, name) is not None:
+                problems.append(Problem(f"search.{name}", getattr(search, name), "only used by search.algo random "
+                                        "or optuna (grid runs every point); remove it or choose a searcher"))
+    elif not spec.axes:
+        problems.append(Problem("search.algo", search.algo, "a searcher picks points of the `axes` grid and this "
+                                "sweep has no axes; add axes, or use search.algo: grid"))
+    return problems
+
+
+def _check_estimate(est: EstimateSpec) -> list[Problem]:
+    """A known GPU name, one kind of margin, and a margin smaller than the memory it is taken from."""
+    from raybench.estimate import GPU_MEMORY_GIB, gpu_memory_gib, known_gpu  # estimate reads trial configs
+
+    problems = []
+    if est.gpu is not None and not known_gpu(est.gpu):
+        names = sorted({" ".join(f) for f, _ in GPU_MEMORY_GIB} | {"B200", "GB200", "H100 SXM", "H100 PCIe"})
+        problems.append(Problem("estimate.gpu", est.gpu, f"unknown GPU; use one of {', '.join(names)}, or leave "
+                                "it null and set estimate.device_memory_gib"))
+    elif est.gpu is not None and est.prune and est.device_memory_gib is None and gpu_memory_gib(est.gpu) is None:
+        problems.append(Problem("estimate.device_memory_gib", None, f"the memory of '{est.gpu}' is not in the "
+                                "table; set estimate.device_memory_gib (GiB per GPU), or estimate.prune: false"))
+    if est.margin_gib is not None and est.margin_fraction is not None:
+        problems.append(Problem("estimate.margin_gib", est.margin_gib, "set one of estimate.margin_gib or "
+                                "estimate.margin_fraction, not both"))
+    memory = est.device_memory_gib if est.device_memory_gib is not None else gpu_memory_gib(est.gpu)
+    if est.margin_gib is not None and memory is not None and est.margin_gib >= memory:
+        problems.append(Problem("estimate.margin_gib", est.margin_gib, f"the margin must be below the device "
+                                f"memory ({memory:.1f} GiB); lower it"))
+    return problems
+
+
 def _check_paths(spec: SweepSpec) -> list[Problem]:
     """Local model/data paths exist and model weights are safetensors unless pickle is explicitly allowed."""
     problems = []
@@ -439,7 +602,7 @@ def check_model_dir(path: str, allow_pickle: bool) -> list[Problem]:
 
 def _resolve_paths(raw: dict, base_dir: Path) -> None:
     """Make model/data paths absolute, relative to the sweep file, so workers anywhere find them."""
-    for section, key in (("model", "path"), ("data", "path"), ("data", "tokenizer")):
+    for section, key in (("model", "path"), ("data", "path"), ("data", "tokenizer"), ("caches", "compile_dir")):
         node = raw.get(section)
         if isinstance(node, dict) and isinstance(node.get(key), str):
             node[key] = str((base_dir / Path(node[key]).expanduser()).resolve())
@@ -454,7 +617,7 @@ def parse_sweep(raw: Any, source: str = "<sweep>", base_dir: Path | None = None)
         spec = SweepSpec.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(source, problems_from_validation(err, SweepSpec)) from None
-    problems = _check_axes(spec) + _check_paths(spec)
+    problems = _check_axes(spec) + _check_paths(spec) + _check_search(spec) + _check_estimate(spec.estimate)
     if problems:
         raise ConfigError(source, problems)
     return spec

@@ -70,6 +70,15 @@ def ram_gib() -> float | None:
     return None
 
 
+def system_label(environ: dict[str, str] | None = None) -> str:
+    """The name results are grouped and compared by: RAYBENCH_SYSTEM, else the SLURM cluster, else the host.
+
+    Rows of one cluster share it whichever node ran them, so `raybench compare` can set sites side by side.
+    """
+    environ = os.environ if environ is None else environ
+    return environ.get("RAYBENCH_SYSTEM") or environ.get("SLURM_CLUSTER_NAME") or socket.gethostname()
+
+
 def filesystem_of(path: str | Path) -> str | None:
     """Filesystem type of the mount holding `path` (longest mount-point prefix in /proc/mounts)."""
     target = str(Path(path).resolve())
@@ -138,6 +147,7 @@ def hardware(device) -> dict:
         "cpu_count": os.cpu_count(),
         "ram_gib": ram_gib(),
         "hostname": socket.gethostname(),
+        "system": system_label(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "platform": f"{platform.system()} {platform.release()} {sys.implementation.name}",
         **(nvml_details(device.index or 0) if gpu else {}),

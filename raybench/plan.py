@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from raybench import estimate
 from raybench.config import (ConfigError, Problem, SweepSpec, TrialConfig, _copy_sections, axis_assignments,
                              set_path)
 from raybench.presets import PRESETS, ModelShape, shape_from_model_dir
@@ -28,10 +29,12 @@ class PlannedTrial:
     axis_values: dict[str, Any]
     shape: ModelShape
     ac_blocks: tuple[int, ...]
-    status: str = "planned"  # or "invalid"
+    status: str = "planned"  # or "invalid", or "skipped" (estimated not to fit in device memory)
     reasons: tuple[str, ...] = field(default=())
     projection: dict = field(default_factory=dict)  # the sweep's planned full run; not part of the id
     pool: dict = field(default_factory=dict)  # warm-pool settings; not part of the id
+    caches: dict = field(default_factory=dict)  # weights and compile cache settings; not part of the id
+    estimate: dict = field(default_factory=dict)  # memory/step-time estimate (estimate.assess); not part of the id
 
     @property
     def world_size(self) -> int:
@@ -49,6 +52,8 @@ class PlannedTrial:
             "num_layers": self.shape.num_hidden_layers,
             "projection": self.projection,
             "pool": self.pool,
+            "caches": self.caches,
+            "estimate": self.estimate,
         }
 
 
@@ -164,11 +169,20 @@ def _grid(spec: SweepSpec):
             yield values
 
 
-def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>") -> list[PlannedTrial]:
-    """Expand the grid into trials. Invalid points raise one ConfigError, or stay as invalid rows if asked."""
+def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
+         store_path: str | Path | None = None) -> list[PlannedTrial]:
+    """Expand the grid into trials. Invalid points raise one ConfigError, or stay as invalid rows if asked.
+
+    Every valid trial gets a memory/step-time estimate, calibrated by the measured rows in `store_path` when
+    given; with spec.estimate.prune, trials that would not fit in device memory are marked skipped.
+    """
+    from raybench import calibration  # reads the store (pyarrow): imported here so `import plan` stays light
+
+    factors = calibration.factors(store_path)
     base = spec.base_trial()
     projection = spec.projection.model_dump(mode="json")
     pool = spec.pool.model_dump(mode="json")
+    caches = spec.caches.model_dump(mode="json")
     shapes: dict[tuple, ModelShape] = {}
     trials, problems = [], []
     for grid_values in _grid(spec):
@@ -189,12 +203,18 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>") -
             problems += [Problem(f, where, f"{why}; drop this point with `exclude:`, or pass --keep-invalid "
                                  "to record it as an invalid row") for f, why in reasons]
             continue
+        status, why_not = ("invalid", tuple(why for _, why in reasons)) if reasons else ("planned", ())
+        est = {}
+        if not reasons:  # an invalid combination has no meaningful estimate (its mesh may not even exist)
+            raw_est = estimate.estimate(config, shape, blocks, spec.estimate.gpu)
+            est, skip = estimate.assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)))
+            if skip:
+                status, why_not = "skipped", (skip,)
         for repeat in range(spec.repeats):
             trials.append(PlannedTrial(
                 index=len(trials), trial_id=f"{cid}-r{repeat}", config_id=cid, repeat=repeat, config=config,
-                axis_values=values, shape=shape, ac_blocks=blocks,
-                status="invalid" if reasons else "planned", reasons=tuple(why for _, why in reasons),
-                projection=projection, pool=pool,
+                axis_values=values, shape=shape, ac_blocks=blocks, status=status, reasons=why_not,
+                projection=projection, pool=pool, caches=caches, estimate=est,
             ))
     if problems:
         raise ConfigError(source, problems)

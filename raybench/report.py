@@ -36,23 +36,35 @@ def results_table(df) -> str:
     """Stored rows (a DataFrame from read_results) as a table, one line per trial."""
     if len(df) == 0:
         return "no results"
-    records = df.sort_values(["sweep", "started_at", "trial_id"], na_position="last").to_dict("records")
+    headers, rows, note = results_rows(df)
+    return render(headers, rows) + (f"\n({note})" if note else "")
+
+
+def results_rows(df) -> tuple[list[str], list[list[str]], str]:
+    """Headers, formatted cells (one row per trial) and a note on units, for text, Markdown and HTML tables."""
+    from raybench import frames  # pandas: not imported by `raybench plan`, which uses this module too
+
+    records = (df.assign(system_label=frames.system_label(df))
+               .sort_values(["sweep", "started_at", "trial_id"], na_position="last").to_dict("records"))
     axis_values = [json.loads(r["axis_values_json"] or "{}") for r in records]
     axes = list(dict.fromkeys(k for a in axis_values for k in a))
     on_gpu = all(r["device_type"] == "cuda" for r in records if r["status"] == "ok")
     per = "GPU" if on_gpu else "worker"
-    headers = ["sweep", "trial_id", "status", *(a.split(".")[-1] for a in axes), f"tok/s/{per}",
-               f"nonpad tok/s/{per}", "step p50 ms", "step p90 ms", "peak GiB", "loss first→final", "message"]
+    by_system = len({r["system_label"] for r in records}) > 1  # a column once a store holds several systems
+    headers = ["sweep", *(["system"] if by_system else []), "trial_id", "status", *(a.split(".")[-1] for a in axes),
+               f"tok/s/{per}", f"nonpad tok/s/{per}", "step p50 ms", "step p90 ms", "peak GiB", "loss first→final",
+               "message"]
     rows = []
     for r, values in zip(records, axis_values):
         peak = r["peak_reserved_gib"] if r["device_type"] == "cuda" else r["peak_rss_gib"]
         loss = f"{_fmt(r['loss_first'], '.3f')}→{_fmt(r['loss_final'], '.3f')}" if r["status"] == "ok" else "-"
         rows.append([
-            r["sweep"], r["trial_id"], r["status"], *(str(values.get(a, "")) for a in axes),
+            r["sweep"], *([r["system_label"]] if by_system else []), r["trial_id"], r["status"],
+            *(str(values.get(a, "")) for a in axes),
             _fmt(r["tok_per_s_per_device"], ",.0f"), _fmt(r["nonpad_tok_per_s_per_device"], ",.0f"),
             _fmt(r["step_time_p50_s"] and r["step_time_p50_s"] * 1000, ".1f"),
             _fmt(r["step_time_p90_s"] and r["step_time_p90_s"] * 1000, ".1f"),
             _fmt(peak, ".2f"), loss, (r["message"] or "")[:80],
         ])
-    note = "" if on_gpu else "\n(CPU run: throughput is per worker process, not per GPU; peak is host RSS)"
-    return render(headers, rows) + note
+    note = "" if on_gpu else "CPU run: throughput is per worker process, not per GPU; peak is host RSS"
+    return headers, rows, note

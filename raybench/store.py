@@ -4,6 +4,16 @@ Layout: STORE/sweep=NAME/TRIALID__STAMP.parquet. A file appears whole or not at 
 directory, fsync, rename), so readers never see partial rows and a killed writer leaves only a dot-file that
 readers skip. Re-running a trial adds a new attempt file; `read_results` returns the latest attempt per
 trial id unless asked for all of them.
+
+Bulk imports (`write_rows`) write `batch-STAMP.parquet` files, compaction `compacted-STAMP.parquet` files.
+Every row carries a unique `attempt_id` (a one-row file's stem; files from before that column get
+`STEM#ROW`). Compaction (`raybench.compaction`) merges many files into one and deletes the originals only
+after the merged file is committed, so a reader may briefly see a row in two files: readers keep one row
+per attempt_id, and re-list when a listed file has vanished (its rows are then in a committed merged file).
+
+Schema evolution: a file lacking some of this version's columns reads with nulls there; columns this version
+does not know (written by a newer raybench) are dropped by `read_table` but kept in the files, by compaction
+too, and visible to `raybench query`. Adding a column does not bump SCHEMA_VERSION; renaming or retyping does.
 """
 
 from __future__ import annotations
@@ -16,10 +26,11 @@ import typing
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from raybench.config import TRIAL_SECTIONS, TrialConfig
+from raybench.config import TrialConfig
 
 SCHEMA_VERSION = 1
 DEFAULT_STORE = "./raybench-results"
@@ -53,7 +64,7 @@ def config_fields(model: type[BaseModel] = TrialConfig, prefix: str = "") -> lis
 CONFIG_COLUMNS = config_fields()
 
 IDENTITY_COLUMNS = [
-    ("schema_version", pa.int32()), ("sweep", pa.string()), ("trial_id", pa.string()),
+    ("schema_version", pa.int32()), ("sweep", pa.string()), ("trial_id", pa.string()), ("attempt_id", pa.string()),
     ("config_id", pa.string()), ("repeat", pa.int32()), ("status", pa.string()), ("message", pa.string()),
     ("executor", pa.string()), ("started_at", pa.timestamp("us", tz="UTC")), ("ended_at", pa.timestamp("us", tz="UTC")),
     ("trial_wall_s", pa.float64()),
@@ -74,23 +85,29 @@ METRIC_COLUMNS = [
     ("peak_rss_gib_by_rank", pa.list_(pa.float64())), ("peak_alloc_gib_by_rank", pa.list_(pa.float64())),
     ("peak_reserved_gib_by_rank", pa.list_(pa.float64())),
     ("params_total", pa.int64()), ("params_trainable", pa.int64()),
-    ("model_build_s", pa.float64()), ("wrap_s", pa.float64()), ("warmup_s", pa.float64()),
+    ("model_build_s", pa.float64()), ("weights_cache", pa.string()), ("weights_copy_s", pa.float64()),
+    ("wrap_s", pa.float64()), ("warmup_s", pa.float64()),
     ("time_to_first_step_s", pa.float64()), ("first_step_s", pa.float64()), ("compile_s", pa.float64()),
     ("worker_wall_s", pa.float64()),
     *[(f"phase_{phase}_{stat}_s", pa.float64())
       for phase in ("data", "forward", "backward", "optimizer") for stat in ("p50", "p90", "mean", "std")],
     ("phase_sum_over_step", pa.float64()),
+    ("comm_exposed_p50_s", pa.float64()), ("comm_exposed_frac", pa.float64()),
     ("cpu_util_pct", pa.float64()), ("gpu_util_pct", pa.float64()), ("gpu_power_w", pa.float64()),
     ("gpu_sm_clock_mhz", pa.float64()), ("gpu_mem_clock_mhz", pa.float64()),
     ("projected_steps", pa.int64()), ("projected_hours", pa.float64()), ("projected_device_hours", pa.float64()),
+    # The plan's memory/step-time estimate (raybench/estimate.py) and, for ok rows, measured peak / estimate - 1.
+    ("est_peak_gib", pa.float64()), ("est_peak_calibrated_gib", pa.float64()), ("est_step_time_s", pa.float64()),
+    ("est_peak_error", pa.float64()),
 ]
 PROVENANCE_COLUMNS = [
     ("device_type", pa.string()), ("gpu_name", pa.string()), ("gpu_count", pa.int32()),
     ("gpu_memory_gib", pa.float64()), ("gpu_mem_clock_max_mhz", pa.float64()),
     ("gpu_sm_clock_max_mhz", pa.float64()), ("gpu_power_limit_w", pa.float64()), ("gpu_driver_version", pa.string()),
     ("gpu_topology", pa.string()), ("data_fs_type", pa.string()),
-    ("allreduce_busbw_gbps", pa.float64()), ("allreduce_busbw_json", pa.string()), ("cpu_model", pa.string()), ("cpu_count", pa.int32()),
-    ("ram_gib", pa.float64()), ("hostname", pa.string()), ("hostnames", pa.list_(pa.string())),
+    ("allreduce_busbw_gbps", pa.float64()), ("allreduce_busbw_json", pa.string()),
+    ("cpu_model", pa.string()), ("cpu_count", pa.int32()),
+    ("ram_gib", pa.float64()), ("system", pa.string()), ("hostname", pa.string()), ("hostnames", pa.list_(pa.string())),
     ("slurm_job_id", pa.string()), ("platform", pa.string()), ("env_json", pa.string()),
     ("torch_version", pa.string()), ("ray_version", pa.string()), ("transformers_version", pa.string()),
     ("peft_version", pa.string()), ("deepspeed_version", pa.string()), ("raybench_version", pa.string()),
@@ -132,19 +149,42 @@ def sweep_dir(store: str | Path, sweep: str) -> Path:
 def write_row(store: str | Path, row: dict) -> Path:
     """Atomically write one result row as its own Parquet file; returns the file's path."""
     _check_row(row)
-    row = {"schema_version": SCHEMA_VERSION, **row}
-    table = pa.Table.from_pylist([row], schema=SCHEMA)
     directory = sweep_dir(store, row["sweep"])
-    directory.mkdir(parents=True, exist_ok=True, mode=0o755)
-    final = directory / f"{row['trial_id']}__{time.time_ns()}_{os.getpid()}.parquet"
-    tmp = directory / f".{final.name}.tmp"
+    final = directory / f"{row['trial_id']}__{file_stamp()}.parquet"
+    row = {"schema_version": SCHEMA_VERSION, **row, "attempt_id": final.stem}
+    write_file_atomic(final, pa.Table.from_pylist([row], schema=SCHEMA))
+    return final
+
+
+def write_rows(store: str | Path, rows: list[dict]) -> list[Path]:
+    """Atomically write many rows, one file per sweep (bulk imports; a sweep's trials use write_row)."""
+    for row in rows:
+        _check_row(row)
+    paths = []
+    for sweep in dict.fromkeys(row["sweep"] for row in rows):
+        stamp = file_stamp()
+        batch = [{"schema_version": SCHEMA_VERSION, **row, "attempt_id": f"{row['trial_id']}__{stamp}.{i}"}
+                 for i, row in enumerate(r for r in rows if r["sweep"] == sweep)]
+        path = sweep_dir(store, sweep) / f"batch-{stamp}.parquet"
+        write_file_atomic(path, pa.Table.from_pylist(batch, schema=SCHEMA))
+        paths.append(path)
+    return paths
+
+
+def file_stamp() -> str:
+    return f"{time.time_ns()}_{os.getpid()}"
+
+
+def write_file_atomic(final: Path, table: pa.Table) -> None:
+    """Write `table` to `final` so that it appears whole or not at all (dot-temp file, fsync, rename)."""
+    final.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    tmp = final.parent / f".{final.name}.tmp"
     with open(tmp, "wb") as f:
         pq.write_table(table, f)
         f.flush()
         os.fsync(f.fileno())
     os.chmod(tmp, 0o644)  # results are shared read-only; nobody else may rewrite them
     os.replace(tmp, final)
-    return final
 
 
 def result_files(store: str | Path, sweep: str | None = None) -> list[Path]:
@@ -155,52 +195,105 @@ def result_files(store: str | Path, sweep: str | None = None) -> list[Path]:
 
 
 def read_table(store: str | Path, sweep: str | None = None, latest: bool = True) -> pa.Table:
-    """All rows as one Arrow table under the current schema (older files gain null columns)."""
-    files = result_files(store, sweep)
-    if not files:
+    """All rows as one Arrow table under the current schema (older files gain null columns), one row per
+    attempt_id; with `latest`, only the latest attempt of each trial id."""
+    tables = _read_all(store, sweep)
+    if not tables:
         return SCHEMA.empty_table()
-    # Files written under one schema are concatenated first and conformed once: conforming each one-row file
-    # on its own cost ~9 ms a file (minutes for a store of thousands of rows).
-    groups: list[tuple[pa.Schema, list[pa.Table]]] = []
-    for f in files:
-        table = _read_file(f)
-        same = next((g for s, g in groups if s.equals(table.schema, check_metadata=True)), None)
-        if same is None:
-            groups.append((table.schema, [table]))
-        else:
-            same.append(table)
-    table = pa.concat_tables([_conform(pa.concat_tables(g)) for _, g in groups])
+    table = unique_attempts(conform_all(tables))
     if latest:
         table = _latest_per_trial(table)
     return table
 
 
-def _read_file(path: Path) -> pa.Table:
+def _read_all(store: str | Path, sweep: str | None) -> list[pa.Table]:
+    """Every committed file's rows. A compaction deletes files only after the merged file holding their rows is
+    committed: when a listed file is gone, listing again finds its rows (rows read twice are deduplicated)."""
+    read: dict[Path, pa.Table] = {}
+    while True:
+        vanished = False
+        for path in result_files(store, sweep):
+            if path in read:
+                continue
+            try:
+                read[path] = read_file(path)
+            except FileNotFoundError:
+                vanished = True
+        if not vanished:
+            return list(read.values())
+
+
+def read_file(path: Path) -> pa.Table:
+    """One committed file's rows, each with its attempt_id (`STEM#ROW` for files from before that column)."""
     # ParquetFile.read skips the dataset discovery that pq.read_table does per call (~2x faster per file).
     with pq.ParquetFile(path) as f:
-        return f.read()
+        table = f.read()
+    if "attempt_id" in table.column_names and not table.column("attempt_id").null_count:
+        return table
+    derived = pa.array([f"{path.stem}#{i}" for i in range(len(table))], pa.string())
+    if "attempt_id" not in table.column_names:
+        return table.append_column("attempt_id", derived)
+    position = table.column_names.index("attempt_id")
+    return table.set_column(position, "attempt_id", pc.coalesce(table.column("attempt_id"), derived))
 
 
-def _conform(table: pa.Table) -> pa.Table:
-    """Cast a file's table to the current schema: missing columns become null, extra ones are dropped."""
+def conform_all(tables: list[pa.Table], keep_unknown: bool = False) -> pa.Table:
+    """Concatenate file tables under the current schema: missing columns become null; columns this version does
+    not know are dropped, or kept after the known ones with `keep_unknown` (compaction must not lose them)."""
+    # Files written under one schema are concatenated first and conformed once: conforming each one-row file
+    # on its own cost ~9 ms a file (minutes for a store of thousands of rows).
+    groups: list[tuple[pa.Schema, list[pa.Table]]] = []
+    for table in tables:
+        same = next((g for s, g in groups if s.equals(table.schema, check_metadata=True)), None)
+        if same is None:
+            groups.append((table.schema, [table]))
+        else:
+            same.append(table)
+    conformed = [_conform(pa.concat_tables(g), keep_unknown) for _, g in groups]
+    return pa.concat_tables(conformed, promote_options="permissive").replace_schema_metadata(SCHEMA.metadata)
+
+
+def _conform(table: pa.Table, keep_unknown: bool) -> pa.Table:
     columns = [
         table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
         for f in SCHEMA
     ]
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+    fields = list(SCHEMA)
+    if keep_unknown:
+        unknown = [f for f in table.schema if f.name not in SCHEMA.names]
+        columns += [table.column(f.name) for f in unknown]
+        fields += unknown
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=SCHEMA.metadata))
+
+
+def unique_attempts(table: pa.Table) -> pa.Table:
+    """One row per attempt_id (the first seen): a row is in two files while a compaction is deleting them."""
+    if pc.count_distinct(table.column("attempt_id")).as_py() == len(table):
+        return table
+    numbered = table.append_column("_row", pa.array(range(len(table)), pa.int64()))
+    first = numbered.group_by("attempt_id").aggregate([("_row", "min")]).column("_row_min")
+    return table.take(pc.take(first, pc.sort_indices(first)))  # in their original order
 
 
 def _latest_per_trial(table: pa.Table) -> pa.Table:
+    """The latest attempt of each trial of each sweep: greatest ended_at (unknown counts as oldest), then
+    attempt_id. Keyed by sweep too: two sweeps (say one per GPU type) may measure the same configuration."""
     if len(table) == 0:
         return table
-    order = table.sort_by([("trial_id", "ascending"), ("ended_at", "ascending")])
-    ids = order.column("trial_id").to_pylist()
-    keep = [i for i in range(len(ids)) if i == len(ids) - 1 or ids[i] != ids[i + 1]]
-    return order.take(keep)
+    # Sort the key columns only, then take the kept rows once (sorting the whole table moved every
+    # column twice). An unknown end sorts first (null placement per sort key needs pyarrow >= 25).
+    ended = pc.fill_null(table.column("ended_at"), pa.scalar(0, table.schema.field("ended_at").type))
+    trial = pc.binary_join_element_wise(table.column("sweep"), table.column("trial_id"), "/")
+    keys = pa.table({"trial": trial, "attempt_id": table.column("attempt_id"), "ended": ended})
+    order = pc.sort_indices(keys, sort_keys=[("trial", "ascending"), ("ended", "ascending"),
+                                             ("attempt_id", "ascending")])
+    ids = pc.take(keys.column("trial"), order).combine_chunks()
+    last_of_trial = pa.concat_arrays([pc.not_equal(ids.slice(0, len(ids) - 1), ids.slice(1)), pa.array([True])])
+    return table.take(pc.filter(order, last_of_trial))
 
 
 def read_results(store: str | Path = DEFAULT_STORE, sweep: str | None = None, latest: bool = True):
-    """Result rows as a pandas DataFrame (latest attempt per trial id unless latest=False)."""
+    """Result rows as a pandas DataFrame (latest attempt per trial of each sweep unless latest=False)."""
     return read_table(store, sweep, latest).to_pandas()
 
 

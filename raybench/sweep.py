@@ -5,6 +5,7 @@ trial through the executor and writes the row itself, so a row exists even when 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -12,15 +13,20 @@ import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raybench import store
 from raybench.plan import PlannedTrial
 from raybench.trial import build_row, run_trial, summary
 
+if TYPE_CHECKING:
+    from raybench.search import PlannedSearch
+
 # Trial drivers only wait on their trainer; they hold one slot of this custom resource instead of real CPUs
 # (a Tune trial cannot ask for zero resources), so drivers never steal cores from the workers.
 DRIVER_RESOURCE = "raybench_driver"
 DRIVER_SLOTS = 1000
+GRID_CHUNK_TRIALS = 200  # planned trials per Ray Tune experiment (see run_planned)
 # Embedded Ray clusters live in TEMP_ROOT/rb-*; OWNER_FILE there names the raybench process that owns one.
 TEMP_ROOT = "/tmp"
 OWNER_FILE = "raybench-owner"
@@ -183,16 +189,26 @@ def _trial_driver(config: dict) -> None:
     from ray import tune
 
     from raybench import executors
+    from raybench.progress import peak_gib
 
     job = config["job"]
-    row = run_trial(config["payload"], job["sweep"], job["store"], job["executor"], executors.get(job["executor"]))
-    tune.report({"status": row["status"], "tok_per_s_per_device": row.get("tok_per_s_per_device") or 0.0,
-                 "trial_id": row["trial_id"], "summary": summary(row)})
+    rows = []
+    # A grid trial is one payload; a searched point is one payload per repeat.
+    for payload in config.get("payloads") or [config["payload"]]:
+        rows.append(run_trial(payload, job["sweep"], job["store"], job["executor"], executors.get(job["executor"])))
+        row = rows[-1]
+        # A searcher learns the point's outcome from the rows it reported (JSON: Tune results stay flat).
+        fields = ("trial_id", "status", "message", "trial_wall_s", *job.get("metrics", ()))
+        tune.report({"status": row["status"], "tok_per_s_per_device": row.get("tok_per_s_per_device") or 0.0,
+                     "trial_id": row["trial_id"], "summary": summary(row), "peak_gib": peak_gib(row),
+                     "rows_json": json.dumps([{k: r.get(k) for k in fields} for r in rows])})
 
 
 def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
-                address: str | None = None, progress: Callable[[str], None] = print, verbose: bool = False) -> None:
-    """Run every planned trial through Ray Tune (grid order); rows land in the store as trials finish."""
+                address: str | None = None, progress: Callable[[str], None] = print, verbose: bool = False,
+                search: PlannedSearch | None = None, max_in_flight: int | None = None) -> None:
+    """Run every planned trial through Ray Tune (grid order), or with `search` the points that searcher picks
+    among them (at most `max_in_flight` at once); rows land in the store as trials finish."""
     if not address:
         use_token_auth()  # before `import ray`
     import ray
@@ -205,14 +221,10 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     # them (the trials would then get "driver died" error rows).
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     job = {"sweep": sweep, "store": store_path, "executor": executor}
-    total = len(trials)
-    done = 0
+    total = len(trials) if search is None else search.budget
+    from raybench.progress import as_progress, dashboard_url, tune_callback
 
-    class Progress(tune.Callback):
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            nonlocal done
-            done += 1
-            progress(f"[{done}/{total}] {result['summary']}")
+    reporter = as_progress(progress)  # a plain function gets one line per finished trial
 
     # ray.init installs its own SIGTERM handler (a stack dump, then death with no cleanup): ours goes on after it.
     with ray_cluster(address, verbose), terminate_on_sigterm(), \
@@ -222,19 +234,34 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
 
             pool.release_idle()
         cluster = ray.cluster_resources()
-        tuner = tune.Tuner(
-            tune.with_resources(_trial_driver, _driver_resources(cluster)),
-            param_space={"job": job, "payload": tune.grid_search([t.as_payload() for t in trials])},
-            # A warm pool's trial drivers are as reusable as its workers.
-            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent(trials, cluster),
-                                        reuse_actors=executor == "pool"),
-            run_config=tune.RunConfig(name=sweep, storage_path=tune_dir, verbose=0, callbacks=[Progress()]),
-        )
-        tuner.fit()
+        reporter.start(total, dashboard_url())
+        in_flight = min(max_concurrent(trials, cluster), max_in_flight or math.inf)
+
+        def fit(name: str, space: dict, **sampling) -> None:
+            tune.Tuner(
+                tune.with_resources(_trial_driver, _driver_resources(cluster)),
+                param_space={"job": job, **space},
+                # A warm pool's trial drivers are as reusable as its workers.
+                tune_config=tune.TuneConfig(max_concurrent_trials=in_flight, reuse_actors=executor == "pool",
+                                            **sampling),
+                run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=0,
+                                          callbacks=[tune_callback(reporter)]),
+            ).fit()
+
+        if search is None:
+            # One Tuner per chunk of the grid: Tune keeps every trial of an experiment in the driver and rescans
+            # them at each step, so one Tuner over thousands of trials grows the driver and slows every trial.
+            chunk = max(GRID_CHUNK_TRIALS, 8 * in_flight)  # large enough that draining between chunks is rare
+            for start in range(0, len(trials), chunk):
+                fit(f"{sweep}-{start}", {"payload": tune.grid_search([t.as_payload() for t in
+                                                                      trials[start:start + chunk]])})
+        else:  # the searcher hands each trial its payloads and says when it is done
+            job["metrics"] = search.metrics
+            fit(sweep, {}, search_alg=search, num_samples=-1)
 
     # A driver killed from outside (node loss, OOM killer) wrote nothing: give its trial an error row.
     stored = set(store.read_table(store_path, sweep, latest=False).column("trial_id").to_pylist())
-    for t in trials:
+    for t in trials if search is None else search.dispatched:
         if t.trial_id not in stored:
             payload = t.as_payload()
             store.write_row(store_path, build_row(payload, sweep, "error", "trial driver died before storing a row",

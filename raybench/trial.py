@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from raybench import store
+from raybench import estimate, fingerprint, store
 from raybench.metrics import projection as metrics_projection
 from raybench.store import SCHEMA, flatten_config, json_column
 
@@ -71,12 +71,15 @@ def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dic
         "axis_values_json": json_column(payload["axis_values"]),
         "config_json": json_column(config),
         "env_json": json_column(metrics.pop("env", None)),
+        # Failed trials carry no worker fingerprint; the driver runs on the same system, so its label holds.
+        "system": metrics.pop("system", None) or fingerprint.system_label(),
     }
     row.update({k: v for k, v in metrics.items() if k in SCHEMA.names and k not in row})
     plan = payload.get("projection")
     if plan and row.get("step_time_p50_s") and row.get("tokens_per_step"):
         row.update(metrics_projection(row["step_time_p50_s"], row["tokens_per_step"], row["world_size"],
                                       plan["dataset_tokens"], plan["epochs"], plan["total_steps"]))
+    row.update(estimate.row_fields(payload.get("estimate"), row))  # and, for ok rows, the estimate's error
     return row
 
 

@@ -32,6 +32,8 @@ from raybench.strategies import RankContext  # noqa: E402
 from raybench.techniques import activation_checkpointing, compile, liger, lora, qlora  # noqa: E402
 
 GIB = 2**30
+# Steps with and steps without gradient reduction run after the timed window to measure exposed communication.
+COMM_PAIRS = 3
 SAMPLED = ("cpu_util_pct", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz")
 
 
@@ -122,6 +124,19 @@ def _memory_in_use() -> str:
             f"{torch.cuda.memory_reserved(device) / GIB:.2f} GiB reserved on GPU {device}, {host}")
 
 
+def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext) -> dict:
+    """Exposed gradient communication of DDP across ranks: backward with reduction minus backward without.
+
+    Only DDP can skip its reduction without changing the work or the memory of the step (FSDP2 would keep
+    unsharded gradients, TP's collectives sit in the forward): other strategies record null.
+    """
+    if train.strategy != "ddp" or ctx.world_size == 1:
+        return {"comm_exposed_p50_s": None}
+    synced, local = bench.backward_with_and_without_sync(trainable, batches, train, ctx.device, COMM_PAIRS)
+    synced, local = ([v / ctx.world_size for v in _reduce(t, dist.ReduceOp.SUM, ctx.device)] for t in (synced, local))
+    return {"comm_exposed_p50_s": max(0.0, metrics.percentile(synced, 50) - metrics.percentile(local, 50))}
+
+
 def _benchmark(payload: dict) -> dict | None:
     t_start = time.perf_counter()
     config = TrialConfig.model_validate(payload["config"])
@@ -142,7 +157,11 @@ def _benchmark(payload: dict) -> dict | None:
         torch.cuda.reset_peak_memory_stats(ctx.device)
 
     t0 = time.perf_counter()
-    model = build_model(config.model, ctx.device, train.seed)
+    caches = payload.get("caches") or {}
+    # Only warm pool actors live past one trial: they alone keep weights in memory for the next one.
+    model, weights_info = build_model(config.model, ctx.device, train.seed,
+                                      local_copy=caches.get("weights_local_copy", "auto"),
+                                      cache_gib=payload.get("weights_cache_gib", 0.0))
     model_build_s = time.perf_counter() - t0
     model = prepare_model(model, train, payload["ac_blocks"])
     params_total, params_trainable = count_params(model)
@@ -157,6 +176,7 @@ def _benchmark(payload: dict) -> dict | None:
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
     record = bench.timed_loop(trainable, batches, train, ctx.device, sampler)
     sampler.close()
+    comm = _exposed_comm(trainable, batches, train, ctx)
     sampled = sampler.means(since=record.step_starts[train.warmup_steps])
     # Utilization means over the timed window, averaged over ranks; NaN (not sampled) becomes null.
     sampled = dict(zip(SAMPLED, _reduce([sampled.get(k, math.nan) for k in SAMPLED], dist.ReduceOp.SUM, ctx.device)))
@@ -168,9 +188,11 @@ def _benchmark(payload: dict) -> dict | None:
     # Summed over all ranks, so each TP group's shared batch counts tp_size times: divide it back out.
     nonpad = [n / train.tp_size for n in _reduce([float(n) for n in record.nonpad_tokens], dist.ReduceOp.SUM,
                                                  ctx.device)]
-    # Phases are averaged over ranks (each rank's phases add up to its own step time).
+    # Phases are averaged over ranks (each rank's phases add up to its own step time), so they reconcile with
+    # the rank-averaged step time, not with the slowest rank's.
     phases = {p: [v / ctx.world_size for v in _reduce(t, dist.ReduceOp.SUM, ctx.device)]
               for p, t in record.phase_times_s.items()}
+    mean_rank_steps = [v / ctx.world_size for v in _reduce(record.step_times_s, dist.ReduceOp.SUM, ctx.device)]
     # Peaks per rank (host RSS; GPU allocated and reserved), gathered so that an unbalanced rank shows.
     peaks = [_peak_host_memory_gib() or 0.0]
     if ctx.device.type == "cuda":
@@ -196,7 +218,10 @@ def _benchmark(payload: dict) -> dict | None:
     peak = metrics.peak_tflops(hardware["gpu_name"], train.precision)
     return {
         **metrics.step_time_stats(timed),
-        **metrics.phase_stats({p: t[warm:] for p, t in phases.items()}, timed),
+        **metrics.phase_stats({p: t[warm:] for p, t in phases.items()}, mean_rank_steps[warm:]),
+        **comm,
+        "comm_exposed_frac": comm["comm_exposed_p50_s"] / metrics.percentile(timed, 50)
+        if comm["comm_exposed_p50_s"] is not None else None,
         "steps_timed": len(timed),
         "tokens_per_step": tokens_per_step,
         "tok_per_s": tok_per_s,
@@ -217,6 +242,7 @@ def _benchmark(payload: dict) -> dict | None:
         "params_total": params_total,
         "params_trainable": params_trainable,
         "model_build_s": model_build_s,
+        **weights_info,
         "wrap_s": wrap_s,
         "warmup_s": sum(step_times[:warm]),
         "time_to_first_step_s": t_loop - t_start + record.step_times_s[0],

@@ -78,7 +78,7 @@ class PoolWorker:
         from raybench import worker
 
         config = payload["config"]
-        env = worker_env(config["train"])
+        env = worker_env(payload)
         saved_env = {k: os.environ.get(k) for k in env}
         saved_rlimit = resource.getrlimit(resource.RLIMIT_DATA)
         os.environ.update(env)
@@ -86,7 +86,7 @@ class PoolWorker:
         dist.init_process_group(backend, store=dist.PrefixStore(trial_key, self.store), rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=config["resources"]["timeout_s"]))
         try:
-            return worker.run(payload)
+            return worker.run({**payload, "weights_cache_gib": (payload.get("pool") or {}).get("weights_cache_gib", 0)})
         finally:
             # Leave nothing behind for the next trial: the group, the env, the memory cap, freed memory.
             dist.destroy_process_group()

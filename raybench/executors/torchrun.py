@@ -80,7 +80,7 @@ def execute(payload: dict) -> dict:
                str(result_path)]
         # stderr goes to a file, not a pipe: a chatty rank can never block on a full pipe.
         with open(log_path, "w") as log:
-            env = {**os.environ, **worker_env(payload["config"]["train"])}  # train.env: this trial only
+            env = {**os.environ, **worker_env(payload)}  # train.env: this trial only
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=env,
                                     preexec_fn=_die_with_parent)
             try:

@@ -49,7 +49,7 @@ def _fit(payload: dict) -> dict:
             # retry forever), fails the trial; the row says why.
             failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
             # train.env reaches this trial's worker processes only, before their process group exists.
-            worker_runtime_env={"env_vars": worker_env(payload["config"]["train"])},
+            worker_runtime_env={"env_vars": worker_env(payload)},
         ),
     )
     result = trainer.fit()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from raybench.config import LoraSpec
+
+if TYPE_CHECKING:  # TARGETS is read by the torch-free estimate; torch is imported where adapters are made
+    from torch import nn
 
 # Module names shared by the Llama and Qwen2 families.
 TARGETS = {

@@ -24,7 +24,8 @@ def measured(tmp_path_factory):
         "train": {"steps": 8, "warmup_steps": 2, "seq_len": 64, "micro_batch": 2, "grad_accum": 2,
                   "precision": "fp32", "strategy": "fsdp2"},
         "resources": {"workers": 2}, "projection": {"dataset_tokens": 1.0e6, "epochs": 2},
-        "axes": {"train.ac_ratio": ["0", "1"]},
+        "axes": {"setup": [{"train.strategy": "fsdp2", "train.ac_ratio": "1"},
+                           {"train.strategy": "ddp", "train.ac_ratio": "0"}]},
     })
     with pytest.MonkeyPatch.context() as mp:
         for key, value in SECRETS.items():
@@ -43,6 +44,14 @@ def test_phases_reconcile_with_step_time(measured):
             assert row[f"phase_{phase}_p50_s"] >= 0 and row[f"phase_{phase}_p90_s"] >= row[f"phase_{phase}_p50_s"]
         assert row["phase_backward_mean_s"] > row["phase_data_mean_s"]
         assert 0.95 <= row["phase_sum_over_step"] <= 1.05
+
+
+def test_exposed_communication_measured_for_ddp(measured):
+    _, (fsdp2, ddp) = measured
+    assert fsdp2["comm_exposed_p50_s"] is None and fsdp2["comm_exposed_frac"] is None
+    assert ddp["comm_exposed_p50_s"] >= 0
+    assert ddp["comm_exposed_frac"] == pytest.approx(ddp["comm_exposed_p50_s"] / ddp["step_time_p50_s"])
+    assert ddp["comm_exposed_p50_s"] <= ddp["phase_backward_p90_s"]  # a part of the backward, never more
 
 
 def test_projection_setup_times_and_null_mfu(measured):

@@ -43,6 +43,8 @@ def groups():
 def test_pool_reuses_one_group_across_trials_and_sweeps(cluster, tmp_path):
     rows = run(pool_sweep("pool-a", {"train.strategy": ["ddp", "fsdp2"], "train.micro_batch": [1, 2]}), tmp_path)
     assert list(rows.status) == ["ok"] * 4 and set(rows.executor) == {"pool"}
+    # The warm actors kept the preset's weights: only the first trial initialised them.
+    assert list(rows.weights_cache) == ["miss", "hit", "hit", "hit"]
     first = groups()
     assert len(first) == 1 and first[0]["trials_run"] == 4
     rows = run(pool_sweep("pool-b", {"train.micro_batch": [3]}), tmp_path)  # a second sweep: same warm actors

@@ -12,16 +12,16 @@ from raybench.model import build_model, count_params, decoder_blocks
 
 @pytest.mark.parametrize("preset, billions", [("llama-3.2-1b", 1.236), ("llama-3-8b", 8.03), ("qwen2.5-14b", 14.77)])
 def test_presets_match_published_sizes(preset, billions):
-    model = build_model(ModelSpec(preset=preset), torch.device("meta"), seed=0)
+    model = build_model(ModelSpec(preset=preset), torch.device("meta"), seed=0)[0]
     total, trainable = count_params(model)
     assert total / 1e9 == pytest.approx(billions, rel=0.01)
     assert trainable == total
 
 
 def test_local_dir_loads_safetensors(model_dir):
-    model = build_model(ModelSpec(path=str(model_dir)), torch.device("cpu"), seed=0)
+    model = build_model(ModelSpec(path=str(model_dir)), torch.device("cpu"), seed=0)[0]
     assert len(decoder_blocks(model)) == 2
-    reloaded = build_model(ModelSpec(path=str(model_dir)), torch.device("cpu"), seed=1)
+    reloaded = build_model(ModelSpec(path=str(model_dir)), torch.device("cpu"), seed=1)[0]
     for a, b in zip(model.parameters(), reloaded.parameters()):  # weights come from the file, not the seed
         assert torch.equal(a, b)
 

@@ -77,9 +77,9 @@ def test_pickle_weights_refused_unless_allowed_with_a_warning(tmp_path, caplog):
     refused = check_model_dir(str(directory), allow_pickle=False)
     assert refused and "allow_pickle" in refused[0].message
     with pytest.raises(Exception, match="allow_pickle"):
-        build_model(ModelSpec(path=str(directory)), torch.device("cpu"), 0)
+        build_model(ModelSpec(path=str(directory)), torch.device("cpu"), 0)[0]
     with caplog.at_level(logging.WARNING):
-        model = build_model(ModelSpec(path=str(directory), allow_pickle=True), torch.device("cpu"), 0)
+        model = build_model(ModelSpec(path=str(directory), allow_pickle=True), torch.device("cpu"), 0)[0]
     assert model is not None and "arbitrary code" in caplog.text
 
 
@@ -91,7 +91,7 @@ def test_remote_code_is_off_by_default():
 @pytest.mark.integration
 def test_secret_embedded_ray_uses_token_auth(tmp_path):
     # A client without the run's token is refused by the embedded Ray; one with it gets in.
-    script = f"""
+    script = """
 import os, subprocess, sys
 for k in [k for k in os.environ if k.startswith("RAY_")]:
     del os.environ[k]
@@ -101,11 +101,11 @@ with ray_cluster(None):
     assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) >= 32
     address = ray.get_runtime_context().gcs_address
     probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print('JOINED')" % address
-    env = {{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}}
-    outsider = subprocess.run([sys.executable, "-c", probe], env={{**env, "RAY_AUTH_MODE": "token",
-                              "RAY_AUTH_TOKEN": "0" * 64}}, capture_output=True, text=True, timeout=120)
-    insider = subprocess.run([sys.executable, "-c", probe], env={{**env, "RAY_AUTH_MODE": "token",
-                             "RAY_AUTH_TOKEN": os.environ["RAY_AUTH_TOKEN"]}}, capture_output=True, text=True,
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    outsider = subprocess.run([sys.executable, "-c", probe], env={**env, "RAY_AUTH_MODE": "token",
+                              "RAY_AUTH_TOKEN": "0" * 64}, capture_output=True, text=True, timeout=120)
+    insider = subprocess.run([sys.executable, "-c", probe], env={**env, "RAY_AUTH_MODE": "token",
+                             "RAY_AUTH_TOKEN": os.environ["RAY_AUTH_TOKEN"]}, capture_output=True, text=True,
                              timeout=120)
     print("OUTSIDER", outsider.returncode, "JOINED" in outsider.stdout)
     print("INSIDER", insider.returncode, "JOINED" in insider.stdout)

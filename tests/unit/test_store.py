@@ -78,6 +78,18 @@ def test_latest_attempt_wins_and_history_is_kept(tmp_path):
     assert store.ok_trial_ids(tmp_path, "s") == {row["trial_id"]}
 
 
+def test_same_trial_in_two_sweeps_stays_two_rows(tmp_path):
+    # One grid run per GPU type under two sweep names: the same configuration, the same trial id.
+    a100, h100 = rows_for("grid-a100", n=1)[0], rows_for("grid-h100", n=1)[0]
+    assert a100["trial_id"] == h100["trial_id"]
+    store.write_row(tmp_path, a100)
+    store.write_row(tmp_path, h100)
+    assert sorted(store.read_results(tmp_path).sweep) == ["grid-a100", "grid-h100"]
+    from raybench.query import connect
+
+    assert connect(tmp_path).execute("select count(*) from trials").fetchone()[0] == 2
+
+
 def test_older_files_without_new_columns_still_read(tmp_path):
     row = rows_for(n=1)[0]
     store.write_row(tmp_path, row)

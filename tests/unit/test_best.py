@@ -1,0 +1,103 @@
+"""`raybench best` over a real store (rows written by store.write_row, read back from Parquet)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+
+from raybench import cli, store
+from raybench.best import best_configs, best_per_axis_value, front_report, read_rows
+from raybench.config import parse_sweep
+from raybench.plan import plan
+from raybench.trial import build_row
+
+# One sweep per system (a trial id names a configuration, not the machine it ran on).
+GPUS = {"sac-h100": ("NVIDIA H100 80GB HBM3", 1000.0), "sac-a100": ("NVIDIA A100-SXM4-40GB", 400.0)}
+SWEEP = {"name": "sac", "model": {"preset": "tiny"}, "repeats": 2,
+         "axes": {"train.ac_ratio": ["0", "1/2", "1"], "train.micro_batch": [1, 2]}}
+
+
+def gpu_metrics(speed: float, train: dict, repeat: int) -> dict:
+    ac = float(Fraction(train["ac_ratio"]))
+    mb = train["micro_batch"]
+    return {"tok_per_s_per_device": speed * mb * (1 - 0.2 * ac) * (0.99 if repeat == 0 else 1.01),
+            "peak_reserved_gib": 10.0 * mb * (1 - 0.5 * ac) + 5.0, "peak_rss_gib": 3.0}
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("best-store")
+    for t in plan(parse_sweep(SWEEP)):
+        payload, train = t.as_payload(), t.as_payload()["config"]["train"]
+        for sweep, (gpu, speed) in GPUS.items():
+            metrics = {**gpu_metrics(speed, train, t.repeat), "gpu_name": gpu, "device_type": "cuda"}
+            store.write_row(path, build_row(payload, sweep, "ok", "", metrics))
+        cpu = {"tok_per_s_per_device": 50.0 * train["micro_batch"], "peak_rss_gib": 1.0, "device_type": "cpu"}
+        store.write_row(path, build_row(payload, "sac-cpu", "ok", "", cpu))
+    # A failed attempt is never a candidate.
+    store.write_row(path, build_row(t.as_payload(), "other", "oom", "CUDA out of memory", {"gpu_name": "X"}))
+    return path
+
+
+def test_best_config_per_gpu_type_with_repeats_ci(store_dir):
+    best = best_configs(read_rows(str(store_dir))).set_index("group")
+    assert set(best.index) == {"H100 80GB HBM3", "A100-SXM4-40GB", "cpu"}  # CPU rows: no GPU name, grouped "cpu"
+    h100 = best.loc["H100 80GB HBM3"]
+    assert h100.config == "ac_ratio=0 micro_batch=2" and h100.n == 2
+    assert h100["mean"] == pytest.approx(2000.0)
+    # Repeats 1980 and 2020: sd 28.28, half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 20 = 254.1.
+    assert h100.ci95 == pytest.approx(12.706 * math.sqrt(2 * 20.0**2) / math.sqrt(2))
+    assert h100.peak_gib == 25.0
+
+
+def test_best_sac_ratio_per_gpu_under_a_memory_cap(store_dir):
+    rows = read_rows(str(store_dir))
+    free = best_per_axis_value(rows, "train_ac_ratio")
+    capped = best_per_axis_value(rows, "train_ac_ratio", max_mem_gib=20.0)
+    winner = lambda t, g: t[(t.group == g) & t.is_best].axis_value.item()  # noqa: E731
+    assert winner(free, "H100 80GB HBM3") == "0"
+    # Under 20 GiB micro-batch 2 needs ac_ratio >= 1/2 (15 GiB); 1/2 keeps more speed than 1 or micro-batch 1.
+    assert winner(capped, "H100 80GB HBM3") == "1/2" and winner(capped, "A100-SXM4-40GB") == "1/2"
+    assert winner(capped, "cpu") in {"0", "1/2", "1"}  # all equal on the planted CPU rows
+
+
+def test_cli_best_axis_from_store_and_from_sweep_file(store_dir, tmp_path, capsys):
+    assert cli.main(["best", str(store_dir), "--axis", "ac_ratio", "--max-mem-gib", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "best ac_ratio for H100 80GB HBM3 / tiny: 1/2" in out
+    assert "peak memory <= 20 GiB" in out and "1/2 *" in out
+
+    sweep_file = tmp_path / "sac.yaml"
+    sweep_file.write_text(f"name: sac-h100\nmodel: {{preset: tiny}}\nstore: {store_dir}\n")
+    assert cli.main(["best", str(sweep_file)]) == 0
+    out = capsys.readouterr().out
+    assert "2,000 ± 254 (n=2)" in out and "ac_ratio=0 micro_batch=2" in out
+    assert "A100" not in out and "cpu" not in out  # only the sweep file's own sweep is read
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--metric", "tok_s"], "--metric = 'tok_s'"),
+    (["--by", "gpu"], "--by = 'gpu'"),
+    (["--axis", "nope"], "--axis = 'nope'"),
+    (["--max-mem-gib", "-1"], "--max-mem-gib = -1.0"),
+])
+def test_cli_best_bad_options_exit_2(store_dir, capsys, argv, words):
+    assert cli.main(["best", str(store_dir), *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_cli_best_missing_source_exits_2(tmp_path, capsys):
+    assert cli.main(["best", str(tmp_path / "nowhere")]) == 2
+    assert "neither a result store directory nor a sweep file" in capsys.readouterr().err
+
+
+def test_front_report_lists_non_dominated_configs(store_dir):
+    h100 = store.read_results(store_dir, "sac-h100")
+    text = front_report(h100, [("tok_per_s_per_device", "max"), ("peak_reserved_gib", "min")])
+    assert text.startswith("Pareto front of 6 configuration(s)")
+    # (tok/s, GiB): micro-batch 2 at ac 0, 1/2, 1 is (2000, 25), (1800, 20), (1600, 15); micro-batch 1 is
+    # (1000, 15), (900, 12.5), (800, 10). Only (1000, 15) is dominated, by (1600, 15).
+    assert "ac_ratio=1 micro_batch=1" in text and "ac_ratio=0 micro_batch=1" not in text
+    assert len(text.splitlines()) == 3 + 5  # title, header, rule, 5 configurations

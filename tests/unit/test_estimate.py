@@ -1,0 +1,352 @@
+"""The memory/step-time estimate: hand-computed values for known configurations, the activation count checked
+against the tensors torch really saves, pruning in plan, calibration from stored rows, the error column."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from datetime import datetime, timezone
+from fractions import Fraction
+
+import pytest
+
+from raybench import calibration, cli, estimate, store
+from raybench.api import run_sweep
+from raybench.config import LoraSpec, TrainSpec, TrialConfig, parse_sweep
+from raybench.plan import plan
+from raybench.presets import PRESETS, ModelShape
+from raybench.techniques.activation_checkpointing import checkpointed_blocks
+from raybench.trial import build_row
+
+GIB = 2**30
+# Llama-3-8B by hand: hidden 4096, 32 layers, 32 heads of 128, 8 KV heads (1024), MLP 14336, vocab 128256.
+H, L, KV, INTER, V, HEADS = 4096, 32, 1024, 14336, 128256, 32
+BLOCK = 2 * H * H + 2 * H * KV + 3 * H * INTER  # q, o + k, v + gate, up, down: 218,103,808
+PROJ = L * BLOCK
+VH = V * H
+N = PROJ + L * 2 * H + 2 * VH + H  # + norms, embedding, head, final norm
+ROOT = 2 * VH + H  # FSDP2's root unit: embedding, head, final norm
+BLOCK_UNIT = BLOCK + 2 * H  # one decoder block as FSDP2 shards it (projections + its two norms)
+LORA16 = L * 16 * ((H + H) + 2 * (H + KV) + (H + H) + 2 * (H + INTER) + (INTER + H))  # r=16 on all 7
+
+
+def trial(strategy: str = "ddp", workers: int = 8, gpus: int = 1, preset: str = "llama-3-8b", **train) -> TrialConfig:
+    train = {"seq_len": 2048, "micro_batch": 1, "precision": "bf16", **train}
+    return TrialConfig.model_validate({"model": {"preset": preset}, "train": {"strategy": strategy, **train},
+                                       "resources": {"workers": workers, "gpus_per_worker": gpus}})
+
+
+def est(config: TrialConfig, ac_blocks=(), gpu: str | None = None) -> estimate.Estimate:
+    return estimate.estimate(config, PRESETS[config.model.preset], list(ac_blocks), gpu)
+
+
+def test_parameter_counts_match_published_sizes():
+    shape = PRESETS["llama-3-8b"]
+    assert N == 8_030_261_248
+    assert estimate.param_counts(shape, TrainSpec()).total == N
+    lora = estimate.param_counts(shape, TrainSpec(finetune="lora", lora=LoraSpec(rank=16)))
+    assert lora.adapters == LORA16 == 41_943_040  # the usual "41.9M trainable" of Llama-3-8B LoRA r16 all-linear
+    attention = estimate.param_counts(shape, TrainSpec(finetune="lora", lora=LoraSpec(rank=16, targets="attention")))
+    assert attention.adapters == L * 16 * (2 * (H + H) + 2 * (H + KV))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_parameter_counts_match_a_real_model(model_type):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from raybench.model import count_params
+    from raybench.techniques import lora
+
+    shape = ModelShape(model_type, 64, 2, 4, 2, 96, 300, 512, model_type == "qwen2")  # qwen2: biases, tied head
+    hf = AutoConfig.for_model(model_type, **shape.hf_config_kwargs())
+    model = AutoModelForCausalLM.from_config(hf)
+    assert count_params(model)[0] == estimate.param_counts(shape, TrainSpec()).total
+    spec = TrainSpec(finetune="lora", lora=LoraSpec(rank=4, targets="all_linear"))
+    total, trainable = count_params(lora.apply(model, spec.lora))
+    counts = estimate.param_counts(shape, spec)
+    assert (total, trainable) == (counts.total, counts.adapters)
+
+
+def test_ddp_full_finetune_bf16_on_8_gpus():
+    e = est(trial("ddp"))
+    # fp32 weights, plus autocast's bf16 copy of every matmul weight (projections and the head)
+    assert e.params_gib == pytest.approx((4 * N + 2 * (PROJ + VH)) / GIB)
+    assert e.grads_gib == pytest.approx((4 * N + 4 * N) / GIB)  # .grad plus DDP's bucket copy
+    assert e.optimizer_gib == pytest.approx(8 * N / GIB)  # AdamW: two fp32 moments
+    assert e.other_gib == estimate.CUDA_OVERHEAD_GIB and e.device == "cuda"
+    assert e.peak_gib == pytest.approx(e.params_gib + e.grads_gib + e.optimizer_gib + e.activations_gib + 1.0)
+    assert e.measured_part_gib == pytest.approx(e.peak_gib - 1.0)  # the allocator does not see the context
+
+
+def test_fsdp2_shards_everything_over_8_gpus():
+    e = est(trial("fsdp2"))
+    # fp32 shard of everything, plus bf16 unsharded copies of the root and of two blocks (current + prefetched)
+    assert e.params_gib == pytest.approx((4 * N / 8 + 2 * (ROOT + 2 * BLOCK_UNIT)) / GIB)
+    assert e.grads_gib == pytest.approx((4 * N / 8 + BLOCK_UNIT * (2 + 4)) / GIB)  # + one block before reduce
+    assert e.optimizer_gib == pytest.approx(8 * N / 8 / GIB)
+    kept = est(trial("fsdp2", reshard_after_forward=False))
+    assert kept.params_gib == pytest.approx((4 * N / 8 + 2 * N) / GIB)  # every block stays gathered
+
+
+def test_deepspeed_zero_stages_on_8_gpus():
+    bucket = estimate.ZERO_BUCKET_ELEMENTS * 2  # bf16 reduce bucket
+    zero2 = est(trial("deepspeed", zero_stage=2))
+    assert zero2.params_gib == pytest.approx(2 * N / GIB)  # the engine casts the module to bf16
+    assert zero2.grads_gib == pytest.approx((2 * N / 8 + 2 * bucket) / GIB)  # overlap_comm: two buckets
+    assert zero2.optimizer_gib == pytest.approx((4 * N + 8 * N) / 8 / GIB)  # fp32 master + moments, sharded
+    zero1 = est(trial("deepspeed", zero_stage=1))
+    assert zero1.grads_gib == pytest.approx((2 * N + 2 * bucket) / GIB)
+    zero3 = est(trial("deepspeed", zero_stage=3))
+    assert zero3.params_gib == pytest.approx((2 * N / 8 + 2 * (ROOT + 2 * BLOCK_UNIT)) / GIB)
+    assert zero3.grads_gib == pytest.approx((2 * N / 8 + bucket) / GIB)
+    offload = est(trial("deepspeed", zero_stage=3, offload="optimizer_params"))
+    assert offload.optimizer_gib == 0
+    assert offload.offloaded_gib == pytest.approx((12 * N / 8 + 2 * N / 8) / GIB)
+    assert offload.params_gib == pytest.approx(2 * (ROOT + 2 * BLOCK_UNIT) / GIB)
+    assert zero1.peak_gib > zero2.peak_gib > zero3.peak_gib > offload.peak_gib
+
+
+def test_lora_r16_trains_only_adapters():
+    e = est(trial("ddp", finetune="lora", lora={"rank": 16}))
+    assert e.params_trainable == LORA16
+    assert e.params_gib == pytest.approx((4 * (N + LORA16) + 2 * (PROJ + VH + LORA16)) / GIB)
+    assert e.grads_gib == pytest.approx(8 * LORA16 / GIB)
+    assert e.optimizer_gib == pytest.approx(8 * LORA16 / GIB)
+    qlora = est(trial("ddp", finetune="qlora", lora={"rank": 16}))
+    # 4-bit projections; fp32 embeddings, norms and adapters; autocast casts only the head and adapters
+    assert qlora.params_gib == pytest.approx((estimate.NF4_BYTES_PER_PARAM * PROJ + 4 * (N - PROJ + LORA16)
+                                              + 2 * (VH + LORA16)) / GIB)
+
+
+def test_tensor_parallel_splits_the_projections():
+    e = est(trial("tp", workers=8, tp_size=8, precision="fp32"))
+    local = PROJ / 8 + (N - PROJ)
+    assert e.params_gib == pytest.approx(4 * local / GIB)
+    assert e.grads_gib == pytest.approx(4 * local / GIB) and e.optimizer_gib == pytest.approx(8 * local / GIB)
+
+
+def test_optimizer_states():
+    adamw, sgd = est(trial("ddp")), est(trial("ddp", optimizer="sgd"))
+    assert sgd.optimizer_gib == pytest.approx(adamw.optimizer_gib / 2)  # one momentum buffer
+    factored = est(trial("ddp", optimizer="adafactor"))
+    rows_cols = L * ((H + H) * 2 + (H + KV) * 2 + (H + INTER) * 3) + 2 * (V + H) + L * 2 * H + H
+    assert factored.optimizer_gib == pytest.approx(4 * rows_cols / GIB)  # a row and a column per matrix
+    flat = est(trial("deepspeed", optimizer="adafactor"))  # DeepSpeed hands it flat 1-D partitions
+    assert flat.optimizer_gib == pytest.approx((4 * N + 4 * N) / 8 / GIB)
+
+
+def _activations_per_token(checkpointed: int) -> float:
+    """Llama-3-8B, DDP bf16 autocast, full fine-tuning, written out tensor by tensor."""
+    attn_norm = 4 * H + 4 * H + 3 * 2 * H  # fp32 input, fp32 normalized, bf16 input casts of q, k, v
+    mlp_norm = 4 * H + 4 * H + 2 * 2 * H  # ... of gate and up
+    attention = 2 * (H + KV + KV + H) + 4 * HEADS  # bf16 q, k, v, output; fp32 logsumexp per head
+    mlp = 2 * 4 * INTER  # gate out, silu out, up out, product
+    block = attn_norm + mlp_norm + attention + mlp
+    head = 4 * H + 4 * H + 2 * H + 12 * V  # final norm, head input cast, logits and loss
+    recompute = block if checkpointed else 0
+    return (L - checkpointed) * block + checkpointed * 4 * H + recompute + head
+
+
+def test_activations_by_hand_and_ac_ratio_keeps_checkpointed_blocks_input_only():
+    assert est(trial("ddp")).activations_gib == pytest.approx(2048 * _activations_per_token(0) / GIB)
+    for ratio, blocks in (("1/2", 16), ("1", 32)):
+        ac = checkpointed_blocks(Fraction(ratio), L)
+        assert len(ac) == blocks
+        assert est(trial("ddp", ac_ratio=ratio), ac).activations_gib == pytest.approx(
+            2048 * _activations_per_token(blocks) / GIB)
+    half, full = (est(trial("ddp", micro_batch=4), range(n)).activations_gib for n in (16, 32))
+    assert full < half < est(trial("ddp", micro_batch=4)).activations_gib
+
+
+def _saved_bytes_per_token(model, batch: int, seq: int, autocast: bool) -> float:
+    """Bytes autograd saves inside decoder block 1 (a steady-state block), per token, counted once per storage.
+
+    Weight casts and rotary tables are not activations: only tensors with a batch or token leading dimension
+    count (batch x seq is chosen to differ from every weight dimension).
+    """
+    import torch
+
+    from raybench.model import decoder_blocks
+
+    inside = [False]
+    block = decoder_blocks(model)[1]
+    block.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+    block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if inside[0] and t.dim() and t.shape[0] in (batch, batch * seq):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, 1000, (batch, seq))
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), cast:
+        model(input_ids=ids, labels=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    return sum(saved.values()) / (batch * seq)
+
+
+@pytest.mark.parametrize("strategy, precision, finetune, targets", [
+    ("ddp", "fp32", "full", "attention"),
+    ("ddp", "bf16", "full", "attention"),  # autocast over fp32 weights
+    ("fsdp2", "bf16", "full", "attention"),  # bf16 weights (FSDP2's policy, DeepSpeed's cast)
+    ("ddp", "fp32", "lora", "attention_mlp"),
+    ("ddp", "bf16", "lora", "attention"),
+])
+def test_block_activations_match_what_torch_saves(strategy, precision, finetune, targets):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from raybench.techniques import lora
+
+    shape = ModelShape("llama", 256, 3, 4, 2, 512, 1000, 2048, False)
+    train = TrainSpec(strategy=strategy, precision=precision, finetune=finetune,
+                      lora=LoraSpec(rank=8, targets=targets))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **shape.hf_config_kwargs()),
+                                             dtype=torch.float32, attn_implementation="sdpa")
+    if finetune == "lora":
+        model = lora.apply(model, train.lora)
+    if strategy == "fsdp2":
+        model = model.to(torch.bfloat16)  # what FSDP2's MixedPrecisionPolicy computes with
+    measured = _saved_bytes_per_token(model, 3, 50, autocast=strategy == "ddp" and precision == "bf16")
+    replicated, split = estimate.block_activation_bytes(shape, train)
+    # The model leaves out RMSNorm's per-token rsqrt (4 bytes per norm): 8 bytes per token in ~10^4.
+    assert measured == pytest.approx(replicated + split, abs=8.5)
+
+
+def test_step_time_guess_only_with_a_known_peak():
+    config = trial("fsdp2")
+    e = est(config, gpu="H100 SXM")
+    tokens_per_gpu = 2048  # micro_batch 1 x seq 2048 per rank
+    flops_per_token = 6 * (N - VH) + 12 * L * 2048 * H  # metrics' model: 6N (no input embedding) + attention
+    assert e.flops_per_step == pytest.approx(flops_per_token * tokens_per_gpu)
+    assert e.step_time_s == pytest.approx(e.flops_per_step / (989e12 * estimate.ASSUMED_MFU))
+    assert est(config, gpu="H100 NVL").step_time_s is None  # no peak in the table: no guess
+    assert est(config).step_time_s is None
+    cpu = trial("ddp", workers=2, gpus=0, preset="tiny", precision="fp32")
+    assert est(cpu, gpu="H100 SXM").step_time_s is None  # CPU trials never get a GPU's guess
+    recomputed = est(config, range(L), gpu="H100 SXM").flops_per_step - e.flops_per_step
+    assert recomputed == pytest.approx(L * (2 * BLOCK + 4 * 2048 * H) * tokens_per_gpu)  # one more forward
+
+
+def tiny_sweep(tmp_path, estimate_section: dict, **axes) -> dict:
+    return {"name": "est", "model": {"preset": "tiny"}, "store": str(tmp_path / "store"),
+            "train": {"seq_len": 2048, "precision": "fp32", "steps": 4, "warmup_steps": 1},
+            "resources": {"workers": 2}, "axes": axes or {"train.micro_batch": [1, 256]},
+            "estimate": estimate_section}
+
+
+def test_pruning_marks_trials_that_do_not_fit_as_skipped(tmp_path):
+    small, big = plan(parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4})))
+    assert small.status == "planned" and small.estimate["fits"] is True
+    assert big.status == "skipped" and big.estimate["fits"] is False
+    peak = big.estimate["peak_calibrated_gib"]
+    assert peak > 4 and big.estimate["margin_gib"] == pytest.approx(0.4)  # default margin: 10% of the memory
+    (reason,) = big.reasons
+    assert f"estimated peak {peak:.1f} GiB per worker" in reason and "exceeds the 4.0 GiB" in reason
+    assert big.as_payload()["estimate"]["peak_gib"] == big.estimate["peak_gib"]
+    kept = plan(parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4, "prune": False})))
+    assert [t.status for t in kept] == ["planned", "planned"] and kept[1].estimate["fits"] is False
+    unknown = plan(parse_sweep(tiny_sweep(tmp_path, {"gpu": "H100 SXM"})))  # the GPU table is for GPU trials
+    assert [t.status for t in unknown] == ["planned", "planned"] and unknown[1].estimate["memory_gib"] is None
+
+
+def test_margin_in_gib_and_the_gpu_table(tmp_path):
+    sweep = tiny_sweep(tmp_path, {"gpu": "H100 SXM", "margin_gib": 2}, **{"train.micro_batch": [1, 1024]})
+    sweep["resources"]["gpus_per_worker"] = 1
+    small, big = plan(parse_sweep(sweep))
+    assert small.estimate["memory_gib"] == pytest.approx(81559 / 1024) and small.estimate["margin_gib"] == 2
+    assert big.status == "skipped" and "of one H100 SXM" in big.reasons[0]
+
+
+def test_plan_and_estimate_commands_show_it(tmp_path, capsys):
+    path = tmp_path / "sweep.json"  # JSON is YAML
+    path.write_text(json.dumps(tiny_sweep(tmp_path, {"device_memory_gib": 4})))
+    assert cli.main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: estimated peak" in out and "planned" in out
+    assert cli.main(["estimate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "peak GiB" in out and "NO" in out and "yes" in out and "1 skipped by pruning" in out
+    assert cli.main(["estimate", str(path), "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [x["status"] for x in lines] == ["planned", "skipped"]
+    assert lines[1]["estimate"]["peak_gib"] > lines[0]["estimate"]["peak_gib"] > estimate.HOST_BASELINE_GIB
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(tiny_sweep(tmp_path, {"gpu": "Voodoo2"})))
+    assert cli.main(["estimate", str(bad)]) == 2
+    assert "estimate.gpu = 'Voodoo2'" in capsys.readouterr().err
+
+
+def _ok_row(i: int, error: float | None, strategy: str = "ddp", device: str = "cpu", status: str = "ok") -> dict:
+    return {"sweep": "old", "trial_id": f"t{i}", "status": status, "model_preset": "tiny", "train_strategy": strategy,
+            "device_type": device, "est_peak_error": error, "ended_at": datetime(2026, 1, 1, tzinfo=timezone.utc)}
+
+
+def test_calibration_from_stored_rows(tmp_path):
+    root = tmp_path / "store"
+    rows = [_ok_row(0, 0.2), _ok_row(1, 0.5), _ok_row(2, 0.3), _ok_row(3, None), _ok_row(4, 3.0, status="oom"),
+            _ok_row(5, -0.5, strategy="fsdp2"), _ok_row(6, 0.1, device="cuda")]
+    for row in rows:
+        store.write_row(root, row)
+    factors = calibration.factors(root)
+    assert factors[("tiny", "ddp", "cpu")] == (pytest.approx(1.3), 3)  # median of 1.2, 1.5, 1.3
+    assert factors[("tiny", "fsdp2", "cpu")] == (pytest.approx(0.5), 1)
+    assert factors[("tiny", "ddp", "cuda")] == (pytest.approx(1.1), 1)
+    assert calibration.factors(tmp_path / "nowhere") == {}
+
+    sweep = tiny_sweep(tmp_path, {}, **{"train.strategy": ["ddp", "fsdp2"]})
+    ddp, fsdp2 = plan(parse_sweep(sweep), store_path=root)
+    assert ddp.estimate["calibration"] == pytest.approx(1.3) and ddp.estimate["calibration_rows"] == 3
+    assert ddp.estimate["peak_calibrated_gib"] == pytest.approx(1.3 * ddp.estimate["peak_gib"])
+    assert fsdp2.estimate["peak_calibrated_gib"] == pytest.approx(0.5 * fsdp2.estimate["peak_gib"])
+    assert plan(parse_sweep(sweep))[0].estimate["calibration"] is None  # no store, no calibration
+
+    sweep["resources"]["gpus_per_worker"] = 1  # on a GPU the CUDA context is outside what was measured
+    cuda = plan(parse_sweep(sweep), store_path=root)[0].estimate
+    assert cuda["peak_calibrated_gib"] == pytest.approx(1.0 + 1.1 * (cuda["peak_gib"] - 1.0))
+
+    # A trial whose raw estimate fits but whose calibrated one does not is pruned, and says why.
+    raw = ddp.estimate["peak_gib"]
+    sweep = tiny_sweep(tmp_path, {"device_memory_gib": raw * 1.2, "margin_gib": 0}, **{"train.strategy": ["ddp"]})
+    assert plan(parse_sweep(sweep))[0].status == "planned"
+    (pruned,) = plan(parse_sweep(sweep), store_path=root)
+    assert pruned.status == "skipped" and "x1.30 calibrated from 3 measured row(s)" in pruned.reasons[0]
+
+
+def test_build_row_stores_the_estimate_and_its_error(tmp_path):
+    t = plan(parse_sweep(tiny_sweep(tmp_path, {})))[0]
+    payload, e = t.as_payload(), t.estimate
+    row = build_row(payload, "est", "ok", "", {"peak_rss_gib": 0.6, "device_type": "cpu"})
+    assert row["est_peak_gib"] == e["peak_gib"] and row["est_peak_calibrated_gib"] == e["peak_calibrated_gib"]
+    assert row["est_peak_error"] == pytest.approx(0.6 / e["measured_part_gib"] - 1)
+    assert row["est_step_time_s"] is None  # CPU
+    failed = build_row(payload, "est", "oom", "OutOfMemoryError", {})
+    assert "est_peak_error" not in failed and failed["est_peak_gib"] == e["peak_gib"]
+    gpu = build_row(payload, "est", "ok", "", {"peak_reserved_gib": 2.0, "peak_rss_gib": 9.0, "device_type": "cuda"})
+    assert gpu["est_peak_error"] == pytest.approx(2.0 / e["measured_part_gib"] - 1)
+    store.write_row(tmp_path / "rows", row)
+    back = store.read_results(tmp_path / "rows").iloc[0]
+    assert math.isclose(back.est_peak_error, row["est_peak_error"]) and back.est_peak_gib == e["peak_gib"]
+
+
+def test_skipped_trials_become_rows_once_and_never_hide_a_measurement(tmp_path):
+    spec = parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4}, **{"train.micro_batch": [256, 512]}))
+    root = tmp_path / "store"
+    assert run_sweep(spec, store_path=str(root), progress=lambda line: None) == []  # nothing ran, no Ray
+    rows = store.read_results(root)
+    assert sorted(rows.status) == ["skipped", "skipped"]
+    assert all(rows.message.str.startswith("estimated peak")) and rows.est_peak_gib.gt(4).all()
+    assert rows.est_peak_error.isna().all()
+    files = store.result_files(root)
+    run_sweep(spec, store_path=str(root), progress=lambda line: None)
+    assert store.result_files(root) == files  # the same skipped rows are not written again
+
+    measured = tmp_path / "measured"  # a trial that once ran keeps its measured row as the latest
+    first = plan(spec)[0]
+    store.write_row(measured, build_row(first.as_payload(), "est", "ok", "", {"peak_rss_gib": 30.0}))
+    run_sweep(spec, store_path=str(measured), progress=lambda line: None)
+    latest = store.read_results(measured).set_index("trial_id").status
+    assert latest[first.trial_id] == "ok" and sorted(latest) == ["ok", "skipped"]
