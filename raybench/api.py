@@ -51,19 +51,17 @@ def _run_grid(spec: SweepSpec, store_path: str, address: str | None, keep_invali
     from raybench.sweep import run_planned, write_unrun
 
     trials = plan(spec, keep_invalid=keep_invalid, source=source, store_path=store_path)
-    done = set() if rerun else store.ok_trial_ids(store_path, spec.name)
+    stored = {} if rerun else store.attempt_statuses(store_path, spec.name)  # one read of the sweep's rows
+    done = {trial_id for trial_id, statuses in stored.items() if "ok" in statuses}
     unrun = [t for t in trials if t.status != "planned"]
     todo = [t for t in trials if t.status == "planned" and t.trial_id not in done]
     skipped = len(trials) - len(unrun) - len(todo)
     if skipped:
         progress(f"{skipped} trial(s) already stored as ok in {store_path}; skipping them (--rerun to repeat)")
-    if unrun and not rerun:  # an invalid point's row says the same on every run: write it once
-        table = store.read_table(store_path, spec.name)
-        # A trial now estimated not to fit keeps the row it has: a measured row outranks the estimate.
-        pruned = {t.trial_id for t in unrun if t.status == "skipped"}
-        recorded = {i for i, s in zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist())
-                    if s == "invalid" or i in pruned}
-        unrun = [t for t in unrun if t.trial_id not in recorded]
+    # An invalid point's row says the same on every run: write it once. A trial now estimated not to fit keeps
+    # the row it has: a measured row outranks the estimate.
+    unrun = [t for t in unrun if not ("invalid" in stored.get(t.trial_id, ())
+                                      or (t.status == "skipped" and t.trial_id in stored))]
     write_unrun(unrun, spec.name, store_path)
     if todo:
         run_planned(todo, spec.name, store_path, spec.executor, address=address, progress=progress, verbose=verbose)

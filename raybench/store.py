@@ -297,11 +297,17 @@ def read_results(store: str | Path = DEFAULT_STORE, sweep: str | None = None, la
     return read_table(store, sweep, latest).to_pandas()
 
 
-def ok_trial_ids(store: str | Path, sweep: str) -> set[str]:
+def attempt_statuses(store: str | Path, sweep: str) -> dict[str, set[str]]:
+    """trial id -> the statuses of all its stored attempts in `sweep`."""
     table = read_table(store, sweep, latest=False)
-    ids = table.column("trial_id").to_pylist()
-    statuses = table.column("status").to_pylist()
-    return {i for i, s in zip(ids, statuses) if s == "ok"}
+    statuses: dict[str, set[str]] = {}
+    for trial_id, status in zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()):
+        statuses.setdefault(trial_id, set()).add(status)
+    return statuses
+
+
+def ok_trial_ids(store: str | Path, sweep: str) -> set[str]:
+    return {i for i, statuses in attempt_statuses(store, sweep).items() if "ok" in statuses}
 
 
 def json_column(value) -> str | None:

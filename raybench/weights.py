@@ -100,10 +100,19 @@ def node_local_copy(source: str, root: Path | None = None) -> tuple[Path, bool]:
     return dest, made
 
 
+_HASHES: dict[str, str] = {}  # source identity -> content hash, so a warm actor reads a directory's bytes once
+
+
 def model_key(path: Path) -> str:
-    """Content hash of a node-local copy (stored with it), or of any other directory (computed)."""
+    """Content hash of a node-local copy (stored with it), or of any other directory (computed once per
+    process while its files keep their names, sizes and mtimes)."""
     marker = path / COMPLETE
-    return marker.read_text() if marker.is_file() else content_hash(path)
+    if marker.is_file():
+        return marker.read_text()
+    identity = _source_key(path)
+    if identity not in _HASHES:
+        _HASHES[identity] = content_hash(path)
+    return _HASHES[identity]
 
 
 class StateCache:
