@@ -31,7 +31,9 @@ CUDA_OVERHEAD_GIB = 1.0
 # which includes it.
 HOST_BASELINE_GIB = 0.45
 # Assumed model FLOPs utilization for the step-time guess: well-tuned dense LLM training reaches 30-50% of
-# the dense bf16 peak. A guess for ranking configurations, never a measurement.
+# the dense bf16 peak. A guess for ranking configurations, never a measurement. Checked on one H100
+# (docs/results/gpu-2026-11-22.md): measured / guessed step time had a median of 1.03 (0.78-1.23) over a 1B
+# full fine-tune sAC sweep and 1.19 (1.04-1.46) over 1B LoRA runs.
 ASSUMED_MFU = 0.4
 # DeepSpeed's default reduce_bucket_size (elements); raybench's ds_config leaves it alone.
 ZERO_BUCKET_ELEMENTS = 500_000_000

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 ENV_ALLOWED_PREFIXES = ("NCCL_", "CUDA_", "OMP_", "TORCH_", "TORCHINDUCTOR_", "MKL_", "SLURM_JOB_ID", "SLURM_NODELIST")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 PACKAGES = ("torch", "ray", "transformers", "peft", "deepspeed", "raybench")
 
@@ -113,7 +114,7 @@ def nvml_details(device_index: int) -> dict:
         pynvml.nvmlShutdown()
     try:
         topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=10).stdout
-        details["gpu_topology"] = topo.strip()[:4000] or None
+        details["gpu_topology"] = ANSI_ESCAPE.sub("", topo).strip()[:4000] or None  # it underlines its header
     except (OSError, subprocess.TimeoutExpired):
         pass
     return details

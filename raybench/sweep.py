@@ -139,11 +139,26 @@ def ray_cluster(address: str | None, verbose: bool = False):
         # asks it whether a Train controller is alive, and without it a controller killed at a trial's timeout
         # leaves its placement group (the trial's CPUs/GPUs) reserved for good.
         ray.init(address="local", _temp_dir=temp_dir, resources={DRIVER_RESOURCE: DRIVER_SLOTS},
-                 include_dashboard=True, dashboard_host="127.0.0.1", **log)
+                 include_dashboard=_dashboard_installed(), dashboard_host="127.0.0.1", **log)
         yield
     finally:
         ray.shutdown()
         remove_cluster_dir(Path(temp_dir))  # Ray's agents can outlive shutdown and keep writing logs there
+
+
+def _dashboard_installed() -> bool:
+    """Whether Ray's dashboard can start (ray[default]). Without it (a minimal Ray) runs still work, but the
+    train executor cannot reclaim a timed-out trial's placement group: say so instead of failing ray.init."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401  (Ray's own test of a dashboard-capable install)
+    except ImportError as err:
+        import warnings
+
+        warnings.warn(f"Ray dashboard dependencies are missing ({err}); running without the dashboard. Install "
+                      "ray[default] for it: the train executor needs it to free a timed-out trial's resources.",
+                      stacklevel=2)
+        return False
+    return True
 
 
 def use_token_auth() -> None:

@@ -22,6 +22,7 @@ import ctypes
 import gc
 import os
 import resource
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -37,11 +38,27 @@ MANAGER_NAME = "raybench-pool-manager"
 # After one rank fails, how long its peers get to notice (their collectives break) before the group is killed.
 PEER_GRACE_S = 20
 STORE_TIMEOUT_S = 300
+# GPU memory a trial may leave allocated in its actors before the group is replaced: anything above it (a failed
+# trial's engine kept alive by library globals, say) would count in the next trial's peak memory.
+LEFTOVER_LIMIT_GIB = 0.25
 
 
 def _code_version() -> str:
     """Pool actors run the code they imported at start-up; a group from other code is not reused."""
     return f"{fingerprint.package_version('raybench')}+{fingerprint.git_sha()}"
+
+
+def _destroy_world_group() -> None:
+    """Destroy the trial's default process group. DeepSpeed keeps its own references to the world group and
+    reuses them on its next initialize (ZeRO-3 then fails on the destroyed group): when its comm layer wraps
+    this group, destroy through it, which releases those references too."""
+    import torch.distributed as dist
+
+    ds_comm = sys.modules.get("deepspeed.comm")
+    if ds_comm is not None and ds_comm.is_initialized():
+        ds_comm.destroy_process_group()
+    else:
+        dist.destroy_process_group()
 
 
 class PoolWorker:
@@ -71,6 +88,12 @@ class PoolWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def device_leftover_gib(self) -> float:
+        """GPU memory still allocated by this process between trials (0 on CPU)."""
+        import torch
+
+        return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
     def run(self, payload: dict, trial_key: str, rank: int, world_size: int) -> dict | None:
         import torch
         import torch.distributed as dist
@@ -89,7 +112,7 @@ class PoolWorker:
             return worker.run({**payload, "weights_cache_gib": (payload.get("pool") or {}).get("weights_cache_gib", 0)})
         finally:
             # Leave nothing behind for the next trial: the group, the env, the memory cap, freed memory.
-            dist.destroy_process_group()
+            _destroy_world_group()
             for key, value in saved_env.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -222,7 +245,7 @@ def execute(payload: dict) -> dict:
     healthy = False
     try:
         results, trial_error = _run_group(actors, payload, res["timeout_s"])
-        healthy = True
+        healthy = max(ray.get([a.device_leftover_gib.remote() for a in actors])) <= LEFTOVER_LIMIT_GIB
     finally:
         recycle = (payload.get("pool") or {}).get("recycle_after_trials", 200)
         ray.get(pool.release.remote(group_id, healthy, recycle))

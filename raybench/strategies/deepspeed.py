@@ -38,6 +38,9 @@ def ds_config(train: TrainSpec, world_size: int, use_gpu: bool) -> dict:
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,  # torch optimizers (Adafactor, SGD) are fine with ZeRO
     }
+    if train.offload != "none" and not train.optimizer.startswith("adamw"):
+        # SGD / Adafactor have no DeepSpeed host kernel: they step on the host as torch optimizers (slower).
+        config["zero_force_ds_cpu_optimizer"] = False
     if train.max_grad_norm is not None:
         config["gradient_clipping"] = train.max_grad_norm
     if train.precision == "bf16":
@@ -46,6 +49,15 @@ def ds_config(train: TrainSpec, world_size: int, use_gpu: bool) -> dict:
         # loss_scale 0 = dynamic scaling; a fixed scale of 1 is "no scaler" (plan rejects it for fp16).
         config["fp16"] = {"enabled": True, "loss_scale": 0 if train.grad_scaler else 1}
     return config
+
+
+def host_adam(model: nn.Module, train: TrainSpec):
+    """ZeRO-Offload steps AdamW on the host with DeepSpeed's CPU Adam (SIMD C++; DeepSpeed refuses torch's AdamW
+    there as too slow). Its op is JIT-built once per machine into TORCH_EXTENSIONS_DIR (needs g++ and ninja)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    return DeepSpeedCPUAdam(params, lr=train.lr, weight_decay=train.weight_decay, adamw_mode=True)
 
 
 def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
@@ -60,8 +72,9 @@ def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
 
     # The process group already exists (torchrun or Ray Train); this wraps it in DeepSpeed's comm layer.
     deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo")
+    offloaded_adam = train.offload != "none" and train.optimizer.startswith("adamw")
     engine, optimizer, _, _ = deepspeed.initialize(
-        model=model, optimizer=make_optimizer(model, train, ctx.device),
+        model=model, optimizer=host_adam(model, train) if offloaded_adam else make_optimizer(model, train, ctx.device),
         config=ds_config(train, ctx.world_size, use_gpu),
     )
 

@@ -115,3 +115,14 @@ def test_other_executors_get_the_pools_idle_resources(cluster, tmp_path):
     run_planned(plan(spec), spec.name, str(tmp_path), "torchrun", progress=lambda line: None)
     assert list(store.read_results(tmp_path, spec.name).status) == ["ok"]
     assert groups() == []
+
+
+def test_deepspeed_zero3_after_zero2_in_one_warm_group(cluster, tmp_path):
+    # DeepSpeed caches the world group it saw first; ZeRO-3 on a later trial in the same process must not reuse
+    # the group an earlier trial destroyed (found on GPU: "Group ... is not registered").
+    spec = parse_sweep({"name": "pool-ds", "model": {"preset": "tiny"}, "executor": "pool",
+                        "train": {"strategy": "deepspeed", "steps": 4, "warmup_steps": 1, "seq_len": 32,
+                                  "precision": "fp32"},
+                        "resources": {"workers": 2}, "axes": {"train.zero_stage": [2, 3]}})
+    rows = run(spec, tmp_path)
+    assert list(rows.status) == ["ok", "ok"], list(rows.message)

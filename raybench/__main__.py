@@ -1,0 +1,7 @@
+"""`python -m raybench …`: the CLI without an installed console script (a checkout on PYTHONPATH)."""
+
+import sys
+
+from raybench.cli import main
+
+sys.exit(main())
