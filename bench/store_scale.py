@@ -13,7 +13,8 @@ Query: per gpu_name, the trial with the highest tok_per_s_per_device among ok ro
 - store, store_uncompacted: `raybench query`'s code path (`query.run`: list the files, DuckDB views, the SQL);
 - csv: what a user does with CSV files: pandas `read_csv` of every file, latest attempt per trial, groupby;
 - csv_usecols: the same reading only the five columns the query needs, as a careful user would.
-Times are in-process (no interpreter start, imports done). All four run once per round, rounds repeated;
+Times are in-process (no interpreter start, imports done; the store's queries share one DuckDB per process,
+as `query.run` does, so only the first query of the run pays its start). All four run once per round, rounds repeated;
 medians reported; every candidate must give the same answer. Last line JSON: value = median seconds on the
 store as runs leave it, csv_over_store = csv median / that; the same for the uncompacted batches. Goals:
 < 1 s and >= 10x. Then what a real sweep writes, one file per trial (`--per-trial` rows, one sweep), queried

@@ -38,30 +38,53 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+_database: duckdb.DuckDBPyConnection | None = None
+
+
+def _shared_database() -> duckdb.DuckDBPyConnection:
+    """One in-memory DuckDB per process. Starting DuckDB costs more than a query over a compacted store, so
+    repeated queries (reports, notebooks) share it; each gets its own connection and temporary views."""
+    global _database
+    if _database is None:
+        _database = duckdb.connect()
+    return _database
+
+
 def connect(store_path: str | Path, sweep: str | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the `trials` and `attempts` views over the store's current files."""
-    con = duckdb.connect()
+    """A DuckDB connection with the `trials` and `attempts` views over the store's current files (its own
+    views: other connections, in other threads too, see theirs). Close it when done."""
+    con = _shared_database().cursor()
     # The scan reads the footers its bind already read (every view is bound when created and when queried).
     con.execute("set parquet_metadata_cache = true")
-    con.register("_schema", store.SCHEMA.empty_table())
     files = store.result_files(store_path, sweep)
-    # Files line up by column name; the empty `_schema` relation gives every column of this version even when
-    # no file has it yet. Each group of files sharing one schema is read without DuckDB's union_by_name, which
-    # would unify every file's schema again at each bind of each view.
-    sources = [f"read_parquet([{', '.join(_sql_string(str(f)) for f in group)}], filename = true, "
-               f"file_row_number = true)" for group in _schema_groups(files)]
-    rows = " union all by name ".join(f"select * from {source}" for source in ["_schema", *sources])
-    con.execute(f"create view _rows as select {_projection(con, bool(files))} from ({rows})")
+    groups = _schema_groups(files)
+    if len(groups) == 1 and groups[0][0].to_arrow_schema().equals(store.SCHEMA):
+        # Every file has exactly this version's schema (as runs and compaction write them): read them as they
+        # are. This is the common case, and it skips the per-column casts and the union below.
+        con.execute(f"create temp view _rows as select * from read_parquet([{_file_list(groups[0][1])}])")
+    else:
+        # Files line up by column name; the empty `_schema` relation gives every column of this version even
+        # when no file has it yet. Each group of files sharing one schema is read without DuckDB's
+        # union_by_name, which would unify every file's schema again at each bind of each view.
+        con.register("_schema", store.SCHEMA.empty_table())
+        sources = [f"read_parquet([{_file_list(group)}], filename = true, file_row_number = true)"
+                   for _, group in groups]
+        rows = " union all by name ".join(f"select * from {source}" for source in ["_schema", *sources])
+        con.execute(f"create temp view _rows as select {_projection(con, bool(files))} from ({rows})")
     # Copies of one attempt (while a compaction deletes the files it merged) are identical rows: keep one.
-    con.execute("create view attempts as select * from _rows "
+    con.execute("create temp view attempts as select * from _rows "
                 "qualify row_number() over (partition by attempt_id) = 1")
     # Same order as store._latest_per_trial: the greatest ended_at (unknown is oldest), then attempt_id.
-    con.execute("create view trials as select * from _rows qualify row_number() over "
+    con.execute("create temp view trials as select * from _rows qualify row_number() over "
                 "(partition by sweep, trial_id order by ended_at desc nulls last, attempt_id desc) = 1")
     return con
 
 
-def _schema_groups(files: list[Path]) -> list[list[Path]]:
+def _file_list(files: list[Path]) -> str:
+    return ", ".join(_sql_string(str(f)) for f in files)
+
+
+def _schema_groups(files: list[Path]) -> list[tuple[pq.ParquetSchema, list[Path]]]:
     """Files grouped by identical Parquet schemas (column names, types, order), from their footers."""
     groups: list[tuple[pq.ParquetSchema, list[Path]]] = []
     for path in files:
@@ -71,7 +94,7 @@ def _schema_groups(files: list[Path]) -> list[list[Path]]:
             groups.append((schema, [path]))
         else:
             same.append(path)
-    return [g for _, g in groups]
+    return groups
 
 
 def _projection(con: duckdb.DuckDBPyConnection, from_files: bool) -> str:

@@ -135,6 +135,18 @@ def test_cli_compact_then_query_gives_the_same_answer(results, capsys):
 
 def test_files_of_one_schema_are_read_as_one_group(results):
     # One read_parquet per group: a file per group would make a query over many files slow, not wrong.
-    groups = query._schema_groups(store.result_files(results))
+    groups = [files for _, files in query._schema_groups(store.result_files(results))]
     old = [g for g in groups if any(p.stem.startswith("old-r0") for p in g)]
     assert len(groups) == 2 and [len(g) for g in old] == [1]
+
+
+def test_queries_from_threads_each_see_their_own_store(tmp_path):
+    # Queries share one DuckDB per process; each connection's views must stay its own.
+    from concurrent.futures import ThreadPoolExecutor
+
+    for n, name in ((2, "a"), (5, "b")):
+        store.write_rows(tmp_path / name, make_rows(f"sweep-{name}", n=n))
+    stores = [tmp_path / "a", tmp_path / "b"] * 8
+    with ThreadPoolExecutor(4) as pool:
+        counts = list(pool.map(lambda s: query.run(s, "select count(*) as n from trials")["n"][0].as_py(), stores))
+    assert counts == [2, 5] * 8
