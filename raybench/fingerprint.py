@@ -30,6 +30,15 @@ def captured_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
+def without_secrets(text: str, environ: dict[str, str] | None = None) -> str:
+    """`text` with the value of every secret-looking environment variable (TOKEN, KEY, ...) replaced."""
+    environ = os.environ if environ is None else environ
+    for name, value in environ.items():
+        if SECRET_PATTERN.search(name) and len(value) >= 4:  # shorter values would match ordinary text
+            text = text.replace(value, f"<{name} redacted>")
+    return text
+
+
 def package_version(name: str) -> str | None:
     try:
         return metadata.version(name)

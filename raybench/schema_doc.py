@@ -25,6 +25,8 @@ DESCRIPTIONS = {
     "repeat": "Repeat index of the configuration (`repeats:` in the sweep).",
     "status": "ok, oom, error, timeout, invalid or skipped.",
     "message": "One line saying why the trial did not end ok (empty when ok).",
+    "error_detail": ("Failed trials: the end of the error text (the failing rank's traceback, or torchrun's log "
+                     "tail), with secret values removed; null otherwise."),
     "executor": "How the ranks were started: train, pool or torchrun.",
     "started_at": "When the trial driver started the trial.",
     "ended_at": "When the trial's row was built; the latest attempt per trial id wins.",

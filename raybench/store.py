@@ -66,6 +66,7 @@ CONFIG_COLUMNS = config_fields()
 IDENTITY_COLUMNS = [
     ("schema_version", pa.int32()), ("sweep", pa.string()), ("trial_id", pa.string()), ("attempt_id", pa.string()),
     ("config_id", pa.string()), ("repeat", pa.int32()), ("status", pa.string()), ("message", pa.string()),
+    ("error_detail", pa.string()),
     ("executor", pa.string()), ("started_at", pa.timestamp("us", tz="UTC")), ("ended_at", pa.timestamp("us", tz="UTC")),
     ("trial_wall_s", pa.float64()),
 ]

@@ -23,6 +23,8 @@ _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "OOM"
                 "Cannot allocate memory", "MemoryError")
 # A torch.distributed collective that outlived the process-group timeout is a hang, not a crash.
 _TIMEOUT_MARKERS = ("Timed out waiting", "timed out after", "Watchdog caught collective operation timeout")
+# Enough for a deep traceback and a log tail; rows stay small enough to scan by the hundred thousand.
+ERROR_DETAIL_CHARS = 8000
 
 
 def one_line_message(text: str, limit: int = 500) -> str:
@@ -48,9 +50,16 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", one_line_message(text)
 
 
+def error_detail(exc: BaseException) -> str:
+    """The end of a failed trial's error text: the remote traceback Ray carries, or torchrun's log tail."""
+    # Secrets out first: a cut made before could leave part of one behind.
+    text = fingerprint.ANSI_ESCAPE.sub("", f"{type(exc).__name__}: {exc}")  # Ray colours its frame headers
+    return fingerprint.without_secrets(text)[-ERROR_DETAIL_CHARS:]
+
+
 def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dict | None = None,
               started_at: datetime | None = None, ended_at: datetime | None = None,
-              wall_s: float | None = None, executor: str | None = None) -> dict:
+              wall_s: float | None = None, executor: str | None = None, detail: str | None = None) -> dict:
     metrics = dict(metrics or {})
     config = payload["config"]
     row = {
@@ -60,6 +69,7 @@ def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dic
         "repeat": payload["repeat"],
         "status": status,
         "message": message,
+        "error_detail": detail,
         "executor": executor,
         "started_at": started_at,
         "ended_at": ended_at or datetime.now(timezone.utc),
@@ -90,13 +100,15 @@ def run_trial(payload: dict, sweep: str, store_path: str, executor: str,
     t0 = time.perf_counter()
     # Per-cluster measurements (the all-reduce probe) are cached next to the results they explain.
     payload = {**payload, "cache_dir": str(Path(store_path) / "_cache")}
+    detail = None
     try:
         metrics, status, message = execute(payload), "ok", ""
     except Exception as exc:  # any failure of the benchmark becomes the row's status
         metrics = {}
         status, message = classify(exc)
+        message, detail = fingerprint.without_secrets(message), error_detail(exc)
     row = build_row(payload, sweep, status, message, metrics, started_at, datetime.now(timezone.utc),
-                    time.perf_counter() - t0, executor)
+                    time.perf_counter() - t0, executor, detail)
     store.write_row(store_path, row)
     return row
 

@@ -29,6 +29,30 @@ def test_env_capture_redacts_secrets_and_keeps_the_allow_list():
     assert not set(SECRETS.values()) & set(env.values())
 
 
+def test_failed_trial_detail_keeps_the_traceback_and_drops_secret_values(tmp_path, monkeypatch):
+    from raybench.config import parse_sweep
+    from raybench.plan import plan
+    from raybench.trial import ERROR_DETAIL_CHARS, run_trial
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+
+    def failing_execute(payload):
+        try:
+            raise ValueError(f"hub refused token {SECRETS['HF_TOKEN']}")
+        except ValueError as err:  # a nested cause, the way executors re-raise what a rank said
+            raise RuntimeError("rank 0 failed:\nTraceback (most recent call last):\n" + "frame line\n" * 2000
+                               + f"ValueError: {err}") from err
+
+    (trial,) = plan(parse_sweep({"name": "s", "model": {"preset": "tiny"}}))
+    row = run_trial(trial.as_payload(), "s", str(tmp_path), "test", failing_execute)
+    assert row["status"] == "error" and "hub refused token" in row["message"]
+    assert "HF_TOKEN redacted" in row["message"] and "HF_TOKEN redacted" in row["error_detail"]
+    assert row["error_detail"].endswith("token <HF_TOKEN redacted>") and len(row["error_detail"]) <= ERROR_DETAIL_CHARS
+    stored = json.dumps(store.read_table(tmp_path).to_pylist(), default=str)  # every column, decompressed
+    assert "frame line" in stored and not any(v in stored for v in SECRETS.values())
+
+
 @pytest.mark.integration
 def test_secret_in_environment_never_reaches_a_stored_row(tmp_path, monkeypatch):
     # A real trial (torchrun, no Ray) with secrets in the launching environment: none is written anywhere.
