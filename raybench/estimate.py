@@ -191,8 +191,10 @@ def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, 
 
     replicated = 0.0
     for consumers in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
-        # RMSNorm runs in fp32: it keeps its fp32 input, and for a trainable weight the normalized input too.
-        replicated += 4 * h + (d.residual * h if full else 0)
+        if train.liger:  # Liger's RMSNorm keeps its input as it comes and a 4-byte rstd; backward recomputes
+            replicated += d.residual * h + 4
+        else:  # RMSNorm runs in fp32: it keeps its fp32 input, and for a trainable weight the normalized input
+            replicated += 4 * h + (d.residual * h if full else 0)
         keeping = sum(keeps_input(n) for n in consumers)
         if d.autocast:  # each linear casts the norm's output itself and keeps its own 16-bit copy
             replicated += keeping * 2 * h
@@ -202,7 +204,9 @@ def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, 
     split = (q_dim + kv_dim) * c + kv_dim * c + q_dim * c + heads * 4  # sdpa keeps q, k, v, output, logsumexp
     if d.autocast and "o_proj" in targets:
         split += q_dim * 2  # PEFT upcasts the adapter's input, autocast casts it down again: a new copy
-    split += 3 * inter * c  # silu keeps gate's output, the product keeps silu's output and up's output
+    # silu keeps gate's output, the product keeps silu's output and up's output; Liger's fused SwiGLU keeps
+    # gate's and up's outputs and recomputes silu in backward.
+    split += (2 if train.liger else 3) * inter * c
     if keeps_input("down_proj"):
         split += inter * c
     split += len(targets) * train.lora.rank * c  # each adapter's B keeps A's output
@@ -238,9 +242,13 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
     if train.ac_mode == "op":
         kept += _op_mode_kept_bytes(shape, train) / tp
     blocks = (shape.num_hidden_layers - checkpointed) * block + checkpointed * kept + (block if checkpointed else 0)
-    full = train.finetune == "full"
-    final_norm = 4 * shape.hidden_size + (d.residual * shape.hidden_size if full else 0)
-    head_input = (2 if d.autocast else d.residual) * shape.hidden_size if full else 0
+    full, h = train.finetune == "full", shape.hidden_size
+    if train.liger:
+        # Fused linear cross-entropy computes the head's gradients chunk by chunk during forward: no logits and
+        # no head input are kept, only the gradient of the head's input (compute dtype).
+        return blocks + d.residual * h + 4 + d.compute * h
+    final_norm = 4 * h + (d.residual * h if full else 0)
+    head_input = (2 if d.autocast else d.residual) * h if full else 0
     logits = shape.vocab_size * LOSS_BYTES_PER_VOCAB_ENTRY
     return blocks + final_norm + head_input + logits
 

@@ -159,6 +159,17 @@ def test_activations_by_hand_and_ac_ratio_keeps_checkpointed_blocks_input_only()
     assert full < half < est(trial("ddp", micro_batch=4)).activations_gib
 
 
+def test_liger_keeps_no_logits_and_less_per_block():
+    # FSDP2 bf16 full fine-tune (16-bit residual stream), per token. Liger's RMSNorm keeps its 16-bit input and
+    # a 4-byte rstd instead of the fp32 input plus the normalized copy (2 per block, and the final norm); its
+    # SwiGLU keeps gate's and up's outputs, not silu's; its fused linear cross-entropy keeps no logits and no
+    # head input, only the 16-bit gradient of the head's input (measured on an H100: docs/estimate.md).
+    per_block = 2 * ((4 * H + 2 * H) - (2 * H + 4)) + INTER * 2
+    head = (4 * H + 2 * H) + 2 * H + V * estimate.LOSS_BYTES_PER_VOCAB_ENTRY - (2 * H + 4 + 2 * H)
+    saved = est(trial("fsdp2")).activations_gib - est(trial("fsdp2", liger=True)).activations_gib
+    assert saved == pytest.approx(2048 * (L * per_block + head) / GIB)
+
+
 def _saved_bytes_per_token(model, batch: int, seq: int, autocast: bool) -> float:
     """Bytes autograd saves inside decoder block 1 (a steady-state block), per token, counted once per storage.
 
