@@ -194,13 +194,18 @@ def scaling_efficiency(df: pd.DataFrame) -> Figure:
     """Tokens/s per GPU at N GPUs over tokens/s per GPU at the fewest GPUs measured, per configuration."""
     labelled = frames.labelled(df).assign(curve=frames.scaling_key(df),
                                           setup=frames.config_label(df, leave_out=("resources.workers",)))
-    means, note = _fastest(_config_means(labelled, ["tok_per_s_per_device"], ("curve", "setup")),
-                           ["system_label", "device_label", "curve", "setup"], MAX_LINES)
+    groups = ["system_label", "device_label", "curve", "setup"]
+    means = _config_means(labelled, ["tok_per_s_per_device"], ("curve", "setup"))
+    measured = len(means)
+    # A configuration measured at one device count has no scaling curve: a lone point at 1.0 says nothing.
+    means = means[means.groupby(groups)["world_size"].transform("nunique") > 1] if measured else means
+    means, note = _fastest(means, groups, MAX_LINES)
     fig, axes = _figure("Scaling efficiency (tokens/s per device relative to the fewest devices)", df, len(means),
                         note=note)
     ax = axes[0]
     if len(means) == 0:
-        _no_data(ax, "no ok rows with tok_per_s_per_device")
+        _no_data(ax, "no configuration was measured at two or more device counts (sweep resources.workers)"
+                 if measured else "no ok rows with tok_per_s_per_device")
         return fig
     several_systems = means["system_label"].nunique() > 1
     for (system, device, _, setup), curve in means.groupby(["system_label", "device_label", "curve", "setup"]):

@@ -115,6 +115,14 @@ def test_scaling_efficiency_relative_to_fewest_gpus(planted):
     assert snellius == pytest.approx(list(GPU_SYSTEMS["snellius"]["efficiency"].values()), rel=0.02)
 
 
+def test_scaling_plot_says_why_when_no_configuration_has_two_device_counts(planted):
+    one_count = gpu_rows(planted).query("world_size == 1")
+    fig = plots.scaling_efficiency(one_count)
+    assert [t.get_text() for t in fig.axes[0].texts] == [
+        "no configuration was measured at two or more device counts (sweep resources.workers)"]
+    assert plots.png_bytes(fig).startswith(b"\x89PNG")
+
+
 def test_pareto_front():
     points = pd.DataFrame({"peak_gib": [1.0, 2.0, 2.0, 3.0, 4.0], "tok_per_s_per_device": [10.0, 8.0, 20.0, 15.0,
                                                                                            30.0]})
