@@ -74,7 +74,7 @@ def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
                clock: PhaseClock, sync: bool = True) -> tuple:
     """One optimizer step over grad_accum micro-batches; returns (loss tensor, non-padding tokens).
 
-    sync=False skips the gradient reduction of the last micro-batch too (see `exposed_comm_s`).
+    sync=False skips the gradient reduction of the last micro-batch too (see `backward_with_and_without_sync`).
     """
     total_loss = torch.zeros((), device=device)
     nonpad = 0

@@ -455,7 +455,7 @@ def estimate_table(trials: list) -> str:
         e = t.estimate
         if not e:  # invalid points (--keep-invalid) have no estimate
             rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes),
-                         str(t.world_size), *["-"] * 12, f"{t.status}: {'; '.join(t.reasons)}"])
+                         str(t.world_size), *["-"] * 11, f"{t.status}: {'; '.join(t.reasons)}"])
             continue
         fits = {True: "yes", False: "NO", None: "-"}[e["fits"]]
         limit = None if e["memory_gib"] is None else e["memory_gib"] - e["margin_gib"]

@@ -175,12 +175,14 @@ def to_wandb(df: pd.DataFrame, directory: str | Path, project: str = "raybench")
     settings = wandb.Settings(mode="offline", silent=True, console="off", disable_git=True, disable_code=True,
                               x_disable_stats=True, x_disable_machine_info=True)
     exported = skipped = 0
+    # An offline run directory is named offline-run-STAMP-ID: the same id means this attempt is there.
+    existing = {p.name.rsplit("-", 1)[-1] for p in (directory / "wandb").glob("offline-run-*")}
     for row in _records(df):
         run_id = wandb_run_id(row)
-        # An offline run directory is named offline-run-STAMP-ID: the same id means this attempt is there.
-        if any((directory / "wandb").glob(f"offline-run-*-{run_id}")):
+        if run_id in existing:
             skipped += 1
             continue
+        existing.add(run_id)
         tags = tags_of(row)
         run = wandb.init(project=project, dir=str(directory), id=run_id, name=row["trial_id"], group=row["sweep"],
                          job_type=row["status"], tags=[row["status"], tags["raybench.system"]],

@@ -56,9 +56,12 @@ def _build(spec: ModelSpec, device: torch.device, seed: int, local_copy: str, ca
         info["weights_cache"] = "miss"
     torch.manual_seed(seed)
     model = _load(spec, path, device)
-    if key is not None:
+    budget = int(cache_gib * 2**30)
+    # Only copy what the cache can keep: a model over the budget (a 1B model in fp32 over the default 4 GiB)
+    # would cost every trial a host copy of its weights, counted in its build time and peak RSS.
+    if key is not None and sum(t.numel() * t.element_size() for _, t in _tensors(model)) <= budget:
         state = {name: t.detach().to("cpu", copy=True) for name, t in _tensors(model)}
-        weights.STATE_CACHE.put(key, state, int(cache_gib * 2**30))
+        weights.STATE_CACHE.put(key, state, budget)
     return model
 
 

@@ -40,7 +40,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
     """(status, one-line message) of a failed trial; the message is the line that explains the status."""
     # Ray's dead-worker message lists guesses ("killed by the OOM killer", ...) after this phrase: they are
     # not findings, so they must not decide the status.
-    text = f"{type(exc).__name__}: {exc}".split("Some common causes include")[0]
+    text = error_text(exc).split("Some common causes include")[0]
     if isinstance(exc, TimeoutError):
         return "timeout", one_line_message(text)
     for status, markers in (("oom", _OOM_MARKERS), ("timeout", _TIMEOUT_MARKERS)):
@@ -50,11 +50,15 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", one_line_message(text)
 
 
+def error_text(exc: BaseException) -> str:
+    """A failure's whole text without secret values (removed before any cut, which could leave part of one)
+    or terminal colours (Ray colours its frame headers)."""
+    return fingerprint.without_secrets(fingerprint.ANSI_ESCAPE.sub("", f"{type(exc).__name__}: {exc}"))
+
+
 def error_detail(exc: BaseException) -> str:
     """The end of a failed trial's error text: the remote traceback Ray carries, or torchrun's log tail."""
-    # Secrets out first: a cut made before could leave part of one behind.
-    text = fingerprint.ANSI_ESCAPE.sub("", f"{type(exc).__name__}: {exc}")  # Ray colours its frame headers
-    return fingerprint.without_secrets(text)[-ERROR_DETAIL_CHARS:]
+    return error_text(exc)[-ERROR_DETAIL_CHARS:]
 
 
 def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dict | None = None,
@@ -105,8 +109,7 @@ def run_trial(payload: dict, sweep: str, store_path: str, executor: str,
         metrics, status, message = execute(payload), "ok", ""
     except Exception as exc:  # any failure of the benchmark becomes the row's status
         metrics = {}
-        status, message = classify(exc)
-        message, detail = fingerprint.without_secrets(message), error_detail(exc)
+        (status, message), detail = classify(exc), error_detail(exc)
     row = build_row(payload, sweep, status, message, metrics, started_at, datetime.now(timezone.utc),
                     time.perf_counter() - t0, executor, detail)
     store.write_row(store_path, row)

@@ -38,7 +38,7 @@ def ds_config(train: TrainSpec, world_size: int, use_gpu: bool) -> dict:
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,  # torch optimizers (Adafactor, SGD) are fine with ZeRO
     }
-    if train.offload != "none" and not train.optimizer.startswith("adamw"):
+    if train.offload != "none" and not _uses_host_adam(train):
         # SGD / Adafactor have no DeepSpeed host kernel: they step on the host as torch optimizers (slower).
         config["zero_force_ds_cpu_optimizer"] = False
     if train.max_grad_norm is not None:
@@ -49,6 +49,11 @@ def ds_config(train: TrainSpec, world_size: int, use_gpu: bool) -> dict:
         # loss_scale 0 = dynamic scaling; a fixed scale of 1 is "no scaler" (plan rejects it for fp16).
         config["fp16"] = {"enabled": True, "loss_scale": 0 if train.grad_scaler else 1}
     return config
+
+
+def _uses_host_adam(train: TrainSpec) -> bool:
+    """Whether the optimizer steps on the host with DeepSpeed's CPU Adam (ZeRO-Offload with AdamW)."""
+    return train.offload != "none" and train.optimizer.startswith("adamw")
 
 
 def host_adam(model: nn.Module, train: TrainSpec):
@@ -72,11 +77,9 @@ def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
 
     # The process group already exists (torchrun or Ray Train); this wraps it in DeepSpeed's comm layer.
     deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo")
-    offloaded_adam = train.offload != "none" and train.optimizer.startswith("adamw")
-    engine, optimizer, _, _ = deepspeed.initialize(
-        model=model, optimizer=host_adam(model, train) if offloaded_adam else make_optimizer(model, train, ctx.device),
-        config=ds_config(train, ctx.world_size, use_gpu),
-    )
+    optimizer = host_adam(model, train) if _uses_host_adam(train) else make_optimizer(model, train, ctx.device)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                   config=ds_config(train, ctx.world_size, use_gpu))
 
     def backward(loss) -> None:
         # The loop already divides the loss by grad_accum. DeepSpeed counts micro-batches through step():

@@ -361,3 +361,10 @@ def test_skipped_trials_become_rows_once_and_never_hide_a_measurement(tmp_path):
     run_sweep(spec, store_path=str(measured), progress=lambda line: None)
     latest = store.read_results(measured).set_index("trial_id").status
     assert latest[first.trial_id] == "ok" and sorted(latest) == ["ok", "skipped"]
+
+
+def test_estimate_table_puts_an_invalid_points_reason_under_status(tmp_path):
+    sweep = tiny_sweep(tmp_path, {}, **{"train.tp_size": [1, 3]})  # tp 3 on 2 workers: invalid
+    table = estimate.estimate_table(plan(parse_sweep(sweep), keep_invalid=True))
+    header, invalid = table.splitlines()[0], [line for line in table.splitlines() if "invalid:" in line]
+    assert len(invalid) == 1 and invalid[0].index("invalid:") == header.index("status")
