@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raybench import store
+from raybench import compaction, store, sweep
 from raybench.config import SweepSpec, load_sweep
 from raybench.plan import PlannedTrial, plan
-
 
 # A sweep partition holding more result files than this is compacted at the end of a run: one file per trial
 # attempt keeps writers independent, but readers pay per file (docs/results/store-scale-2026-11-22.md).
@@ -24,13 +23,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
     """
     store_path = str(Path(store_path or spec.store))
     if spec.search.algo != "grid":
-        if not address:
-            from raybench.sweep import use_token_auth
-
-            use_token_auth()  # raybench.search imports ray, and Ray fixes its auth mode at import
-        from raybench.search import run_search
-
-        ran = run_search(spec, store_path=store_path, address=address, rerun=rerun, progress=progress,
+        ran = sweep.run_search(spec, store_path=store_path, address=address, rerun=rerun, progress=progress,
                          verbose=verbose, source=source).ran
     else:
         ran = _run_grid(spec, store_path, address, keep_invalid, rerun, progress, verbose, source)
@@ -38,18 +31,14 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
     return ran
 
 
-def compact_if_many_files(store_path: str, sweep: str, progress=print) -> None:
-    from raybench import compaction
-
-    if len(store.result_files(store_path, sweep)) > AUTO_COMPACT_FILES:
-        done = compaction.compact_sweep(store_path, sweep)
-        progress(f"compacted {done.files_before} result files of sweep {sweep} into {done.files_after}")
+def compact_if_many_files(store_path: str, sweep_name: str, progress=print) -> None:
+    if len(store.result_files(store_path, sweep_name)) > AUTO_COMPACT_FILES:
+        done = compaction.compact_sweep(store_path, sweep_name)
+        progress(f"compacted {done.files_before} result files of sweep {sweep_name} into {done.files_after}")
 
 
 def _run_grid(spec: SweepSpec, store_path: str, address: str | None, keep_invalid: bool, rerun: bool, progress,
               verbose: bool, source: str) -> list[PlannedTrial]:
-    from raybench.sweep import run_planned, write_unrun
-
     trials = plan(spec, keep_invalid=keep_invalid, source=source, store_path=store_path)
     stored = {} if rerun else store.attempt_statuses(store_path, spec.name)  # one read of the sweep's rows
     done = {trial_id for trial_id, statuses in stored.items() if "ok" in statuses}
@@ -62,9 +51,9 @@ def _run_grid(spec: SweepSpec, store_path: str, address: str | None, keep_invali
     # the row it has: a measured row outranks the estimate.
     unrun = [t for t in unrun if not ("invalid" in stored.get(t.trial_id, ())
                                       or (t.status == "skipped" and t.trial_id in stored))]
-    write_unrun(unrun, spec.name, store_path)
+    sweep.write_unrun(unrun, spec.name, store_path)
     if todo:
-        run_planned(todo, spec.name, store_path, spec.executor, address=address, progress=progress, verbose=verbose)
+        sweep.run_planned(todo, spec.name, store_path, spec.executor, address=address, progress=progress, verbose=verbose)
     return todo
 
 

@@ -2,6 +2,9 @@
 
 Exit codes: 0 success (every trial ok), 1 the sweep ran but some trials did not end ok, 2 bad input
 (nothing was launched or written).
+
+Commands that need heavy libraries import them when they run (the API and sweep driver load Optuna and,
+when a sweep starts, Ray; `best` and result views load pandas), so `validate`, `plan` and `estimate` stay fast.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ import argparse
 import json
 import sys
 
-from raybench import cli_results, cli_store
+from raybench import cli_results, cli_store, slurm
 from raybench.config import ConfigError, load_sweep
-from raybench.slurm import SlurmError
+from raybench.plan import plan
+from raybench.report import estimate_summary, estimate_table, plan_table, results_table
+from raybench.slurm import SlurmError, SlurmOptions
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # SIGTERM / Ctrl-C: stored rows are kept; the same command resumes the sweep
@@ -26,7 +31,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _validate(args) -> int:
     spec = load_sweep(args.sweep)
-    from raybench.plan import plan
 
     trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep)
     print(f"{args.sweep}: ok ({len(trials)} trials)")
@@ -34,8 +38,6 @@ def _validate(args) -> int:
 
 
 def _plan(args) -> int:
-    from raybench.plan import plan
-    from raybench.report import plan_table
 
     spec = load_sweep(args.sweep)
     trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=args.store or spec.store)
@@ -49,8 +51,6 @@ def _plan(args) -> int:
 
 
 def _estimate(args) -> int:
-    from raybench.estimate import estimate_summary, estimate_table
-    from raybench.plan import plan
 
     spec = load_sweep(args.sweep)
     store_path = args.store or spec.store
@@ -67,12 +67,10 @@ def _estimate(args) -> int:
 
 def _run(args) -> int:
     from raybench.api import read_results, run_sweep
-    from raybench.report import results_table
 
     spec = load_sweep(args.sweep)
     address = args.address
     if args.cluster:  # before anything imports ray: the cluster's token must be in the environment first
-        from raybench import slurm
 
         address = slurm.connect(args.cluster)
     store_path = args.store or spec.store
@@ -103,8 +101,6 @@ def _run(args) -> int:
 def _trial(args) -> int:
     from raybench import executors
     from raybench.api import read_results
-    from raybench.plan import plan
-    from raybench.report import results_table
     from raybench.trial import run_trial
 
     spec = load_sweep(args.sweep)
@@ -136,7 +132,6 @@ def _best(args) -> int:
 
 
 def _slurm_options(args):
-    from raybench.slurm import SlurmOptions
 
     return SlurmOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
                         mem=args.mem, time=args.time, partition=args.partition, account=args.account,
@@ -144,7 +139,6 @@ def _slurm_options(args):
 
 
 def _slurm_submit(args) -> int:
-    from raybench import slurm
 
     extra = [flag for flag, on in (("--rerun", args.rerun), ("--keep-invalid", args.keep_invalid)) if on]
     job_id, job_dir = slurm.submit(args.sweep, _slurm_options(args), args.store, extra)
@@ -157,7 +151,6 @@ def _slurm_submit(args) -> int:
 
 
 def _cluster_up(args) -> int:
-    from raybench import slurm
 
     record = slurm.cluster_up(args.name, _slurm_options(args), ready_timeout=args.ready_timeout)
     print(f"cluster {args.name} up: job {record['job_id']}, address {record['address']}; "
@@ -166,7 +159,6 @@ def _cluster_up(args) -> int:
 
 
 def _cluster_status(args) -> int:
-    from raybench import slurm
 
     status = slurm.cluster_status(args.name)
     print(json.dumps(status) if args.json else
@@ -175,7 +167,6 @@ def _cluster_status(args) -> int:
 
 
 def _cluster_down(args) -> int:
-    from raybench import slurm
 
     job_id = slurm.cluster_down(args.name, timeout=args.timeout)
     print(f"cluster {args.name} down (job {job_id} ended)")

@@ -20,8 +20,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from raybench.fingerprint import SECRET_PATTERN
+from raybench.axes import axis_assignments, copy_trial, set_path
+from raybench.hardware import gpu_labels, gpu_memory_gib, known_gpu
 from raybench.presets import PRESETS
+from raybench.redact import SECRET_PATTERN
+from raybench.schema import GPU_ONLY_METRICS, numeric_metric_names
 
 TRIAL_SECTIONS = ("model", "data", "train", "resources")
 
@@ -107,35 +110,6 @@ def _check_env(value: Any) -> Any:
     return out
 
 
-def worker_env(payload: dict) -> dict[str, str]:
-    """Variables a trial's workers get on top of the launcher's: train.env plus the compile cache directory.
-
-    Launchers set them when they start the workers (torchrun's subprocess env, Ray Train's worker runtime env),
-    before any process group or communicator exists, so NCCL_* settings take effect for this trial only.
-    """
-    train = payload["config"]["train"]
-    env = dict(train.get("env") or {})
-    cache_dir = compile_cache_dir(payload)
-    if cache_dir:
-        env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-        env["TRITON_CACHE_DIR"] = str(Path(cache_dir) / "triton")
-    return env
-
-
-def compile_cache_dir(payload: dict) -> str | None:
-    """Where a compiled trial caches its kernels: train.compile_cache_dir, else caches.compile_dir, else the
-    store's cache directory, which every trial on every node of the cluster shares (compile once per cluster)."""
-    train = payload["config"]["train"]
-    if train.get("compile_cache_dir"):
-        return train["compile_cache_dir"]
-    if not train.get("compile"):
-        return None
-    configured = (payload.get("caches") or {}).get("compile_dir")
-    if configured:
-        return configured
-    return str(Path(payload["cache_dir"]) / "compile") if payload.get("cache_dir") else None
-
-
 def _numeric(annotation) -> bool:
     """int or float, possibly optional (`float | None`)."""
     args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
@@ -175,6 +149,14 @@ class DataSpec(_Spec):
         None, ge=1, le=1024, description="Batches each loader worker prepares ahead; needs num_workers > 0."
     )
     persistent_workers: bool = Field(True, description="Keep loader workers alive across epochs (num_workers > 0).")
+
+
+# Module names shared by the Llama and Qwen2 families, per LoraSpec.targets.
+LORA_TARGET_MODULES = {
+    "attention": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "attention_mlp": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "all_linear": "all-linear",  # PEFT's keyword: every linear layer except the output head
+}
 
 
 class LoraSpec(_Spec):
@@ -309,7 +291,7 @@ class SearchSpec(_Spec):
 
     algo: Literal["grid", "random", "optuna"] = Field("grid", description=(
         "grid runs every point; random draws points uniformly, never one twice; optuna chooses each next point "
-        "with Optuna's TPE sampler (through Ray Tune's OptunaSearch), learning from every result, failed ones too."))
+        "with Optuna's TPE sampler, learning from every result, failed ones too."))
     metric: str | list[str] = Field("tok_per_s_per_device", description=(
         "Stored metric column to optimize, or a list of them for a multi-objective search (the result is a "
         "Pareto front), e.g. [tok_per_s_per_device, peak_reserved_gib]."))
@@ -415,15 +397,6 @@ def _section_path_ok(key: str) -> str | None:
     return None
 
 
-def set_path(trial: dict, dotted: str, value: Any) -> None:
-    """Set trial['a']['b'] = value for dotted 'a.b', copying nothing (callers pass their own copy)."""
-    *parents, leaf = dotted.split(".")
-    node = trial
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-
-
 def _check_axes(spec: SweepSpec) -> list[Problem]:
     """Each axis names a real field and each of its values is valid on its own."""
     problems = []
@@ -440,7 +413,7 @@ def _check_axes(spec: SweepSpec) -> list[Problem]:
         if len({repr(v) for v in values}) != len(values):
             problems.append(Problem(where, values, "repeated values; list each value once (use repeats: for more)"))
         for i, value in enumerate(values):
-            trial = _copy_sections(base)
+            trial = copy_trial(base)
             assigned = axis_assignments(key, value)
             for path, leaf in assigned.items():
                 set_path(trial, path, leaf)
@@ -459,11 +432,6 @@ def _check_axes(spec: SweepSpec) -> list[Problem]:
     return problems
 
 
-def axis_assignments(key: str, value: Any) -> dict[str, Any]:
-    """The trial fields one axis value sets: {key: value}, or for a bundle axis its mapping of fields."""
-    return {key: value} if "." in key else dict(value)
-
-
 def _bundle_problem(key: str, values: Any) -> str | None:
     """Why an undotted axis key is not a valid bundle axis (a named list of field mappings), or None."""
     usage = ("an axis key without a dot is a bundle: a name whose values each set several fields together, "
@@ -477,25 +445,6 @@ def _bundle_problem(key: str, values: Any) -> str | None:
             if not isinstance(field, str) or "." not in field or (why := _section_path_ok(field)) is not None:
                 return f"bundle field {field!r}: " + (why if isinstance(field, str) and "." in field else usage)
     return None
-
-
-def _copy_sections(base: dict) -> dict:
-    # Two levels deep is enough: axes only replace leaves, and lists/dicts given as axis values are never mutated.
-    return {k: {kk: (dict(vv) if isinstance(vv, dict) else vv) for kk, vv in v.items()} for k, v in base.items()}
-
-
-# Measured on GPUs only: null in every CPU trial's row.
-_GPU_ONLY_METRICS = ("peak_alloc_gib", "peak_reserved_gib", "mfu", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz",
-                     "gpu_mem_clock_mhz")
-
-
-def numeric_metric_names() -> list[str]:
-    """Stored metric columns a search or `raybench best` can rank by (numbers, not per-rank lists)."""
-    import pyarrow as pa
-
-    from raybench.store import METRIC_COLUMNS  # store imports this module: import it when first needed
-
-    return [name for name, kind in METRIC_COLUMNS if pa.types.is_integer(kind) or pa.types.is_floating(kind)]
 
 
 def metric_problem(field: str, metric: Any) -> Problem | None:
@@ -521,7 +470,7 @@ def _check_search(spec: SweepSpec) -> list[Problem]:
     if spec.resources.gpus_per_worker == 0 and not gpus_vary:
         problems += [Problem("search.metric", m, "is null on CPU trials (resources.gpus_per_worker: 0), so no "
                              "trial could be ranked; on CPU use peak_rss_gib for memory, tok_per_s_per_device "
-                             "for speed") for m in metrics if m in _GPU_ONLY_METRICS]
+                             "for speed") for m in metrics if m in GPU_ONLY_METRICS]
     if isinstance(search.mode, list) and len(search.mode) != len(metrics):
         problems.append(Problem("search.mode", search.mode, f"give one mode per metric ({len(metrics)}), a single "
                                 "mode for all, or null to infer each from its name"))
@@ -538,12 +487,9 @@ def _check_search(spec: SweepSpec) -> list[Problem]:
 
 def _check_estimate(est: EstimateSpec) -> list[Problem]:
     """A known GPU name, one kind of margin, and a margin smaller than the memory it is taken from."""
-    from raybench.estimate import GPU_MEMORY_GIB, gpu_memory_gib, known_gpu  # estimate reads trial configs
-
     problems = []
     if est.gpu is not None and not known_gpu(est.gpu):
-        names = sorted({" ".join(f) for f, _ in GPU_MEMORY_GIB} | {"B200", "GB200", "H100 SXM", "H100 PCIe"})
-        problems.append(Problem("estimate.gpu", est.gpu, f"unknown GPU; use one of {', '.join(names)}, or leave "
+        problems.append(Problem("estimate.gpu", est.gpu, f"unknown GPU; use one of {', '.join(gpu_labels())}, or leave "
                                 "it null and set estimate.device_memory_gib"))
     elif est.gpu is not None and est.prune and est.device_memory_gib is None and gpu_memory_gib(est.gpu) is None:
         problems.append(Problem("estimate.device_memory_gib", None, f"the memory of '{est.gpu}' is not in the "

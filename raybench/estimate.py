@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from raybench import metrics
-from raybench.techniques.lora import TARGETS as LORA_TARGETS
+from raybench.config import LORA_TARGET_MODULES, EstimateSpec, TrainSpec, TrialConfig
+from raybench.hardware import gpu_memory_gib, peak_tflops
+from raybench.presets import ModelShape
+from raybench.schema import GIB
 
-if TYPE_CHECKING:
-    from raybench.config import EstimateSpec, TrainSpec, TrialConfig
-    from raybench.presets import ModelShape
-
-GIB = 2**30
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 # Assumed, not measured (no GPU here): CUDA context and kernel images, cuBLAS workspaces and NCCL buffers. They
@@ -45,34 +42,6 @@ DEFAULT_MARGIN_FRACTION = 0.10
 # activation_bytes_per_token).
 LOSS_BYTES_PER_VOCAB_ENTRY = 12
 
-# Device memory as nvidia-smi reports memory.total, by name fragments that must all appear in the GPU name.
-# A name matching none (or only an ambiguous "A100") needs estimate.device_memory_gib.
-GPU_MEMORY_GIB: list[tuple[tuple[str, ...], float]] = [
-    (("H200",), 143771 / 1024),
-    (("H100", "NVL"), 95830 / 1024),
-    (("H100",), 81559 / 1024),  # SXM and PCIe 80GB parts
-    (("A100", "80GB"), 81920 / 1024),
-    (("A100", "40GB"), 40536 / 1024),
-]
-
-
-def gpu_memory_gib(gpu: str | None) -> float | None:
-    """Device memory of a GPU named like 'H100 SXM' or 'NVIDIA A100-SXM4-80GB'; None when the table lacks it."""
-    if not gpu:
-        return None
-    name = gpu.lower()
-    for fragments, gib in GPU_MEMORY_GIB:
-        if all(f.lower() in name for f in fragments):
-            return gib
-    return None
-
-
-def known_gpu(gpu: str) -> bool:
-    """The name matches the peak FLOP/s table or the memory table."""
-    name = gpu.lower()
-    return gpu_memory_gib(gpu) is not None or any(f.lower() in name for f, _ in metrics.PEAK_TFLOPS)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Parameters
 
@@ -94,7 +63,7 @@ def lora_targets(train: TrainSpec) -> tuple[str, ...]:
     """Projections that get adapters (PEFT's all-linear: every projection of a block, not the output head)."""
     if train.finetune == "full":
         return ()
-    targets = LORA_TARGETS[train.lora.targets]
+    targets = LORA_TARGET_MODULES[train.lora.targets]
     return PROJECTIONS if targets == "all-linear" else tuple(targets)
 
 
@@ -369,7 +338,7 @@ def estimate(config: TrialConfig, shape: ModelShape, ac_blocks: list[int] | tupl
     weights, grads, optimizer, offloaded = _state_bytes(config, shape, counts)
     activations = train.micro_batch * train.seq_len * activation_bytes_per_token(shape, train, ac_blocks)
     flops = _flops_per_step(config, shape, counts, ac_blocks)
-    peak = metrics.peak_tflops(gpu, train.precision) if device == "cuda" else None
+    peak = peak_tflops(gpu, train.precision) if device == "cuda" else None
     return Estimate(
         device=device, params_total=counts.total,
         params_trainable=counts.total if train.finetune == "full" else counts.adapters,
@@ -437,46 +406,3 @@ def row_fields(estimate: dict | None, row: dict) -> dict:
         error = measured / estimate["measured_part_gib"] - 1
         fields["est_peak_error"] = error if math.isfinite(error) else None
     return fields
-
-
-def _fmt(value: Any, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def estimate_table(trials: list) -> str:
-    """One line per planned trial: axis values, the components, peak (raw and calibrated), fits, step guess."""
-    from raybench.report import render  # report imports plan, which imports this module
-
-    axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
-    headers = ["#", "trial_id", *(a.split(".")[-1] for a in axes), "world", "params", "grads", "optim", "activ",
-               "other", "peak GiB", "calib", "calibrated", "limit", "fits", "step s (guess)", "status"]
-    rows = []
-    for t in trials:
-        e = t.estimate
-        if not e:  # invalid points (--keep-invalid) have no estimate
-            rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes),
-                         str(t.world_size), *["-"] * 11, f"{t.status}: {'; '.join(t.reasons)}"])
-            continue
-        fits = {True: "yes", False: "NO", None: "-"}[e["fits"]]
-        limit = None if e["memory_gib"] is None else e["memory_gib"] - e["margin_gib"]
-        rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes), str(t.world_size),
-                     *(_fmt(e[k]) for k in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib",
-                                            "other_gib", "peak_gib")),
-                     _fmt(e["calibration"]), _fmt(e["peak_calibrated_gib"]), _fmt(limit), fits,
-                     _fmt(e["step_time_s"], ".3g"), t.status])
-    return render(headers, rows)
-
-
-def estimate_summary(trials: list, store_path: str) -> str:
-    """What the table adds up to, and where its calibration came from."""
-    estimated = [t for t in trials if t.estimate]
-    fits = sum(t.estimate["fits"] is True for t in estimated)
-    too_big = sum(t.estimate["fits"] is False for t in estimated)
-    calibrated = sum(t.estimate["calibration"] is not None for t in estimated)
-    unknown = len(estimated) - fits - too_big
-    parts = [f"{len(trials)} trials: {fits} fit, {too_big} do not fit"]
-    if unknown:
-        parts.append(f"{unknown} without a device memory limit (set estimate.gpu or estimate.device_memory_gib)")
-    parts.append(f"{sum(t.status == 'skipped' for t in trials)} skipped by pruning")
-    parts.append(f"{calibrated} calibrated by measured rows in {store_path}")
-    return "; ".join(parts) + ". Step times are guesses (dense peak x " + f"{ASSUMED_MFU:.0%} MFU), not measurements."

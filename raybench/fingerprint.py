@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import socket
 import subprocess
 import sys
@@ -16,9 +15,9 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
+from raybench.redact import ANSI_ESCAPE, SECRET_PATTERN
+
 ENV_ALLOWED_PREFIXES = ("NCCL_", "CUDA_", "OMP_", "TORCH_", "TORCHINDUCTOR_", "MKL_", "SLURM_JOB_ID", "SLURM_NODELIST")
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 PACKAGES = ("torch", "ray", "transformers", "peft", "deepspeed", "raybench")
 
 
@@ -28,15 +27,6 @@ def captured_env(environ: dict[str, str] | None = None) -> dict[str, str]:
         k: v for k, v in sorted(environ.items())
         if k.startswith(ENV_ALLOWED_PREFIXES) and not SECRET_PATTERN.search(k)
     }
-
-
-def without_secrets(text: str, environ: dict[str, str] | None = None) -> str:
-    """`text` with the value of every secret-looking environment variable (TOKEN, KEY, ...) replaced."""
-    environ = os.environ if environ is None else environ
-    for name, value in environ.items():
-        if SECRET_PATTERN.search(name) and len(value) >= 4:  # shorter values would match ordinary text
-            text = text.replace(value, f"<{name} redacted>")
-    return text
 
 
 def package_version(name: str) -> str | None:

@@ -14,27 +14,6 @@ from __future__ import annotations
 import math
 import statistics
 
-# Dense (no sparsity) peak TFLOP/s per GPU by compute dtype. First matching name fragment wins, so the more
-# specific names come first. A GPU missing here gets MFU = null rather than a guess.
-PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("GB200", {"bf16": 2500.0}),
-    ("B200", {"bf16": 2250.0}),
-    ("H200", {"bf16": 989.0, "fp32": 67.0}),
-    ("H100 NVL", {}),
-    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.0}),
-    ("H100", {"bf16": 989.0, "fp32": 67.0}),  # SXM (HBM3) parts report "NVIDIA H100 80GB HBM3"
-    ("A100", {"bf16": 312.0, "fp32": 19.5}),
-]
-
-
-def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
-    if not gpu_name:
-        return None
-    for fragment, peaks in PEAK_TFLOPS:
-        if fragment.lower() in gpu_name.lower():
-            return peaks.get(precision)
-    return None
-
 
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated percentile, q in [0, 100] (numpy's default method)."""

@@ -7,14 +7,15 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from fractions import Fraction
+from math import floor
 from pathlib import Path
 from typing import Any
 
-from raybench import estimate
-from raybench.config import (ConfigError, Problem, SweepSpec, TrialConfig, _copy_sections, axis_assignments,
-                             set_path)
+from raybench import calibration, estimate
+from raybench.axes import axis_assignments, copy_trial, excluded, set_path
+from raybench.config import CacheSpec, ConfigError, PoolSpec, Problem, ProjectionSpec, SweepSpec, TrialConfig
+from raybench.payload import TrialPayload
 from raybench.presets import PRESETS, ModelShape, shape_from_model_dir
-from raybench.techniques.activation_checkpointing import checkpointed_blocks
 
 
 @dataclass(frozen=True)
@@ -31,30 +32,34 @@ class PlannedTrial:
     ac_blocks: tuple[int, ...]
     status: str = "planned"  # or "invalid", or "skipped" (estimated not to fit in device memory)
     reasons: tuple[str, ...] = field(default=())
-    projection: dict = field(default_factory=dict)  # the sweep's planned full run; not part of the id
-    pool: dict = field(default_factory=dict)  # warm-pool settings; not part of the id
-    caches: dict = field(default_factory=dict)  # weights and compile cache settings; not part of the id
+    projection: ProjectionSpec = field(default_factory=ProjectionSpec)  # the planned full run; not part of the id
+    pool: PoolSpec = field(default_factory=PoolSpec)  # warm-pool settings; not part of the id
+    caches: CacheSpec = field(default_factory=CacheSpec)  # weights and compile cache settings; not part of the id
     estimate: dict = field(default_factory=dict)  # memory/step-time estimate (estimate.assess); not part of the id
 
     @property
     def world_size(self) -> int:
         return self.config.resources.workers
 
-    def as_payload(self) -> dict:
-        """Plain data handed to a trial driver or worker (JSON-safe)."""
-        return {
-            "trial_id": self.trial_id,
-            "config_id": self.config_id,
-            "repeat": self.repeat,
-            "config": self.config.model_dump(mode="json"),
-            "axis_values": self.axis_values,
-            "ac_blocks": list(self.ac_blocks),
-            "num_layers": self.shape.num_hidden_layers,
-            "projection": self.projection,
-            "pool": self.pool,
-            "caches": self.caches,
-            "estimate": self.estimate,
-        }
+    def as_payload(self) -> TrialPayload:
+        """What a trial driver, its executor and its ranks get."""
+        return TrialPayload(
+            trial_id=self.trial_id, config_id=self.config_id, repeat=self.repeat, config=self.config,
+            axis_values=self.axis_values, ac_blocks=self.ac_blocks, num_layers=self.shape.num_hidden_layers,
+            projection=self.projection, pool=self.pool, caches=self.caches, estimate=self.estimate,
+        )
+
+
+def checkpointed_blocks(ratio: Fraction, num_layers: int) -> list[int]:
+    """0-based indices of the decoder blocks sAC ratio p in [0, 1] checkpoints.
+
+    Placement (as in IDRIS's study and IBM fms-fsdp): walking blocks i = 1..L, block i is checkpointed when i*p
+    crosses the next cut-off 0.5, 1.5, 2.5, ...; so checkpointed blocks are spread evenly rather than bunched
+    at one end, and p=1/2 gives [ac, no, ac, no, ...]. Exact fractions avoid float ties at the cut-offs.
+    """
+    half = Fraction(1, 2)
+    cuts_reached = [floor(i * ratio + half) for i in range(num_layers + 1)]
+    return [i - 1 for i in range(1, num_layers + 1) if cuts_reached[i] > cuts_reached[i - 1]]
 
 
 def config_id(config: TrialConfig) -> str:
@@ -156,16 +161,12 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def _excluded(values: dict[str, Any], rules: list[dict[str, Any]]) -> bool:
-    return any(all(values.get(k) == v for k, v in rule.items()) for rule in rules)
-
-
 def _grid(spec: SweepSpec):
     """Axis-value dicts in declaration order (first axis varies slowest), excluded points removed."""
     keys = list(spec.axes)
     for combo in itertools.product(*(spec.axes[k] for k in keys)):
         values = dict(zip(keys, combo))
-        if not _excluded(values, spec.exclude):
+        if not excluded(values, spec.exclude):
             yield values
 
 
@@ -176,17 +177,12 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
     Every valid trial gets a memory/step-time estimate, calibrated by the measured rows in `store_path` when
     given; with spec.estimate.prune, trials that would not fit in device memory are marked skipped.
     """
-    from raybench import calibration  # reads the store (pyarrow): imported here so `import plan` stays light
-
     factors = calibration.factors(store_path)
     base = spec.base_trial()
-    projection = spec.projection.model_dump(mode="json")
-    pool = spec.pool.model_dump(mode="json")
-    caches = spec.caches.model_dump(mode="json")
     shapes: dict[tuple, ModelShape] = {}
     trials, problems = [], []
     for grid_values in _grid(spec):
-        raw = _copy_sections(base)
+        raw = copy_trial(base)
         # Bundle axes set several fields per value; trials show every field an axis set, by its dotted path.
         values = {path: leaf for key, value in grid_values.items()
                   for path, leaf in axis_assignments(key, value).items()}
@@ -214,7 +210,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
             trials.append(PlannedTrial(
                 index=len(trials), trial_id=f"{cid}-r{repeat}", config_id=cid, repeat=repeat, config=config,
                 axis_values=values, shape=shape, ac_blocks=blocks, status=status, reasons=why_not,
-                projection=projection, pool=pool, caches=caches, estimate=est,
+                projection=spec.projection, pool=spec.pool, caches=spec.caches, estimate=est,
             ))
     if problems:
         raise ConfigError(source, problems)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TextIO
 
+from raybench.report import render
+
 Mode = Literal["live", "lines", "quiet"]
 REFRESH_S = 1.0
 MAX_TABLE_ROWS = 20
@@ -43,17 +45,6 @@ def peak_gib(row: dict) -> float:
     result is a flat dict of numbers)."""
     peak = row.get("peak_reserved_gib") if row.get("device_type") == "cuda" else row.get("peak_rss_gib")
     return math.nan if peak is None else peak
-
-
-def dashboard_url() -> str | None:
-    """The Ray dashboard's address when the connected Ray runs one (ray.init's context is not kept around)."""
-    try:
-        from ray._private import worker
-
-        url = worker._global_node.webui_url if worker._global_node is not None else None
-    except Exception:  # a Ray client connection (ray://) or another Ray version: just print no address
-        return None
-    return f"http://{url}" if url and "://" not in url else url
 
 
 def duration(seconds: float | None) -> str:
@@ -91,8 +82,6 @@ def render_live(states: list[TrialState], total: int, elapsed_s: float, now_s: f
     shown = (running + recent)[:max_rows]
     lines = [bar]
     if shown:
-        from raybench.report import render
-
         rows = [[s.trial_id, s.status, duration((s.ended_s or now_s) - s.started_s),
                  _number(s.tok_per_s_per_device, ",.0f"), _number(s.peak_gib, ".2f"), s.label] for s in shown]
         lines += ["", *render(["trial_id", "status", "time", "tok/s/device", "peak GiB", "axes"], rows).splitlines()]
@@ -215,46 +204,6 @@ class SweepProgress:
         self.stream.write(text + "\n")
         self.stream.flush()
         self._drawn_lines = text.count("\n") + 1
-
-
-def _payloads(config: dict) -> list[dict]:
-    return config.get("payloads") or [config["payload"]]
-
-
-def tune_callback(progress: SweepProgress):
-    """The Ray Tune callback that feeds `progress`. A Tune trial runs one payload (a grid point), or one payload
-    per repeat of a searched point, one after the other, reporting a result after each."""
-    from ray import tune
-
-    class Progress(tune.Callback):
-        def __init__(self, progress: SweepProgress):
-            self.progress = progress
-            self.results: dict[str, int] = {}  # results seen per Tune trial: the k-th is its k-th payload's
-
-        def __getstate__(self) -> dict:
-            # Tune pickles its callbacks into the experiment state; the view (a lock, a thread, the terminal)
-            # belongs to this process only.
-            return {"progress": None, "results": {}}
-
-        def on_trial_start(self, iteration, trials, trial, **info):
-            first = _payloads(trial.config)[0]
-            self.progress.trial_started(first["trial_id"], first["axis_values"])
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            # (result["trial_id"] is Tune's own trial id, not raybench's)
-            k = self.results[trial.trial_id] = self.results.get(trial.trial_id, -1) + 1
-            payloads = _payloads(trial.config)
-            self.progress.trial_finished(payloads[k]["trial_id"], result)
-            if k + 1 < len(payloads):
-                self.progress.trial_started(payloads[k + 1]["trial_id"], payloads[k + 1]["axis_values"])
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            for p in _payloads(trial.config):
-                state = self.progress.states.get(p["trial_id"])
-                if state is not None and state.status == "running":
-                    self.progress.trial_failed(p["trial_id"], "trial driver died before reporting")
-
-    return Progress(progress)
 
 
 def as_progress(progress: SweepProgress | Callable[[str], None]) -> SweepProgress:

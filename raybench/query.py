@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybench import store
+from raybench.report import render
 
 # Vanished files (a compaction replaced them between listing and reading) make DuckDB fail: list again.
 _RETRIES = 5
@@ -136,8 +137,6 @@ def format_table(table: pa.Table, fmt: str) -> str:
         writer.writeheader()
         writer.writerows(rows)
         return out.getvalue().rstrip("\n")
-    from raybench.report import render
-
     return render(table.column_names, [[_cell(r[c]) for c in table.column_names] for r in rows])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from raybench import estimate
 from raybench.plan import PlannedTrial
 
 
@@ -42,7 +43,7 @@ def results_table(df) -> str:
 
 def results_rows(df) -> tuple[list[str], list[list[str]], str]:
     """Headers, formatted cells (one row per trial) and a note on units, for text, Markdown and HTML tables."""
-    from raybench import frames  # pandas: not imported by `raybench plan`, which uses this module too
+    from raybench import frames  # pandas: `raybench plan` and `estimate` render tables here without it
 
     records = (df.assign(system_label=frames.system_label(df))
                .sort_values(["sweep", "started_at", "trial_id"], na_position="last").to_dict("records"))
@@ -68,3 +69,40 @@ def results_rows(df) -> tuple[list[str], list[list[str]], str]:
         ])
     note = "" if on_gpu else "CPU run: throughput is per worker process, not per GPU; peak is host RSS"
     return headers, rows, note
+
+
+def estimate_table(trials: list[PlannedTrial]) -> str:
+    """One line per planned trial: axis values, the components, peak (raw and calibrated), fits, step guess."""
+    axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
+    headers = ["#", "trial_id", *(a.split(".")[-1] for a in axes), "world", "params", "grads", "optim", "activ",
+               "other", "peak GiB", "calib", "calibrated", "limit", "fits", "step s (guess)", "status"]
+    rows = []
+    for t in trials:
+        e = t.estimate
+        if not e:  # invalid points (--keep-invalid) have no estimate
+            rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes),
+                         str(t.world_size), *["-"] * 11, f"{t.status}: {'; '.join(t.reasons)}"])
+            continue
+        fits = {True: "yes", False: "NO", None: "-"}[e["fits"]]
+        limit = None if e["memory_gib"] is None else e["memory_gib"] - e["margin_gib"]
+        rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes), str(t.world_size),
+                     *(_fmt(e[k], ".2f") for k in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib",
+                                            "other_gib", "peak_gib")),
+                     _fmt(e["calibration"], ".2f"), _fmt(e["peak_calibrated_gib"], ".2f"), _fmt(limit, ".2f"), fits,
+                     _fmt(e["step_time_s"], ".3g"), t.status])
+    return render(headers, rows)
+
+
+def estimate_summary(trials: list[PlannedTrial], store_path: str) -> str:
+    """What the table adds up to, and where its calibration came from."""
+    estimated = [t for t in trials if t.estimate]
+    fits = sum(t.estimate["fits"] is True for t in estimated)
+    too_big = sum(t.estimate["fits"] is False for t in estimated)
+    calibrated = sum(t.estimate["calibration"] is not None for t in estimated)
+    unknown = len(estimated) - fits - too_big
+    parts = [f"{len(trials)} trials: {fits} fit, {too_big} do not fit"]
+    if unknown:
+        parts.append(f"{unknown} without a device memory limit (set estimate.gpu or estimate.device_memory_gib)")
+    parts.append(f"{sum(t.status == 'skipped' for t in trials)} skipped by pruning")
+    parts.append(f"{calibrated} calibrated by measured rows in {store_path}")
+    return "; ".join(parts) + ". Step times are guesses (dense peak x " + f"{estimate.ASSUMED_MFU:.0%} MFU), not measurements."

@@ -4,8 +4,8 @@ The space is the grid of `axes`, one dimension per axis holding the *index* of a
 mappings, which no searcher can sample). Axes whose values are all numbers (micro-batch, sAC ratio) are
 ordered, so Optuna's TPE can learn that neighbouring values behave alike; other axes are categorical.
 
-`PlannedSearch` wraps Ray Tune's `OptunaSearch` (TPE, or Optuna's RandomSampler for algo random) and decides
-what each proposed point costs:
+`PlannedSearch` asks an Optuna study (TPE, or Optuna's RandomSampler for algo random) for each next point and
+decides what it costs:
 - an excluded point, an invalid combination, or a point the memory estimate skips (each stored once as an
   `invalid`/`skipped` row) is told to the searcher as infeasible at once, without running;
 - a point whose trials are already stored ok (or oom: it does not fit) is answered from the store (resume
@@ -18,6 +18,9 @@ Infeasible means an Optuna constraint value > 0: TPE ranks such points below eve
 learns to avoid the region instead of forgetting the point (a FAILED trial would be ignored).
 The search ends at `num_samples` distinct points, after `early_stop` points in a row without improvement,
 when every point is known, or when the searcher keeps proposing known points (it has converged).
+
+It speaks Ray Tune's searcher protocol (suggest / on_trial_complete / FINISHED) without importing Ray: the sweep
+driver (`raybench.sweep`) hands it to Tune, and the replay benchmark drives it without Tune.
 """
 
 from __future__ import annotations
@@ -26,22 +29,22 @@ import itertools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import optuna
-from ray.tune.search import Searcher
-from ray.tune.search.optuna import OptunaSearch
 
 from raybench import store
-from raybench.config import SweepSpec, axis_assignments
-from raybench.plan import PlannedTrial, _excluded, plan
+from raybench.axes import axis_assignments, excluded
+from raybench.config import SweepSpec
+from raybench.plan import PlannedTrial
 from raybench.stats import dominates
 
 Point = tuple[int, ...]  # one value index per axis, in the sweep's axis order
 STATUS_EXCLUDED = "excluded"  # a point the sweep's `exclude:` drops: no trial, no row
 ANSWERED = ("ok", "oom")  # stored statuses a search reuses instead of running the trial again
+FINISHED = "FINISHED"  # suggest()'s answer when the search is over (the value Ray Tune's searchers use)
 
 
 def _number(value: Any) -> Fraction | None:
@@ -92,7 +95,7 @@ class SearchSpace:
         # plan() expands the same product in the same order (first axis slowest), `repeats` trials per point.
         for point in itertools.product(*(range(len(a.values)) for a in self.axes)):
             values = {a.key: a.values[i] for a, i in zip(self.axes, point)}
-            if _excluded(values, spec.exclude):
+            if excluded(values, spec.exclude):
                 self.excluded.add(point)
                 continue
             repeats = [next(remaining) for _ in range(spec.repeats)]
@@ -154,11 +157,11 @@ def make_sampler(algo: str, seed: int, points: int) -> optuna.samplers.BaseSampl
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, points // 10)))
 
 
-class PlannedSearch(Searcher):
-    """A Ray Tune searcher over a SearchSpace; see the module docstring for how each proposal is handled.
+class PlannedSearch:
+    """A searcher over a SearchSpace; see the module docstring for how each proposal is handled.
 
-    Also usable without Tune (the replay benchmark): call suggest(id), run config["payloads"], then
-    on_trial_complete(id, {"rows_json": ...}).
+    Call suggest(id), run config["payloads"], then on_trial_complete(id, {"rows_json": ...}); Ray Tune does
+    this through the sweep driver's adapter.
     """
 
     def __init__(self, space: SearchSpace, objectives: list[tuple[str, str]], sampler: optuna.samplers.BaseSampler,
@@ -168,14 +171,13 @@ class PlannedSearch(Searcher):
                  log: Callable[[str], None] = lambda line: None):
         """`stored`: trial id -> its stored row (ok, oom, invalid or skipped) from earlier runs of this sweep;
         `record_unrun` stores the rows of points that are not run (invalid, or skipped by the memory estimate)."""
-        super().__init__()
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one INFO line per told point otherwise
         self.space = space
         self.metrics = [m for m, _ in objectives]
         self.modes = [mode for _, mode in objectives]
-        multi = len(objectives) > 1
-        self._inner = OptunaSearch(space.distributions(), metric=self.metrics if multi else self.metrics[0],
-                                   mode=self.modes if multi else self.modes[0], sampler=sampler)
+        self.study = optuna.create_study(sampler=sampler, directions=[
+            "minimize" if mode == "min" else "maximize" for mode in self.modes])
+        self._asked: dict[str, optuna.trial.Trial] = {}  # ask id -> the Optuna trial it proposed
         self.num_samples = num_samples
         self.early_stop = early_stop
         self._stored = stored or {}
@@ -195,7 +197,7 @@ class PlannedSearch(Searcher):
         self._since_improvement = 0
         self.stop_reason: str | None = None
 
-    # ---- Tune's Searcher interface ----
+    # ---- the searcher protocol (Ray Tune's) ----
 
     def suggest(self, trial_id: str) -> dict | str | None:
         """The next point to run as {"payloads": [...]}; None to wait for running trials; FINISHED when done."""
@@ -210,7 +212,8 @@ class PlannedSearch(Searcher):
                 self.stop_reason = f"converged: {stale_asks} proposals in a row were points already evaluated"
                 break
             ask = self._ask_id()
-            point = self.space.point(self._inner.suggest(ask))
+            self._asked[ask] = self.study.ask(self.space.distributions())
+            point = self.space.point(self._asked[ask].params)
             stale_asks += 1
             if any(p == point for p, _ in self._pending.values()):
                 self._waiting.setdefault(point, []).append(ask)
@@ -225,8 +228,9 @@ class PlannedSearch(Searcher):
                 if to_run:
                     self._pending[trial_id] = (point, ask)
                     self.dispatched += to_run
-                    return {"payloads": [t.as_payload() for t in to_run], "point": self.space.label(point)}
-        return None if self._pending else Searcher.FINISHED
+                    return {"payloads": [t.as_payload().to_dict() for t in to_run],
+                            "point": self.space.label(point)}
+        return None if self._pending else FINISHED
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         point, ask = self._pending.pop(trial_id)
@@ -247,12 +251,6 @@ class PlannedSearch(Searcher):
         # Tune pickles its search algorithm into its experiment state, which raybench never restores (see save());
         # the callbacks (a progress view, the store writer) belong to this process.
         return {**self.__dict__, "_log": None, "_record_unrun": None}
-
-    def save(self, checkpoint_path: str) -> None:
-        """Nothing to save: the result store is this search's checkpoint (a re-run replays from it)."""
-
-    def restore(self, checkpoint_path: str) -> None:
-        """See save()."""
 
     # ---- results ----
 
@@ -339,15 +337,15 @@ class PlannedSearch(Searcher):
             self.stop_reason = f"early stop: {self.early_stop} evaluated point(s) in a row without improvement"
 
     def _tell(self, ask: str, outcome: Outcome) -> None:
+        trial = self._asked.pop(ask)
         if outcome.feasible:
-            result = dict(zip(self.metrics, outcome.values))
+            values = list(outcome.values)
         else:
             # Optuna reads a constraint value > 0 as infeasible and ranks the trial below every feasible one
             # whatever its value; the value itself is required by Optuna's tell and otherwise unused.
-            # (OptunaSearch keeps its Optuna trials in `_ot_trials`; ray is pinned, a unit test guards this.)
-            self._inner._ot_trials[ask].set_constraint("feasible", 1.0)
-            result = dict.fromkeys(self.metrics, 0.0)
-        self._inner.on_trial_complete(ask, result=result)
+            trial.set_constraint("feasible", 1.0)
+            values = [0.0] * len(self.metrics)
+        self.study.tell(trial, values)
 
 
 def stored_rows(store_path: str, sweep: str, metrics: list[str]) -> dict[str, dict]:
@@ -359,34 +357,3 @@ def stored_rows(store_path: str, sweep: str, metrics: list[str]) -> dict[str, di
     # Later entries win: ok after any other status, then the latest attempt.
     keep.sort(key=lambda r: (r["status"] == "ok", r["ended_at"] is not None, r["ended_at"] or 0))
     return {r["trial_id"]: r for r in keep}
-
-
-@dataclass
-class SearchResult:
-    ran: list[PlannedTrial]  # trials this run started
-    searcher: PlannedSearch = field(repr=False)
-
-
-def run_search(spec: SweepSpec, *, store_path: str, address: str | None = None, rerun: bool = False,
-               progress: Callable[[str], None] = print, verbose: bool = False, source: str = "<sweep>") -> SearchResult:
-    """Search the sweep's grid with spec.search; rows land in the store like a grid sweep's."""
-    from raybench.sweep import run_planned, write_unrun
-
-    trials = plan(spec, keep_invalid=True, source=source, store_path=store_path)  # invalid points included
-    objectives = spec.search.objectives()
-    stored = {} if rerun else stored_rows(store_path, spec.name, [m for m, _ in objectives])
-    space = SearchSpace(spec, trials)
-    searcher = PlannedSearch(
-        space, objectives, make_sampler(spec.search.algo, spec.search.seed, len(space.points)),
-        num_samples=spec.search.num_samples, early_stop=spec.search.early_stop, stored=stored,
-        record_unrun=lambda unrun: write_unrun(unrun, spec.name, store_path), log=progress)
-    runnable = [t for t in trials if t.status == "planned"]
-    if all(stored.get(t.trial_id, {}).get("status") in ANSWERED for t in runnable):
-        # Everything the searcher could ask for is stored: replay it here, without starting Ray.
-        if searcher.suggest("stored") != Searcher.FINISHED:
-            raise AssertionError("a search whose every runnable trial is stored proposed a trial to run")
-    else:
-        run_planned(runnable, spec.name, store_path, spec.executor, address=address, progress=progress,
-                    verbose=verbose, search=searcher, max_in_flight=spec.search.max_concurrent)
-    progress(searcher.summary())
-    return SearchResult(searcher.dispatched, searcher)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raybench.config import ConfigError, Problem, load_sweep
+from raybench.plan import plan
 
 # The template lives in the checkout's cluster_yaml/ (scripts/setup.sh installs raybench editable from it);
 # RAYBENCH_SBATCH_TEMPLATE points at a site's own copy.
@@ -202,8 +203,6 @@ def submit(sweep: str, opts: SlurmOptions, store: str | None = None, extra: list
     The sweep is validated here first: a bad sweep or bad options raise ConfigError and submit nothing.
     Returns (job id, job dir).
     """
-    from raybench.plan import plan
-
     problems = option_problems(opts)
     try:
         spec = load_sweep(sweep)
@@ -329,24 +328,3 @@ def connect(name: str) -> str:
     os.environ["RAY_AUTH_TOKEN"] = record["token"]
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
     return address
-
-
-# ----- run inside the job by the template -----
-
-def wait_for_nodes(count: int, timeout: float) -> None:
-    """Block until `count` Ray nodes are alive on the cluster at RAY_ADDRESS (the job's own cluster)."""
-    import ray
-
-    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
-    try:
-        deadline = time.monotonic() + timeout
-        while sum(n["Alive"] for n in ray.nodes()) < count:
-            if time.monotonic() > deadline:
-                sys.exit(f"raybench: only {sum(n['Alive'] for n in ray.nodes())} of {count} Ray nodes joined")
-            time.sleep(1)
-    finally:
-        ray.shutdown()
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["wait-nodes"]:
-    wait_for_nodes(int(sys.argv[2]), float(sys.argv[3]))

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
+from raybench import schema
 from raybench.config import TrialConfig
 
 SCHEMA_VERSION = 1
@@ -63,64 +64,25 @@ def config_fields(model: type[BaseModel] = TrialConfig, prefix: str = "") -> lis
 
 CONFIG_COLUMNS = config_fields()
 
-IDENTITY_COLUMNS = [
-    ("schema_version", pa.int32()), ("sweep", pa.string()), ("trial_id", pa.string()), ("attempt_id", pa.string()),
-    ("config_id", pa.string()), ("repeat", pa.int32()), ("status", pa.string()), ("message", pa.string()),
-    ("error_detail", pa.string()),
-    ("executor", pa.string()), ("started_at", pa.timestamp("us", tz="UTC")), ("ended_at", pa.timestamp("us", tz="UTC")),
-    ("trial_wall_s", pa.float64()),
-]
-DERIVED_COLUMNS = [
-    ("world_size", pa.int32()), ("num_layers", pa.int32()), ("ac_blocks", pa.list_(pa.int32())),
-    ("axis_values_json", pa.string()), ("config_json", pa.string()),
-]
-METRIC_COLUMNS = [
-    ("steps_timed", pa.int32()), ("tokens_per_step", pa.int64()),
-    ("step_time_p50_s", pa.float64()), ("step_time_p90_s", pa.float64()),
-    ("step_time_mean_s", pa.float64()), ("step_time_std_s", pa.float64()),
-    ("tok_per_s", pa.float64()), ("tok_per_s_per_device", pa.float64()),
-    ("nonpad_tok_per_s", pa.float64()), ("nonpad_tok_per_s_per_device", pa.float64()),
-    ("tflops_per_device", pa.float64()), ("mfu", pa.float64()), ("flops_per_token", pa.float64()),
-    ("loss_first", pa.float64()), ("loss_final", pa.float64()),
-    ("peak_rss_gib", pa.float64()), ("peak_alloc_gib", pa.float64()), ("peak_reserved_gib", pa.float64()),
-    ("peak_rss_gib_by_rank", pa.list_(pa.float64())), ("peak_alloc_gib_by_rank", pa.list_(pa.float64())),
-    ("peak_reserved_gib_by_rank", pa.list_(pa.float64())),
-    ("params_total", pa.int64()), ("params_trainable", pa.int64()),
-    ("model_build_s", pa.float64()), ("weights_cache", pa.string()), ("weights_copy_s", pa.float64()),
-    ("wrap_s", pa.float64()), ("warmup_s", pa.float64()),
-    ("time_to_first_step_s", pa.float64()), ("first_step_s", pa.float64()), ("compile_s", pa.float64()),
-    ("worker_wall_s", pa.float64()),
-    *[(f"phase_{phase}_{stat}_s", pa.float64())
-      for phase in ("data", "forward", "backward", "optimizer") for stat in ("p50", "p90", "mean", "std")],
-    ("phase_sum_over_step", pa.float64()),
-    ("comm_exposed_p50_s", pa.float64()), ("comm_exposed_frac", pa.float64()),
-    ("cpu_util_pct", pa.float64()), ("gpu_util_pct", pa.float64()), ("gpu_power_w", pa.float64()),
-    ("gpu_sm_clock_mhz", pa.float64()), ("gpu_mem_clock_mhz", pa.float64()),
-    ("projected_steps", pa.int64()), ("projected_hours", pa.float64()), ("projected_device_hours", pa.float64()),
-    # The plan's memory/step-time estimate (raybench/estimate.py) and, for ok rows, measured peak / estimate - 1.
-    ("est_peak_gib", pa.float64()), ("est_peak_calibrated_gib", pa.float64()), ("est_step_time_s", pa.float64()),
-    ("est_peak_error", pa.float64()),
-]
-PROVENANCE_COLUMNS = [
-    ("device_type", pa.string()), ("gpu_name", pa.string()), ("gpu_count", pa.int32()),
-    ("gpu_memory_gib", pa.float64()), ("gpu_mem_clock_max_mhz", pa.float64()),
-    ("gpu_sm_clock_max_mhz", pa.float64()), ("gpu_power_limit_w", pa.float64()), ("gpu_driver_version", pa.string()),
-    ("gpu_topology", pa.string()), ("data_fs_type", pa.string()),
-    ("allreduce_busbw_gbps", pa.float64()), ("allreduce_busbw_json", pa.string()),
-    ("cpu_model", pa.string()), ("cpu_count", pa.int32()),
-    ("ram_gib", pa.float64()), ("system", pa.string()), ("hostname", pa.string()), ("hostnames", pa.list_(pa.string())),
-    ("slurm_job_id", pa.string()), ("platform", pa.string()), ("env_json", pa.string()),
-    ("torch_version", pa.string()), ("ray_version", pa.string()), ("transformers_version", pa.string()),
-    ("peft_version", pa.string()), ("deepspeed_version", pa.string()), ("raybench_version", pa.string()),
-    ("python_version", pa.string()), ("cuda_version", pa.string()), ("nccl_version", pa.string()),
-    ("git_sha", pa.string()),
-]
+_ARROW = {"int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(),
+          "bool": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"), "list<int32>": pa.list_(pa.int32()),
+          "list<float64>": pa.list_(pa.float64()), "list<string>": pa.list_(pa.string())}
+
+
+def _arrow(columns: list[tuple[str, str]]) -> list[tuple[str, pa.DataType]]:
+    return [(name, _ARROW[kind]) for name, kind in columns]
+
+
+IDENTITY_COLUMNS = _arrow(schema.IDENTITY_COLUMNS)
+DERIVED_COLUMNS = _arrow(schema.DERIVED_COLUMNS)
+METRIC_COLUMNS = _arrow(schema.METRIC_COLUMNS)
+PROVENANCE_COLUMNS = _arrow(schema.PROVENANCE_COLUMNS)
 
 SCHEMA = pa.schema(
     IDENTITY_COLUMNS + [(c, t) for c, _, t in CONFIG_COLUMNS] + DERIVED_COLUMNS + METRIC_COLUMNS + PROVENANCE_COLUMNS,
     metadata={"raybench_schema_version": str(SCHEMA_VERSION)},
 )
-METRIC_NAMES = [name for name, _ in METRIC_COLUMNS]
+METRIC_NAMES = schema.METRIC_NAMES
 
 
 def flatten_config(config: dict) -> dict:

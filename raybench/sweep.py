@@ -1,5 +1,10 @@
 """Run a planned sweep on Ray: Ray Tune schedules one lightweight driver per trial; each driver runs its
 trial through the executor and writes the row itself, so a row exists even when Tune loses track of a trial.
+A search (`raybench.search`) is a strategy this driver hands to Tune: it picks the points, Tune runs them.
+
+This module, `trial` and the executors are the only ones that import Ray, always inside functions: Ray fixes
+its auth mode when it is first imported (`use_token_auth` must run before), and `raybench plan`, `validate`
+and `estimate` never need it.
 """
 
 from __future__ import annotations
@@ -8,19 +13,26 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
+import sys
 import tempfile
+import time
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import psutil
 
 from raybench import store
-from raybench.plan import PlannedTrial
+from raybench.config import SweepSpec
+from raybench.payload import TrialPayload
+from raybench.plan import PlannedTrial, plan
+from raybench.progress import SweepProgress, as_progress, peak_gib
+from raybench.search import ANSWERED, FINISHED, PlannedSearch, SearchSpace, make_sampler, stored_rows
 from raybench.trial import build_row, run_trial, summary
-
-if TYPE_CHECKING:
-    from raybench.search import PlannedSearch
 
 # Trial drivers only wait on their trainer; they hold one slot of this custom resource instead of real CPUs
 # (a Tune trial cannot ask for zero resources), so drivers never steal cores from the workers.
@@ -51,14 +63,10 @@ def terminate_on_sigterm():
 
 def _process_id(pid: int) -> str:
     """pid plus start time: a pid alone may be reused by an unrelated process."""
-    import psutil
-
     return f"{pid} {psutil.Process(pid).create_time()}"
 
 
 def _owner_alive(temp_dir: Path) -> bool:
-    import psutil
-
     try:
         recorded = (temp_dir / OWNER_FILE).read_text().strip()
         return _process_id(int(recorded.split()[0])) == recorded
@@ -68,8 +76,6 @@ def _owner_alive(temp_dir: Path) -> bool:
 
 def _processes_using(directory: Path) -> list:
     """This user's processes with an open file or working directory inside `directory`."""
-    import psutil
-
     prefix, found = str(directory) + "/", []
     for proc in psutil.process_iter(["uids"]):
         try:
@@ -98,8 +104,6 @@ def reap_stale_clusters(root: str = TEMP_ROOT) -> list[Path]:
 
 def remove_cluster_dir(temp_dir: Path) -> None:
     """Stop the processes that still use an embedded Ray's temp dir (SIGTERM, then SIGKILL), then delete it."""
-    import psutil
-
     procs = _processes_using(temp_dir)
     for proc in procs:
         with contextlib.suppress(psutil.Error):
@@ -114,21 +118,23 @@ def remove_cluster_dir(temp_dir: Path) -> None:
 
 @contextlib.contextmanager
 def ray_cluster(address: str | None, verbose: bool = False):
-    """Connect to `address`, or start a private local Ray that touches no other Ray on this host."""
+    """Connect to `address`, or start a private local Ray that touches no other Ray on this host; yields the
+    Ray dashboard's URL (None when that Ray runs none, or was connected before)."""
     if not address:
         use_token_auth()  # before `import ray`
     import ray
 
     if ray.is_initialized():
-        yield
+        yield _dashboard.get("url")  # an outer ray_cluster's, or None when Ray was started by someone else
         return
     log = dict(log_to_driver=verbose, logging_level="INFO" if verbose else "WARNING")
     if address:
-        ray.init(address=address, **log)
+        context = ray.init(address=address, **log)
         try:
-            yield
+            yield _remember_dashboard(context.dashboard_url)
         finally:
             ray.shutdown()
+            _dashboard.clear()
         return
     reap_stale_clusters()
     temp_dir = tempfile.mkdtemp(prefix="rb-", dir=TEMP_ROOT)  # short: Ray's unix sockets need paths <= 107 bytes
@@ -138,12 +144,21 @@ def ray_cluster(address: str | None, verbose: bool = False):
         # hosts out. The dashboard listens on localhost only. It must run: Train V2's placement-group cleaner
         # asks it whether a Train controller is alive, and without it a controller killed at a trial's timeout
         # leaves its placement group (the trial's CPUs/GPUs) reserved for good.
-        ray.init(address="local", _temp_dir=temp_dir, resources={DRIVER_RESOURCE: DRIVER_SLOTS},
-                 include_dashboard=_dashboard_installed(), dashboard_host="127.0.0.1", **log)
-        yield
+        context = ray.init(address="local", _temp_dir=temp_dir, resources={DRIVER_RESOURCE: DRIVER_SLOTS},
+                           include_dashboard=_dashboard_installed(), dashboard_host="127.0.0.1", **log)
+        yield _remember_dashboard(context.dashboard_url)
     finally:
         ray.shutdown()
+        _dashboard.clear()
         remove_cluster_dir(Path(temp_dir))  # Ray's agents can outlive shutdown and keep writing logs there
+
+
+_dashboard: dict[str, str | None] = {}  # the dashboard of the Ray this process connected to last
+
+
+def _remember_dashboard(address: str | None) -> str | None:
+    _dashboard["url"] = f"http://{address}" if address and "://" not in address else address or None
+    return _dashboard["url"]
 
 
 def _dashboard_installed() -> bool:
@@ -152,8 +167,6 @@ def _dashboard_installed() -> bool:
     try:
         import ray.dashboard.optional_deps  # noqa: F401  (Ray's own test of a dashboard-capable install)
     except ImportError as err:
-        import warnings
-
         warnings.warn(f"Ray dashboard dependencies are missing ({err}); running without the dashboard. Install "
                       "ray[default] for it: the train executor needs it to free a timed-out trial's resources.",
                       stacklevel=2)
@@ -168,10 +181,6 @@ def use_token_auth() -> None:
     Ray fixes its auth mode when `ray` is first imported, so this must run before that import. If Ray was
     imported earlier without a mode, the mode it runs with (disabled) is made explicit and said out loud.
     """
-    import secrets
-    import sys
-    import warnings
-
     if "RAY_AUTH_MODE" in os.environ:
         return
     if "ray" in sys.modules:
@@ -203,14 +212,13 @@ def _trial_driver(config: dict) -> None:
     """Ray Tune function trainable: run one trial, store its row, report the headline metrics to Tune."""
     from ray import tune
 
-    from raybench import executors
-    from raybench.progress import peak_gib
+    from raybench import executors  # the pool executor imports Ray: load it in the driver only
 
     job = config["job"]
     rows = []
     # A grid trial is one payload; a searched point is one payload per repeat.
-    for payload in config.get("payloads") or [config["payload"]]:
-        rows.append(run_trial(payload, job["sweep"], job["store"], job["executor"], executors.get(job["executor"])))
+    for payload in _payloads(config):
+        rows.append(run_trial(TrialPayload.from_dict(payload), job["sweep"], job["store"], job["executor"], executors.get(job["executor"])))
         row = rows[-1]
         # A searcher learns the point's outcome from the rows it reported (JSON: Tune results stay flat).
         fields = ("trial_id", "status", "message", "trial_wall_s", *job.get("metrics", ()))
@@ -237,19 +245,17 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     job = {"sweep": sweep, "store": store_path, "executor": executor}
     total = len(trials) if search is None else search.budget
-    from raybench.progress import as_progress, dashboard_url, tune_callback
-
     reporter = as_progress(progress)  # a plain function gets one line per finished trial
 
     # ray.init installs its own SIGTERM handler (a stack dump, then death with no cleanup): ours goes on after it.
-    with ray_cluster(address, verbose), terminate_on_sigterm(), \
+    with ray_cluster(address, verbose) as dashboard, terminate_on_sigterm(), \
             tempfile.TemporaryDirectory(prefix="raybench-tune-") as tune_dir:
         if executor != "pool":
             from raybench.executors import pool
 
             pool.release_idle()
         cluster = ray.cluster_resources()
-        reporter.start(total, dashboard_url())
+        reporter.start(total, dashboard)
         in_flight = min(max_concurrent(trials, cluster), max_in_flight or math.inf)
 
         def fit(name: str, space: dict, **sampling) -> None:
@@ -268,18 +274,17 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
             # them at each step, so one Tuner over thousands of trials grows the driver and slows every trial.
             chunk = max(GRID_CHUNK_TRIALS, 8 * in_flight)  # large enough that draining between chunks is rare
             for start in range(0, len(trials), chunk):
-                fit(f"{sweep}-{start}", {"payload": tune.grid_search([t.as_payload() for t in
+                fit(f"{sweep}-{start}", {"payload": tune.grid_search([t.as_payload().to_dict() for t in
                                                                       trials[start:start + chunk]])})
         else:  # the searcher hands each trial its payloads and says when it is done
             job["metrics"] = search.metrics
-            fit(sweep, {}, search_alg=search, num_samples=-1)
+            fit(sweep, {}, search_alg=tune_searcher(search), num_samples=-1)
 
     # A driver killed from outside (node loss, OOM killer) wrote nothing: give its trial an error row.
     stored = set(store.read_table(store_path, sweep, latest=False).column("trial_id").to_pylist())
     for t in trials if search is None else search.dispatched:
         if t.trial_id not in stored:
-            payload = t.as_payload()
-            store.write_row(store_path, build_row(payload, sweep, "error", "trial driver died before storing a row",
+            store.write_row(store_path, build_row(t.as_payload(), sweep, "error", "trial driver died before storing a row",
                                                   executor=executor))
 
 
@@ -287,3 +292,117 @@ def write_unrun(trials: list[PlannedTrial], sweep: str, store_path: str) -> None
     """Rows for planned points that are not run (invalid combinations kept with --keep-invalid)."""
     for t in trials:
         store.write_row(store_path, build_row(t.as_payload(), sweep, t.status, "; ".join(t.reasons)))
+
+
+def tune_searcher(search: PlannedSearch):
+    """Ray Tune's view of a PlannedSearch (which speaks Tune's searcher protocol but does not import Ray)."""
+    from ray.tune.search import Searcher
+
+    class TuneSearcher(Searcher):
+        def __init__(self, inner: PlannedSearch):
+            super().__init__()
+            self.inner = inner
+
+        def suggest(self, trial_id: str):
+            return self.inner.suggest(trial_id)
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            self.inner.on_trial_complete(trial_id, result, error)
+
+        def save(self, checkpoint_path: str) -> None:
+            """Nothing to save: the result store is a search's checkpoint (a re-run replays from it)."""
+
+        def restore(self, checkpoint_path: str) -> None:
+            """See save()."""
+
+    return TuneSearcher(search)
+
+
+@dataclass
+class SearchResult:
+    ran: list[PlannedTrial]  # trials this run started
+    searcher: PlannedSearch = field(repr=False)
+
+
+def run_search(spec: SweepSpec, *, store_path: str, address: str | None = None, rerun: bool = False,
+               progress: Callable[[str], None] = print, verbose: bool = False, source: str = "<sweep>") -> SearchResult:
+    """Search the sweep's grid with spec.search; rows land in the store like a grid sweep's."""
+    trials = plan(spec, keep_invalid=True, source=source, store_path=store_path)  # invalid points included
+    objectives = spec.search.objectives()
+    stored = {} if rerun else stored_rows(store_path, spec.name, [m for m, _ in objectives])
+    space = SearchSpace(spec, trials)
+    searcher = PlannedSearch(
+        space, objectives, make_sampler(spec.search.algo, spec.search.seed, len(space.points)),
+        num_samples=spec.search.num_samples, early_stop=spec.search.early_stop, stored=stored,
+        record_unrun=lambda unrun: write_unrun(unrun, spec.name, store_path), log=progress)
+    runnable = [t for t in trials if t.status == "planned"]
+    if all(stored.get(t.trial_id, {}).get("status") in ANSWERED for t in runnable):
+        # Everything the searcher could ask for is stored: replay it here, without starting Ray.
+        if searcher.suggest("stored") != FINISHED:
+            raise AssertionError("a search whose every runnable trial is stored proposed a trial to run")
+    else:
+        run_planned(runnable, spec.name, store_path, spec.executor, address=address, progress=progress,
+                    verbose=verbose, search=searcher, max_in_flight=spec.search.max_concurrent)
+    progress(searcher.summary())
+    return SearchResult(searcher.dispatched, searcher)
+
+
+def _payloads(config: dict) -> list[dict]:
+    return config.get("payloads") or [config["payload"]]
+
+
+def tune_callback(progress: SweepProgress):
+    """The Ray Tune callback that feeds `progress`. A Tune trial runs one payload (a grid point), or one payload
+    per repeat of a searched point, one after the other, reporting a result after each."""
+    from ray import tune
+
+    class Progress(tune.Callback):
+        def __init__(self, progress: SweepProgress):
+            self.progress = progress
+            self.results: dict[str, int] = {}  # results seen per Tune trial: the k-th is its k-th payload's
+
+        def __getstate__(self) -> dict:
+            # Tune pickles its callbacks into the experiment state; the view (a lock, a thread, the terminal)
+            # belongs to this process only.
+            return {"progress": None, "results": {}}
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            first = _payloads(trial.config)[0]
+            self.progress.trial_started(first["trial_id"], first["axis_values"])
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            # (result["trial_id"] is Tune's own trial id, not raybench's)
+            k = self.results[trial.trial_id] = self.results.get(trial.trial_id, -1) + 1
+            payloads = _payloads(trial.config)
+            self.progress.trial_finished(payloads[k]["trial_id"], result)
+            if k + 1 < len(payloads):
+                self.progress.trial_started(payloads[k + 1]["trial_id"], payloads[k + 1]["axis_values"])
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            for p in _payloads(trial.config):
+                state = self.progress.states.get(p["trial_id"])
+                if state is not None and state.status == "running":
+                    self.progress.trial_failed(p["trial_id"], "trial driver died before reporting")
+
+    return Progress(progress)
+
+
+# ----- run inside the job by the template -----
+
+def wait_for_nodes(count: int, timeout: float) -> None:
+    """Block until `count` Ray nodes are alive on the cluster at RAY_ADDRESS (the job's own cluster)."""
+    import ray
+
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
+    try:
+        deadline = time.monotonic() + timeout
+        while sum(n["Alive"] for n in ray.nodes()) < count:
+            if time.monotonic() > deadline:
+                sys.exit(f"raybench: only {sum(n['Alive'] for n in ray.nodes())} of {count} Ray nodes joined")
+            time.sleep(1)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["wait-nodes"]:
+    wait_for_nodes(int(sys.argv[2]), float(sys.argv[3]))

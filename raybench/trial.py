@@ -14,10 +14,12 @@ from pathlib import Path
 
 from raybench import estimate, fingerprint, store
 from raybench.metrics import projection as metrics_projection
+from raybench.payload import TrialPayload
+from raybench.redact import ANSI_ESCAPE, without_secrets
 from raybench.store import SCHEMA, flatten_config, json_column
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s")
+EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s")
 # CUDA OOM, and a host allocation refused under resources.memory_limit_gib (torch's CPU allocator, Python).
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "OOM", "can't allocate memory",
                 "Cannot allocate memory", "MemoryError")
@@ -32,7 +34,7 @@ def one_line_message(text: str, limit: int = 500) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return ""
-    exc_lines = [line for line in lines if _EXC_LINE.match(line)]
+    exc_lines = [line for line in lines if EXCEPTION_LINE.match(line)]
     return (exc_lines[-1] if exc_lines else lines[0])[:limit]
 
 
@@ -53,7 +55,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
 def error_text(exc: BaseException) -> str:
     """A failure's whole text without secret values (removed before any cut, which could leave part of one)
     or terminal colours (Ray colours its frame headers)."""
-    return fingerprint.without_secrets(fingerprint.ANSI_ESCAPE.sub("", f"{type(exc).__name__}: {exc}"))
+    return without_secrets(ANSI_ESCAPE.sub("", f"{type(exc).__name__}: {exc}"))
 
 
 def error_detail(exc: BaseException) -> str:
@@ -61,16 +63,18 @@ def error_detail(exc: BaseException) -> str:
     return error_text(exc)[-ERROR_DETAIL_CHARS:]
 
 
-def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dict | None = None,
+def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metrics: dict | None = None,
               started_at: datetime | None = None, ended_at: datetime | None = None,
               wall_s: float | None = None, executor: str | None = None, detail: str | None = None) -> dict:
+    """A trial's result row: identity, config columns, what the worker measured (`metrics`: TrialMetrics fields
+    and provenance columns; a key outside the schema is an error) and what the plan derives from it."""
     metrics = dict(metrics or {})
-    config = payload["config"]
+    config = payload.config.model_dump(mode="json")
     row = {
         "sweep": sweep,
-        "trial_id": payload["trial_id"],
-        "config_id": payload["config_id"],
-        "repeat": payload["repeat"],
+        "trial_id": payload.trial_id,
+        "config_id": payload.config_id,
+        "repeat": payload.repeat,
         "status": status,
         "message": message,
         "error_detail": detail,
@@ -80,30 +84,33 @@ def build_row(payload: dict, sweep: str, status: str, message: str, metrics: dic
         "trial_wall_s": wall_s,
         **flatten_config(config),
         "world_size": config["resources"]["workers"],
-        "num_layers": payload["num_layers"],
-        "ac_blocks": payload["ac_blocks"],
-        "axis_values_json": json_column(payload["axis_values"]),
+        "num_layers": payload.num_layers,
+        "ac_blocks": list(payload.ac_blocks),
+        "axis_values_json": json_column(payload.axis_values),
         "config_json": json_column(config),
         "env_json": json_column(metrics.pop("env", None)),
         # Failed trials carry no worker fingerprint; the driver runs on the same system, so its label holds.
         "system": metrics.pop("system", None) or fingerprint.system_label(),
     }
-    row.update({k: v for k, v in metrics.items() if k in SCHEMA.names and k not in row})
-    plan = payload.get("projection")
-    if plan and row.get("step_time_p50_s") and row.get("tokens_per_step"):
+    unknown = sorted(set(metrics) - set(SCHEMA.names))
+    if unknown:  # a misspelled metric must fail loudly, not become a null column
+        raise ValueError(f"trial {payload.trial_id}: result keys outside the row schema: {unknown}")
+    row.update({k: v for k, v in metrics.items() if k not in row})
+    plan = payload.projection
+    if row.get("step_time_p50_s") and row.get("tokens_per_step"):
         row.update(metrics_projection(row["step_time_p50_s"], row["tokens_per_step"], row["world_size"],
-                                      plan["dataset_tokens"], plan["epochs"], plan["total_steps"]))
-    row.update(estimate.row_fields(payload.get("estimate"), row))  # and, for ok rows, the estimate's error
+                                      plan.dataset_tokens, plan.epochs, plan.total_steps))
+    row.update(estimate.row_fields(payload.estimate, row))  # and, for ok rows, the estimate's error
     return row
 
 
-def run_trial(payload: dict, sweep: str, store_path: str, executor: str,
-              execute: Callable[[dict], dict]) -> dict:
+def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
+              execute: Callable[[TrialPayload], dict]) -> dict:
     """Execute one planned trial and store its row; never raises for a failure of the trial itself."""
     started_at = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     # Per-cluster measurements (the all-reduce probe) are cached next to the results they explain.
-    payload = {**payload, "cache_dir": str(Path(store_path) / "_cache")}
+    payload = payload.replace(cache_dir=str(Path(store_path) / "_cache"))
     detail = None
     try:
         metrics, status, message = execute(payload), "ok", ""

@@ -12,8 +12,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -23,18 +23,28 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from raybench import bench, data, fingerprint, limits, metrics, probe, strategies  # noqa: E402
+from raybench import bench, data, fingerprint, limits, metrics, probe, rank_metrics, strategies  # noqa: E402
 from raybench.config import TrainSpec, TrialConfig  # noqa: E402
-from raybench.model import build_model, count_params, decoder_blocks  # noqa: E402
+from raybench.hardware import peak_tflops  # noqa: E402
+from raybench.model import build_model, count_params  # noqa: E402
+from raybench.payload import TrialPayload  # noqa: E402
 from raybench.plan import model_shape  # noqa: E402
+from raybench.rank_metrics import RankMeasurement, TrialFacts  # noqa: E402
 from raybench.sampler import Sampler  # noqa: E402
+from raybench.schema import GIB  # noqa: E402
 from raybench.strategies import RankContext  # noqa: E402
 from raybench.techniques import activation_checkpointing, compile, liger, lora, qlora  # noqa: E402
 
-GIB = 2**30
 # Steps with and steps without gradient reduction run after the timed window to measure exposed communication.
 COMM_PAIRS = 3
-SAMPLED = ("cpu_util_pct", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz")
+# The one order of model transformations that composes: Liger → 4-bit base (QLoRA) → LoRA → AC → compile.
+# Liger and quantization first: they swap the model's own modules and forwards, which LoRA then wraps (PEFT
+# puts adapters around whatever Linear/Linear4bit it finds). LoRA before checkpointing: adapters must exist
+# before the blocks are wrapped, so that they are inside each block's checkpoint and compiled graph.
+# Checkpointing before compile: the compiled graph then contains the checkpoint boundary and can plan the
+# recomputation itself. Sharding/wrapping (the strategy) comes last, in the caller, because it must see the
+# final modules and parameters: anything swapped in later would escape sharding and gradient reduction.
+TECHNIQUES = (liger, qlora, lora, activation_checkpointing, compile)
 
 
 def init_distributed(config: TrialConfig, timeout_s: float = 1800) -> RankContext:
@@ -53,26 +63,11 @@ def init_distributed(config: TrialConfig, timeout_s: float = 1800) -> RankContex
     return RankContext(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
-def prepare_model(model: nn.Module, train: TrainSpec, ac_blocks: list[int]) -> nn.Module:
-    """Apply the techniques in the one order that composes: Liger → 4-bit base (QLoRA) → LoRA → AC → compile.
-
-    Liger and quantization first: they swap the model's own modules and forwards, which LoRA then wraps (PEFT
-    puts adapters around whatever Linear/Linear4bit it finds). LoRA before checkpointing: adapters must exist
-    before the blocks are wrapped, so that they are inside each block's checkpoint and compiled graph.
-    Checkpointing before compile: the compiled graph then contains the checkpoint boundary and can plan the
-    recomputation itself. Sharding/wrapping (the strategy) comes last, in the caller, because it must see the
-    final modules and parameters: anything swapped in later would escape sharding and gradient reduction.
-    """
-    if train.liger:
-        model = liger.apply(model)
-    if train.finetune == "qlora":
-        model = qlora.quantize(model)
-    if train.finetune in ("lora", "qlora"):
-        model = lora.apply(model, train.lora)
-    blocks = decoder_blocks(model)
-    activation_checkpointing.apply(blocks, ac_blocks, train.ac_mode)
-    if train.compile:
-        compile.apply(blocks)
+def prepare_model(model: nn.Module, train: TrainSpec) -> nn.Module:
+    """Apply every technique the trial asks for, in TECHNIQUES order (each: wanted(train), apply(model, train))."""
+    for technique in TECHNIQUES:
+        if technique.wanted(train):
+            model = technique.apply(model, train)
     return model
 
 
@@ -94,13 +89,7 @@ def _peak_host_memory_gib() -> float | None:
     return None
 
 
-def _reduce(values: list[float], op, device: torch.device) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=op)
-    return tensor.tolist()
-
-
-def run(payload: dict) -> dict | None:
+def run(payload: TrialPayload) -> dict | None:
     """Benchmark one trial on this rank. Rank 0 returns the metrics; the other ranks return None.
 
     Running out of memory re-raises with the memory in use at that moment, so the oom row says how much.
@@ -124,22 +113,22 @@ def _memory_in_use() -> str:
             f"{torch.cuda.memory_reserved(device) / GIB:.2f} GiB reserved on GPU {device}, {host}")
 
 
-def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext) -> dict:
+def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext) -> float | None:
     """Exposed gradient communication of DDP across ranks: backward with reduction minus backward without.
 
     Only DDP can skip its reduction without changing the work or the memory of the step (FSDP2 would keep
     unsharded gradients, TP's collectives sit in the forward): other strategies record null.
     """
     if train.strategy != "ddp" or ctx.world_size == 1:
-        return {"comm_exposed_p50_s": None}
+        return None
     synced, local = bench.backward_with_and_without_sync(trainable, batches, train, ctx.device, COMM_PAIRS)
-    synced, local = ([v / ctx.world_size for v in _reduce(t, dist.ReduceOp.SUM, ctx.device)] for t in (synced, local))
-    return {"comm_exposed_p50_s": max(0.0, metrics.percentile(synced, 50) - metrics.percentile(local, 50))}
+    synced, local = (rank_metrics.mean_over_ranks(t, ctx.device) for t in (synced, local))
+    return max(0.0, metrics.percentile(synced, 50) - metrics.percentile(local, 50))
 
 
-def _benchmark(payload: dict) -> dict | None:
+def _benchmark(payload: TrialPayload) -> dict | None:
     t_start = time.perf_counter()
-    config = TrialConfig.model_validate(payload["config"])
+    config: TrialConfig = payload.config
     train = config.train
     limits.apply_memory_limit(config.resources.memory_limit_gib)
     # A collective stuck past the trial's budget fails on its own too, not only by the launcher's kill.
@@ -150,122 +139,69 @@ def _benchmark(payload: dict) -> dict | None:
     # Measured before the model exists, so its buffers neither compete for memory nor count in the peaks.
     # Only trials run for a store (which holds the per-cluster cache) probe; bare worker runs skip it.
     busbw = {}
-    if ctx.world_size > 1 and payload.get("cache_dir"):
-        busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload["cache_dir"])
+    if ctx.world_size > 1 and payload.cache_dir:
+        busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload.cache_dir)
     _reset_peak_host_memory()
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
 
     t0 = time.perf_counter()
-    caches = payload.get("caches") or {}
-    # Only warm pool actors live past one trial: they alone keep weights in memory for the next one.
     model, weights_info = build_model(config.model, ctx.device, train.seed,
-                                      local_copy=caches.get("weights_local_copy", "auto"),
-                                      cache_gib=payload.get("weights_cache_gib", 0.0))
+                                      local_copy=payload.caches.weights_local_copy,
+                                      cache_gib=payload.weights_cache_gib)
     model_build_s = time.perf_counter() - t0
-    model = prepare_model(model, train, payload["ac_blocks"])
+    model = prepare_model(model, train)
     params_total, params_trainable = count_params(model)
     t0 = time.perf_counter()
     trainable = strategies.setup(train.strategy, model, train, ctx)
     wrap_s = time.perf_counter() - t0
     # Ranks of one tensor-parallel group share a batch: data is drawn per data-parallel rank.
     dp_rank, dp_size = strategies.data_parallel_rank(train, ctx)
-    batches = data.batches(config, shape, dp_rank, dp_size, payload.get("cache_dir"))
+    batches = data.batches(config, shape, dp_rank, dp_size, payload.cache_dir)
 
     t_loop = time.perf_counter()
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
     record = bench.timed_loop(trainable, batches, train, ctx.device, sampler)
     sampler.close()
-    comm = _exposed_comm(trainable, batches, train, ctx)
-    sampled = sampler.means(since=record.step_starts[train.warmup_steps])
-    # Utilization means over the timed window, averaged over ranks; NaN (not sampled) becomes null.
-    sampled = dict(zip(SAMPLED, _reduce([sampled.get(k, math.nan) for k in SAMPLED], dist.ReduceOp.SUM, ctx.device)))
-    sampled = {k: None if math.isnan(v) else v / ctx.world_size for k, v in sampled.items()}
-
-    # A step lasts as long as its slowest rank; losses are averaged over ranks.
-    step_times = _reduce(record.step_times_s, dist.ReduceOp.MAX, ctx.device)
-    losses = [v / ctx.world_size for v in _reduce(record.losses, dist.ReduceOp.SUM, ctx.device)]
-    # Summed over all ranks, so each TP group's shared batch counts tp_size times: divide it back out.
-    nonpad = [n / train.tp_size for n in _reduce([float(n) for n in record.nonpad_tokens], dist.ReduceOp.SUM,
-                                                 ctx.device)]
-    # Phases are averaged over ranks (each rank's phases add up to its own step time), so they reconcile with
-    # the rank-averaged step time, not with the slowest rank's.
-    phases = {p: [v / ctx.world_size for v in _reduce(t, dist.ReduceOp.SUM, ctx.device)]
-              for p, t in record.phase_times_s.items()}
-    mean_rank_steps = [v / ctx.world_size for v in _reduce(record.step_times_s, dist.ReduceOp.SUM, ctx.device)]
-    # Peaks per rank (host RSS; GPU allocated and reserved), gathered so that an unbalanced rank shows.
-    peaks = [_peak_host_memory_gib() or 0.0]
-    if ctx.device.type == "cuda":
-        peaks += [torch.cuda.max_memory_allocated(ctx.device) / GIB, torch.cuda.max_memory_reserved(ctx.device) / GIB]
-    peaks_by_rank = [None] * ctx.world_size
-    dist.all_gather_object(peaks_by_rank, peaks)
-    by_kind = list(zip(*peaks_by_rank))  # [(rss per rank), (allocated per rank), (reserved per rank)]
-    peaks = [max(values) for values in by_kind]
+    comm_exposed_p50_s = _exposed_comm(trainable, batches, train, ctx)
+    on_gpu = ctx.device.type == "cuda"
+    measured = RankMeasurement(
+        loop=record, sampled=sampler.means(since=record.step_starts[train.warmup_steps]),
+        peak_rss_gib=_peak_host_memory_gib() or 0.0,
+        peak_alloc_gib=torch.cuda.max_memory_allocated(ctx.device) / GIB if on_gpu else None,
+        peak_reserved_gib=torch.cuda.max_memory_reserved(ctx.device) / GIB if on_gpu else None)
+    reduced = rank_metrics.reduce_ranks(measured, train.tp_size, ctx.device)
     if ctx.rank != 0:
         return None
 
-    warm = train.warmup_steps
-    timed = step_times[warm:]
-    timed_s = sum(timed)
-    tokens_per_step = train.micro_batch * train.seq_len * train.grad_accum * dp_size
-    tok_per_s = tokens_per_step * len(timed) / timed_s
     hardware = fingerprint.hardware(ctx.device)
     flops_tok = metrics.flops_per_token(
         metrics.matmul_params(params_total, shape.vocab_size, shape.hidden_size, shape.tie_word_embeddings),
         params_trainable, train.finetune == "full", shape.num_hidden_layers, train.seq_len, shape.hidden_size,
     )
-    per_device = tok_per_s / ctx.world_size
-    peak = metrics.peak_tflops(hardware["gpu_name"], train.precision)
-    return {
-        **metrics.step_time_stats(timed),
-        **metrics.phase_stats({p: t[warm:] for p, t in phases.items()}, mean_rank_steps[warm:]),
-        **comm,
-        "comm_exposed_frac": comm["comm_exposed_p50_s"] / metrics.percentile(timed, 50)
-        if comm["comm_exposed_p50_s"] is not None else None,
-        "steps_timed": len(timed),
-        "tokens_per_step": tokens_per_step,
-        "tok_per_s": tok_per_s,
-        "tok_per_s_per_device": per_device,
-        "nonpad_tok_per_s": sum(nonpad[warm:]) / timed_s,
-        "nonpad_tok_per_s_per_device": sum(nonpad[warm:]) / timed_s / ctx.world_size,
-        "tflops_per_device": per_device * flops_tok / 1e12,
-        "mfu": metrics.mfu(per_device, flops_tok, peak),
-        "flops_per_token": flops_tok,
-        "loss_first": losses[0],
-        "loss_final": losses[-1],
-        "peak_rss_gib": peaks[0],
-        "peak_alloc_gib": peaks[1] if len(peaks) > 1 else None,
-        "peak_reserved_gib": peaks[2] if len(peaks) > 2 else None,
-        "peak_rss_gib_by_rank": list(by_kind[0]),
-        "peak_alloc_gib_by_rank": list(by_kind[1]) if len(by_kind) > 1 else None,
-        "peak_reserved_gib_by_rank": list(by_kind[2]) if len(by_kind) > 2 else None,
-        "params_total": params_total,
-        "params_trainable": params_trainable,
-        "model_build_s": model_build_s,
-        **weights_info,
-        "wrap_s": wrap_s,
-        "warmup_s": sum(step_times[:warm]),
-        "time_to_first_step_s": t_loop - t_start + record.step_times_s[0],
-        "first_step_s": step_times[0],
-        # Compilation happens inside the first step; its excess over a typical step is the compile cost.
-        "compile_s": step_times[0] - metrics.percentile(timed, 50) if train.compile else None,
-        "worker_wall_s": time.perf_counter() - t_start,
+    facts = TrialFacts(
+        train=train, world_size=ctx.world_size, dp_size=dp_size, params_total=params_total,
+        params_trainable=params_trainable, flops_per_token=flops_tok,
+        peak_tflops=peak_tflops(hardware["gpu_name"], train.precision), comm_exposed_p50_s=comm_exposed_p50_s,
+        model_build_s=model_build_s, wrap_s=wrap_s, time_to_first_step_s=t_loop - t_start + record.step_times_s[0],
+        worker_wall_s=time.perf_counter() - t_start, **weights_info)
+    provenance = {
         "world_size": ctx.world_size,
         "hostnames": sorted(set(hostnames)),
         "allreduce_busbw_gbps": max(busbw.values()) if busbw else None,
         "allreduce_busbw_json": json.dumps(busbw) if busbw else None,
         "env": fingerprint.captured_env(),
         "data_fs_type": fingerprint.filesystem_of(config.data.path or config.model.path or os.getcwd()),
-        **sampled,
         **hardware,
         **fingerprint.software(),
     }
+    return {**dataclasses.asdict(rank_metrics.trial_metrics(reduced, facts)), **provenance}
 
 
 def main(argv: list[str]) -> int:
     """torchrun entry point: read the payload JSON, run, and have rank 0 write the result JSON."""
     payload_path, result_path = argv
-    result = run(json.loads(Path(payload_path).read_text()))
+    result = run(TrialPayload.from_dict(json.loads(Path(payload_path).read_text())))
     if result is not None:
         tmp = Path(result_path + ".tmp")
         tmp.write_text(json.dumps(result))

@@ -31,7 +31,7 @@ from datetime import timedelta
 import ray
 
 from raybench import fingerprint
-from raybench.config import worker_env
+from raybench.payload import TrialPayload
 
 NAMESPACE = "raybench"
 MANAGER_NAME = "raybench-pool-manager"
@@ -94,22 +94,23 @@ class PoolWorker:
 
         return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
-    def run(self, payload: dict, trial_key: str, rank: int, world_size: int) -> dict | None:
+    def run(self, payload: TrialPayload, trial_key: str, rank: int, world_size: int) -> dict | None:
         import torch
         import torch.distributed as dist
 
         from raybench import worker
 
-        config = payload["config"]
-        env = worker_env(payload)
+        resources = payload.config.resources
+        env = payload.worker_env()
         saved_env = {k: os.environ.get(k) for k in env}
         saved_rlimit = resource.getrlimit(resource.RLIMIT_DATA)
         os.environ.update(env)
-        backend = "nccl" if config["resources"]["gpus_per_worker"] > 0 else "gloo"
+        backend = "nccl" if resources.gpus_per_worker > 0 else "gloo"
         dist.init_process_group(backend, store=dist.PrefixStore(trial_key, self.store), rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=config["resources"]["timeout_s"]))
+                                world_size=world_size, timeout=timedelta(seconds=resources.timeout_s))
         try:
-            return worker.run({**payload, "weights_cache_gib": (payload.get("pool") or {}).get("weights_cache_gib", 0)})
+            # Only warm actors live past one trial: they alone keep weights in memory for the next one.
+            return worker.run(payload.replace(weights_cache_gib=payload.pool.weights_cache_gib))
         finally:
             # Leave nothing behind for the next trial: the group, the env, the memory cap, freed memory.
             _destroy_world_group()
@@ -236,31 +237,29 @@ def release_idle() -> int:
     return ray.get(pool.drain_idle.remote())
 
 
-def execute(payload: dict) -> dict:
-    config = payload["config"]
-    res = config["resources"]
-    shape = (res["workers"], res["cpus_per_worker"], res["gpus_per_worker"], _code_version())
+def execute(payload: TrialPayload) -> dict:
+    res = payload.config.resources
+    shape = (res.workers, res.cpus_per_worker, res.gpus_per_worker, _code_version())
     pool = manager()
     group_id, actors = ray.get(pool.acquire.remote(shape))
     healthy = False
     try:
-        results, trial_error = _run_group(actors, payload, res["timeout_s"])
+        results, trial_error = _run_group(actors, payload, res.timeout_s)
         healthy = max(ray.get([a.device_leftover_gib.remote() for a in actors])) <= LEFTOVER_LIMIT_GIB
     finally:
-        recycle = (payload.get("pool") or {}).get("recycle_after_trials", 200)
-        ray.get(pool.release.remote(group_id, healthy, recycle))
+        ray.get(pool.release.remote(group_id, healthy, payload.pool.recycle_after_trials))
     if trial_error is not None:
         raise trial_error
     return results[0]
 
 
-def _run_group(actors: list, payload: dict, timeout_s: float) -> tuple[list, BaseException | None]:
+def _run_group(actors: list, payload: TrialPayload, timeout_s: float) -> tuple[list, BaseException | None]:
     """Run the trial on every actor: (per-rank results, the trial's error if a rank raised).
 
     Raises instead when the group cannot be reused: an actor died, or ranks were still running at the
     deadline (a hang, or peers that never noticed a failed rank).
     """
-    key = f"trial-{payload['trial_id']}-{uuid.uuid4().hex}"
+    key = f"trial-{payload.trial_id}-{uuid.uuid4().hex}"
     refs = [a.run.remote(payload, key, rank, len(actors)) for rank, a in enumerate(actors)]
     deadline = time.monotonic() + timeout_s
     pending, first_error = list(refs), None

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 
-from raybench.config import worker_env
-from raybench.trial import _EXC_LINE, one_line_message
+from raybench.payload import TrialPayload
+from raybench.trial import EXCEPTION_LINE, one_line_message
 
 # After SIGTERM, torchrun and its ranks get this long to exit before they are SIGKILLed.
 GRACE_S = 5
@@ -63,31 +63,31 @@ def _failure_text(returncode: int, log: str) -> str:
     only says that a child failed, would otherwise bury them), then the log's tail."""
     lines = log.splitlines()
     bare = [_RANK_PREFIX.sub("", line).strip() for line in lines]
-    rank_errors = [line for line in bare if _EXC_LINE.match(line) and "ChildFailedError" not in line]
+    rank_errors = [line for line in bare if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
     tail = "\n".join(lines[-40:])
     cause = rank_errors[-1] if rank_errors else one_line_message("\n".join(bare[-40:]))
     return f"torchrun exited {returncode}: {cause}\n" + "\n".join(rank_errors[-5:]) + f"\n{tail}"
 
 
-def execute(payload: dict) -> dict:
-    resources = payload["config"]["resources"]
+def execute(payload: TrialPayload) -> dict:
+    resources = payload.config.resources
     with tempfile.TemporaryDirectory(prefix="raybench-trial-") as tmp:
         payload_path, result_path = Path(tmp, "payload.json"), Path(tmp, "result.json")
         log_path = Path(tmp, "stderr.log")
-        payload_path.write_text(json.dumps(payload))
+        payload_path.write_text(json.dumps(payload.to_dict()))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={resources['workers']}", "-m", "raybench.worker", str(payload_path),
+               f"--nproc-per-node={resources.workers}", "-m", "raybench.worker", str(payload_path),
                str(result_path)]
         # stderr goes to a file, not a pipe: a chatty rank can never block on a full pipe.
         with open(log_path, "w") as log:
-            env = {**os.environ, **worker_env(payload)}  # train.env: this trial only
+            env = {**os.environ, **payload.worker_env()}  # train.env: this trial only
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=env,
                                     preexec_fn=_die_with_parent)
             try:
-                returncode = proc.wait(timeout=resources["timeout_s"])
+                returncode = proc.wait(timeout=resources.timeout_s)
             except subprocess.TimeoutExpired:
                 kill_tree(proc)
-                raise TimeoutError(f"trial exceeded resources.timeout_s={resources['timeout_s']:g} s; "
+                raise TimeoutError(f"trial exceeded resources.timeout_s={resources.timeout_s:g} s; "
                                    "its processes were killed") from None
             except BaseException:  # the caller is being interrupted (SIGTERM, Ctrl-C): take the ranks along
                 kill_tree(proc)

@@ -14,42 +14,42 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from raybench.config import worker_env
+from raybench.payload import TrialPayload
 
 # Seconds to wait for the cancelled fit task to be reported dead before giving up on it.
 CANCEL_WAIT_S = 30
 
 
 def _train_loop(payload: dict) -> dict | None:
-    from raybench import worker
+    from raybench import worker  # torch: loaded in the training workers only
 
-    return worker.run(payload)
+    return worker.run(TrialPayload.from_dict(payload))
 
 
-def _fit(payload: dict) -> dict:
+def _fit(payload: TrialPayload) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    resources = payload["config"]["resources"]
-    use_gpu = resources["gpus_per_worker"] > 0
+    resources = payload.config.resources
+    use_gpu = resources.gpus_per_worker > 0
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config=payload,
+        train_loop_config=payload.to_dict(),  # Train hands its workers a plain config dict
         scaling_config=ScalingConfig(
-            num_workers=resources["workers"],
+            num_workers=resources.workers,
             use_gpu=use_gpu,
-            resources_per_worker={"CPU": resources["cpus_per_worker"], **({"GPU": 1} if use_gpu else {})},
+            resources_per_worker={"CPU": resources.cpus_per_worker, **({"GPU": 1} if use_gpu else {})},
         ),
         # Collectives stuck past the trial's budget fail inside the workers as well.
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(resources["timeout_s"])),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(resources.timeout_s)),
         run_config=RunConfig(
-            name=f"{payload['trial_id']}-{uuid.uuid4().hex[:8]}",
+            name=f"{payload.trial_id}-{uuid.uuid4().hex[:8]}",
             storage_path=str(Path(tempfile.gettempdir()) / "raybench-train"),
             # No retries: a worker that dies, in training or while starting (which Train V2 would otherwise
             # retry forever), fails the trial; the row says why.
             failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
             # train.env reaches this trial's worker processes only, before their process group exists.
-            worker_runtime_env={"env_vars": worker_env(payload)},
+            worker_runtime_env={"env_vars": payload.worker_env()},
         ),
     )
     result = trainer.fit()
@@ -60,10 +60,10 @@ def _fit(payload: dict) -> dict:
     return result.return_value
 
 
-def execute(payload: dict) -> dict:
+def execute(payload: TrialPayload) -> dict:
     import ray
 
-    timeout_s = payload["config"]["resources"]["timeout_s"]
+    timeout_s = payload.config.resources.timeout_s
     # Pinned to this node (the controller attaches to its creator's node) and never retried: a failed
     # trial is a row, not a second attempt.
     # RAY_ADDRESS names this cluster to the controller and its helpers (inherited runtime env): Train V2's

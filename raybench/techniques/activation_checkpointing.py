@@ -1,34 +1,36 @@
-"""Layer-level selective activation checkpointing (sAC): checkpoint a ratio p of the decoder blocks.
-
-Placement (as in IDRIS's study and IBM fms-fsdp): walking blocks i = 1..L, block i is checkpointed when i*p
-crosses the next cut-off 0.5, 1.5, 2.5, ...; so checkpointed blocks are spread evenly rather than bunched at
-one end, and p=1/2 gives [ac, no, ac, no, ...]. Exact fractions avoid float ties at the cut-offs.
+"""Layer-level selective activation checkpointing (sAC): wrap the decoder blocks the plan chose (plan.py's
+`checkpointed_blocks` places them) with non-reentrant checkpointing, whole-block or op-level.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from fractions import Fraction
-from math import floor
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from raybench.config import TrainSpec
+from raybench.model import decoder_blocks
+from raybench.plan import checkpointed_blocks
 
 
-def checkpointed_blocks(ratio: Fraction, num_layers: int) -> list[int]:
-    """0-based indices of the decoder blocks to checkpoint for ratio p in [0, 1]."""
-    half = Fraction(1, 2)
-    cuts_reached = [floor(i * ratio + half) for i in range(num_layers + 1)]
-    return [i - 1 for i in range(1, num_layers + 1) if cuts_reached[i] > cuts_reached[i - 1]]
+def wanted(train: TrainSpec) -> bool:
+    return Fraction(train.ac_ratio) > 0
 
 
-def apply(blocks, indices: list[int], mode: str = "block") -> None:
-    """Wrap the chosen blocks (a torch ModuleList, modified in place) with non-reentrant checkpointing.
-
-    mode "block" recomputes a whole block in backward; "op" recomputes only what `op_policy` does not save.
-    """
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    extra = {"context_fn": op_policy_contexts} if mode == "op" else {}
-    for i in indices:
+def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
+    """Wrap the blocks the plan chose (the model's ModuleList, modified in place) with non-reentrant
+    checkpointing. ac_mode "block" recomputes a whole block in backward; "op" recomputes only what
+    `op_policy_contexts` does not save."""
+    blocks = decoder_blocks(model)
+    extra = {"context_fn": op_policy_contexts} if train.ac_mode == "op" else {}
+    for i in checkpointed_blocks(Fraction(train.ac_ratio), len(blocks)):
         # Non-reentrant checkpointing composes with FSDP2, DDP and torch.compile; the reentrant variant does not.
         blocks[i] = checkpoint_wrapper(blocks[i], **extra)
+    return model
 
 
 def _saved_ops() -> set:
@@ -37,8 +39,6 @@ def _saved_ops() -> set:
     These are the expensive ops to recompute; everything else (norms, activations, elementwise) is cheap
     compute on large tensors and is recomputed instead.
     """
-    import torch
-
     aten = torch.ops.aten
     ops = {aten.mm.default, aten.max.default, aten._scaled_dot_product_efficient_attention.default,
            aten._scaled_dot_product_flash_attention.default,
@@ -56,11 +56,6 @@ def op_policy_contexts():
     shrink by about half of the matmul outputs while the most expensive kernels (attention) are never rerun.
     The mm counters live per call and per pass so the forward and the recompute make the same decisions.
     """
-    from collections import defaultdict
-
-    import torch
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
     saved = _saved_ops()
     mm_counts: dict[str, int] = defaultdict(int)
 

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from torch import nn
 
+from raybench.config import TrainSpec
+from raybench.model import decoder_blocks
 
-def apply(blocks: nn.ModuleList) -> None:
-    for block in blocks:
+
+def wanted(train: TrainSpec) -> bool:
+    return train.compile
+
+
+def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
+    for block in decoder_blocks(model):
         block.compile()
+    return model

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from torch import nn
 
+from raybench.config import TrainSpec
+
 PATCHERS = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2"}
 
 
-def apply(model: nn.Module) -> nn.Module:
+def wanted(train: TrainSpec) -> bool:
+    return train.liger
+
+
+def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     device = next(model.parameters()).device
     if device.type != "cuda":
         raise ValueError("train.liger=true needs CUDA GPUs (Triton kernels); on CPU set train.liger: false")

@@ -10,12 +10,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from raybench.config import TrainSpec
 from raybench.model import decoder_blocks
 
 COMPUTE_DTYPE = torch.bfloat16  # 4-bit weights are dequantized to this for each matmul
 
 
-def quantize(model: nn.Module) -> nn.Module:
+def wanted(train: TrainSpec) -> bool:
+    return train.finetune == "qlora"
+
+
+def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     """Swap every nn.Linear inside the decoder blocks for a frozen NF4 Linear4bit, in place."""
     device = next(model.parameters()).device
     if device.type != "cuda":

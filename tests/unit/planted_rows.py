@@ -70,10 +70,10 @@ def plant_gpu_store(path: Path, ids_per_system: bool = True) -> list[dict]:
                 status, message, metrics = "oom", "torch.OutOfMemoryError: CUDA out of memory", {"system": system}
             payload = t.as_payload()
             if ids_per_system:
-                payload["trial_id"] = f"{t.trial_id}-{system}"
+                payload = payload.replace(trial_id=f"{t.trial_id}-{system}")
             rows.append(build_row(payload, SWEEP, status, message, metrics, executor="pool", started_at=start,
                                   ended_at=start + timedelta(minutes=len(rows) + 1), wall_s=30.0))
-    error = build_row({**_trials()[0].as_payload(), "trial_id": "broken-r0"}, SWEEP, "error", "RuntimeError: boom",
+    error = build_row(_trials()[0].as_payload().replace(trial_id="broken-r0"), SWEEP, "error", "RuntimeError: boom",
                       {"system": "snellius"}, executor="pool", ended_at=start)
     rows.append(error)
     for row in rows:

@@ -30,7 +30,7 @@ def gpu_metrics(speed: float, train: dict, repeat: int) -> dict:
 def store_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("best-store")
     for t in plan(parse_sweep(SWEEP)):
-        payload, train = t.as_payload(), t.as_payload()["config"]["train"]
+        payload, train = t.as_payload(), t.as_payload().config.train.model_dump()
         for sweep, (gpu, speed) in GPUS.items():
             metrics = {**gpu_metrics(speed, train, t.repeat), "gpu_name": gpu, "device_type": "cuda"}
             store.write_row(path, build_row(payload, sweep, "ok", "", metrics))

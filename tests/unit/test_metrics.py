@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raybench import metrics
+from raybench import hardware, metrics
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
@@ -31,12 +31,17 @@ def test_flops_full_vs_lora():
 
 
 def test_peak_table_and_mfu():
-    assert metrics.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
-    assert metrics.peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
-    assert metrics.peak_tflops("NVIDIA H100 NVL", "bf16") is None
-    assert metrics.peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
-    assert metrics.peak_tflops("Some Future GPU", "bf16") is None
-    assert metrics.peak_tflops(None, "bf16") is None
+    assert hardware.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
+    assert hardware.peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert hardware.peak_tflops("NVIDIA H100 NVL", "bf16") == 835.0
+    assert hardware.peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
+    assert hardware.peak_tflops("Some Future GPU", "bf16") is None
+    assert hardware.peak_tflops(None, "bf16") is None
+    # fp16 tensor cores run at the bf16 rate on every listed part, so fp16 rows get an MFU too.
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "AMD Instinct MI300X", "NVIDIA L40S"):
+        assert hardware.peak_tflops(name, "fp16") == hardware.peak_tflops(name, "bf16") is not None
+    assert hardware.gpu_memory_gib("NVIDIA L40S") == pytest.approx(45.0, abs=0.1)
+    assert hardware.gpu_memory_gib("NVIDIA A100-SXM4") is None  # 40 or 80 GB: ambiguous
     assert metrics.mfu(1000.0, 6e9, None) is None
     assert metrics.mfu(10_000.0, 6e9, 989.0) == pytest.approx(10_000 * 6e9 / 989e12)
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from raybench.config import load_sweep, parse_sweep
-from raybench.plan import plan
-from raybench.techniques.activation_checkpointing import checkpointed_blocks
+from raybench.plan import checkpointed_blocks, plan
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))

@@ -7,11 +7,10 @@ import json
 from fractions import Fraction
 
 import pytest
-from ray.tune.search import Searcher
 
 from raybench.config import ConfigError, parse_sweep
 from raybench.plan import plan
-from raybench.search import PlannedSearch, SearchSpace, make_sampler, outcome_from_rows
+from raybench.search import FINISHED, PlannedSearch, SearchSpace, make_sampler, outcome_from_rows
 
 BASE = {"name": "s", "model": {"preset": "tiny"}, "resources": {"workers": 2}}
 
@@ -40,7 +39,7 @@ def drive(searcher: PlannedSearch, evaluate=lambda p: {"status": "ok", "tok_per_
     rows = []
     for n in range(limit):
         suggestion = searcher.suggest(f"t{n}")
-        if suggestion == Searcher.FINISHED:
+        if suggestion == FINISHED:
             return rows
         ran = [{"trial_id": p["trial_id"], "trial_wall_s": 1.0, "message": "", **evaluate(p)}
                for p in suggestion["payloads"]]
@@ -80,7 +79,7 @@ def test_invalid_points_are_stored_once_and_told_infeasible():
     assert len(invalid) == 4 and len(recorded) == 4 and len({t.trial_id for t in recorded}) == 4
     assert all(not o.feasible and o.source == "plan" and o.cost_s == 0 for o in invalid)
     # Optuna got each invalid point as a constraint-violating trial (not a silently dropped one).
-    study = searcher._inner._ot_study
+    study = searcher.study
     violated = [t for t in study.trials if t.constraints and max(t.constraints.values()) > 0]
     assert len(violated) >= 4
     assert searcher.stop_reason == "every runnable grid point evaluated"
@@ -188,7 +187,7 @@ def test_concurrent_trials_wait_instead_of_repeating_a_running_point():
     for tid, s in (("a", a), ("b", b)):
         searcher.on_trial_complete(tid, {"rows_json": json.dumps([{"trial_id": s["payloads"][0]["trial_id"],
                                                                     "status": "ok", "tok_per_s_per_device": 1.0}])})
-    assert searcher.suggest("d") == Searcher.FINISHED
+    assert searcher.suggest("d") == FINISHED
 
 
 def test_a_driver_that_died_is_an_infeasible_error():
@@ -238,12 +237,12 @@ def test_stored_rows_reuse_ok_and_oom_but_not_errors(tmp_path):
         store.write_row(tmp_path, build_row(payload, "s", status, status, {"tok_per_s_per_device": 5.0 if
                                             status == "ok" else None}, ended_at=start + timedelta(minutes=minute)))
     stored = stored_rows(str(tmp_path), "s", ["tok_per_s_per_device"])
-    assert stored[a["trial_id"]]["status"] == "ok"  # an ok attempt wins over later failures
-    assert stored[b["trial_id"]]["status"] == "oom" and c["trial_id"] not in stored
+    assert stored[a.trial_id]["status"] == "ok"  # an ok attempt wins over later failures
+    assert stored[b.trial_id]["status"] == "oom" and c.trial_id not in stored
 
     searcher = searcher_for(spec, stored=stored)
     rows = drive(searcher)
-    assert [r["trial_id"] for r in rows] == [c["trial_id"]]  # only the errored trial runs again
+    assert [r["trial_id"] for r in rows] == [c.trial_id]  # only the errored trial runs again
     sources = {searcher.space.label(p): (o.source, o.status) for p, o in searcher.history}
     assert sources == {"micro_batch=1": ("store", "ok"), "micro_batch=2": ("store", "oom"),
                        "micro_batch=4": ("run", "ok")}
@@ -257,7 +256,7 @@ def test_excluded_points_are_told_infeasible_without_rows():
     rows = drive(searcher)
     assert len(rows) == 4 and recorded == []
     assert all(searcher.space.axes[0].values[p[0]] != 4 for p, _ in searcher.history)
-    study = searcher._inner._ot_study
+    study = searcher.study
     told_excluded = [t for t in study.trials if t.constraints and t.params["train.micro_batch"] == 2]  # rank 2 = 4
     assert told_excluded and all(max(t.constraints.values()) > 0 for t in told_excluded)
 

@@ -110,6 +110,7 @@ def test_env_is_checked_and_stored_as_json():
 def test_gpu_only_techniques_fail_clearly_on_cpu():
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from raybench.config import TrainSpec
     from raybench.techniques import liger, qlora
 
     if torch.cuda.is_available():
@@ -117,9 +118,9 @@ def test_gpu_only_techniques_fail_clearly_on_cpu():
     model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
     with pytest.raises(ValueError, match="qlora needs CUDA"):
-        qlora.quantize(model)
+        qlora.apply(model, TrainSpec(finetune="qlora"))
     with pytest.raises(ValueError, match="liger=true needs CUDA"):
-        liger.apply(model)
+        liger.apply(model, TrainSpec(liger=True))
 
 
 def test_deepspeed_offload_fails_clearly_on_cpu():

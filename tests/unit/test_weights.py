@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from raybench import weights
-from raybench.config import ModelSpec, compile_cache_dir
+from raybench.config import ModelSpec, parse_sweep
 from raybench.model import build_model
+from raybench.plan import plan
 
 
 def test_copy_is_made_once_and_addressed_by_content(tmp_path, model_dir):
@@ -86,9 +87,12 @@ def test_memory_cache_keeps_within_budget():
 
 
 def test_compile_cache_defaults_to_the_store():
-    payload = {"config": {"train": {"compile": True, "compile_cache_dir": None}}, "cache_dir": "/store/_cache"}
-    assert compile_cache_dir(payload) == "/store/_cache/compile"
-    assert compile_cache_dir({**payload, "caches": {"compile_dir": "/fast/cc"}}) == "/fast/cc"
-    explicit = {"config": {"train": {"compile": True, "compile_cache_dir": "/mine"}}, "caches": {"compile_dir": "/x"}}
-    assert compile_cache_dir(explicit) == "/mine"
-    assert compile_cache_dir({"config": {"train": {"compile": False}}, "cache_dir": "/store/_cache"}) is None
+    def payload(train: dict, **settings):
+        sweep = {"name": "cc", "model": {"preset": "tiny"}, "train": train, **settings}
+        return plan(parse_sweep(sweep))[0].as_payload().replace(cache_dir="/store/_cache")
+
+    assert payload({"compile": True}).compile_cache_dir() == "/store/_cache/compile"
+    assert payload({"compile": True}, caches={"compile_dir": "/fast/cc"}).compile_cache_dir() == "/fast/cc"
+    explicit = payload({"compile": True, "compile_cache_dir": "/mine"}, caches={"compile_dir": "/x"})
+    assert explicit.compile_cache_dir() == "/mine"
+    assert payload({"compile": False}).compile_cache_dir() is None

@@ -1,0 +1,34 @@
+"""What an axis value means for a trial: the fields it sets, on plain data (before any validation).
+
+An axis key with a dot sets that one field (`train.micro_batch: 4`); a key without a dot is a bundle whose
+values each set several fields together. `exclude:` rules drop grid points by partial match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def axis_assignments(key: str, value: Any) -> dict[str, Any]:
+    """The trial fields one axis value sets: {key: value}, or for a bundle axis its mapping of fields."""
+    return {key: value} if "." in key else dict(value)
+
+
+def set_path(trial: dict, dotted: str, value: Any) -> None:
+    """Set trial['a']['b'] = value for dotted 'a.b', copying nothing (callers pass their own copy)."""
+    *parents, leaf = dotted.split(".")
+    node = trial
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def copy_trial(base: dict) -> dict:
+    """A copy of a trial's plain data that axis values may be set on."""
+    # Two levels deep is enough: axes only replace leaves, and lists/dicts given as axis values are never mutated.
+    return {k: {kk: (dict(vv) if isinstance(vv, dict) else vv) for kk, vv in v.items()} for k, v in base.items()}
+
+
+def excluded(values: dict[str, Any], rules: list[dict[str, Any]]) -> bool:
+    """Whether a grid point (axis key -> value) matches one of the sweep's `exclude:` rules."""
+    return any(all(values.get(k) == v for k, v in rule.items()) for rule in rules)

@@ -1,0 +1,73 @@
+"""Facts about accelerators, in one table: device memory, dense peak FLOP/s by compute dtype, memory bandwidth.
+
+Data only (no torch, no I/O). A GPU is found by name fragments that must all appear in its name, first match
+first, so the more specific rows come first. Whatever a row leaves out is unknown, never guessed: MFU is null
+without a peak, the memory estimate needs `estimate.device_memory_gib` without a memory size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Gpu:
+    fragments: tuple[str, ...]  # all must appear in the GPU's name (case-insensitive)
+    memory_gib: float | None = None  # memory.total as nvidia-smi (or torch) reports it
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # dense (no sparsity), per compute dtype
+    memory_bandwidth_tb_per_s: float | None = None  # HBM/GDDR bandwidth from the vendor's data sheet
+
+    @property
+    def label(self) -> str:
+        return " ".join(self.fragments)
+
+
+# Vendor data sheets (dense tensor-core figures; fp16 equals bf16 on every part listed). Memory sizes are what
+# nvidia-smi reports (MiB / 1024); the H100 row was checked against one H100 80GB HBM3 (docs/results/).
+GPUS: tuple[Gpu, ...] = (
+    Gpu(("GB200",), None, {"bf16": 2500.0, "fp16": 2500.0}, 8.0),
+    Gpu(("B200",), None, {"bf16": 2250.0, "fp16": 2250.0}, 8.0),
+    Gpu(("H200",), 143771 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 4.8),
+    Gpu(("H100", "NVL"), 95830 / 1024, {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0}, 3.9),
+    Gpu(("H100", "PCIe"), 81559 / 1024, {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0}, 2.0),
+    Gpu(("H100",), 81559 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 3.35),  # SXM: "H100 80GB HBM3"
+    Gpu(("A100", "80GB"), 81920 / 1024, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, 2.039),
+    Gpu(("A100", "40GB"), 40536 / 1024, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, 1.555),
+    Gpu(("A100",), None, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, None),  # 40 or 80 GB: memory ambiguous
+    Gpu(("MI300X",), 192.0, {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4}, 5.3),
+    Gpu(("L40S",), 46068 / 1024, {"bf16": 362.05, "fp16": 362.05, "fp32": 91.6}, 0.864),
+)
+
+
+def find_gpu(name: str | None) -> Gpu | None:
+    """The table's row for a GPU named like 'H100 SXM' or 'NVIDIA A100-SXM4-80GB'; None when none matches."""
+    if not name:
+        return None
+    lowered = name.lower()
+    return next((gpu for gpu in GPUS if all(f.lower() in lowered for f in gpu.fragments)), None)
+
+
+def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
+    """Dense peak TFLOP/s of one GPU for a compute dtype (bf16, fp16, fp32); None when unknown."""
+    gpu = find_gpu(gpu_name)
+    return gpu.peak_tflops.get(precision) if gpu else None
+
+
+def gpu_memory_gib(gpu_name: str | None) -> float | None:
+    """Device memory of one GPU in GiB; None when the table lacks it."""
+    gpu = find_gpu(gpu_name)
+    return gpu.memory_gib if gpu else None
+
+
+def memory_bandwidth_tb_per_s(gpu_name: str | None) -> float | None:
+    gpu = find_gpu(gpu_name)
+    return gpu.memory_bandwidth_tb_per_s if gpu else None
+
+
+def known_gpu(gpu_name: str) -> bool:
+    return find_gpu(gpu_name) is not None
+
+
+def gpu_labels() -> list[str]:
+    """Names a sweep may give as estimate.gpu (one per table row)."""
+    return sorted({gpu.label for gpu in GPUS} | {"H100 SXM"})

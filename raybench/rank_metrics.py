@@ -1,0 +1,154 @@
+"""One trial's measurements: what each rank measured, reduced across ranks in one place, into TrialMetrics.
+
+Every rank calls `reduce_ranks` (it runs the collectives); rank 0 then turns the reduction into the typed
+`schema.TrialMetrics` record with `trial_metrics`. How each quantity combines across ranks:
+- a step lasts as long as its slowest rank (max per step);
+- losses and phase times are averaged over ranks (each rank's phases add up to its own step time, so phases
+  reconcile with the rank-averaged step time, not with the slowest rank's);
+- non-padding tokens are summed over ranks, then divided by tp_size (a TP group's ranks share one batch);
+- sampled utilization and clocks are averaged over ranks; peaks are kept per rank and their maximum reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from raybench import metrics
+from raybench.bench import LoopRecord
+from raybench.config import TrainSpec
+from raybench.schema import TrialMetrics
+
+SAMPLED = ("cpu_util_pct", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz")
+
+
+@dataclass(frozen=True)
+class RankMeasurement:
+    """What one rank measured with its own clocks and counters."""
+
+    loop: LoopRecord
+    sampled: dict[str, float]  # means over the timed window; a missing key was not sampled
+    peak_rss_gib: float
+    peak_alloc_gib: float | None  # None on CPU
+    peak_reserved_gib: float | None
+
+
+@dataclass(frozen=True)
+class RankReduction:
+    """The measurements of all ranks, combined (identical on every rank)."""
+
+    step_times_s: list[float]  # per step, the slowest rank's
+    mean_rank_step_times_s: list[float]
+    losses: list[float]
+    nonpad_tokens: list[float]
+    phase_times_s: dict[str, list[float]]
+    sampled: dict[str, float | None]
+    peak_rss_gib_by_rank: list[float]
+    peak_alloc_gib_by_rank: list[float] | None
+    peak_reserved_gib_by_rank: list[float] | None
+
+
+def _reduce(values: list[float], op, device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=op)
+    return tensor.tolist()
+
+
+def mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    world = dist.get_world_size()
+    return [v / world for v in _reduce(values, dist.ReduceOp.SUM, device)]
+
+
+def reduce_ranks(m: RankMeasurement, tp_size: int, device: torch.device) -> RankReduction:
+    """Combine every rank's measurement; a collective, so every rank must call it."""
+    world = dist.get_world_size()
+    sampled = mean_over_ranks([m.sampled.get(k, math.nan) for k in SAMPLED], device)
+    peaks = [m.peak_rss_gib] + ([m.peak_alloc_gib, m.peak_reserved_gib] if m.peak_alloc_gib is not None else [])
+    peaks_by_rank = [None] * world
+    dist.all_gather_object(peaks_by_rank, peaks)
+    by_kind = [list(values) for values in zip(*peaks_by_rank)]  # [rss per rank, alloc per rank, reserved ...]
+    return RankReduction(
+        step_times_s=_reduce(m.loop.step_times_s, dist.ReduceOp.MAX, device),
+        mean_rank_step_times_s=mean_over_ranks(m.loop.step_times_s, device),
+        losses=mean_over_ranks(m.loop.losses, device),
+        nonpad_tokens=[n / tp_size for n in _reduce([float(n) for n in m.loop.nonpad_tokens], dist.ReduceOp.SUM,
+                                                    device)],
+        phase_times_s={p: mean_over_ranks(t, device) for p, t in m.loop.phase_times_s.items()},
+        sampled={k: None if math.isnan(v) else v for k, v in zip(SAMPLED, sampled)},
+        peak_rss_gib_by_rank=by_kind[0],
+        peak_alloc_gib_by_rank=by_kind[1] if len(by_kind) > 1 else None,
+        peak_reserved_gib_by_rank=by_kind[2] if len(by_kind) > 2 else None,
+    )
+
+
+@dataclass(frozen=True)
+class TrialFacts:
+    """What rank 0 knows of the trial besides the reduced measurements."""
+
+    train: TrainSpec
+    world_size: int
+    dp_size: int  # data-parallel ranks: each draws its own batch
+    params_total: int
+    params_trainable: int
+    flops_per_token: float
+    peak_tflops: float | None  # the device's dense peak for the trial's precision; None: MFU unknown
+    comm_exposed_p50_s: float | None
+    weights_cache: str | None
+    weights_copy_s: float | None
+    model_build_s: float
+    wrap_s: float
+    time_to_first_step_s: float
+    worker_wall_s: float
+
+
+def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
+    train = facts.train
+    warm = train.warmup_steps
+    timed = r.step_times_s[warm:]
+    timed_s = sum(timed)
+    tokens_per_step = train.micro_batch * train.seq_len * train.grad_accum * facts.dp_size
+    tok_per_s = tokens_per_step * len(timed) / timed_s
+    per_device = tok_per_s / facts.world_size
+    nonpad_per_s = sum(r.nonpad_tokens[warm:]) / timed_s
+    step_p50 = metrics.percentile(timed, 50)
+    peak_alloc = max(r.peak_alloc_gib_by_rank) if r.peak_alloc_gib_by_rank else None
+    peak_reserved = max(r.peak_reserved_gib_by_rank) if r.peak_reserved_gib_by_rank else None
+    return TrialMetrics(
+        **metrics.step_time_stats(timed),
+        **metrics.phase_stats({p: t[warm:] for p, t in r.phase_times_s.items()}, r.mean_rank_step_times_s[warm:]),
+        comm_exposed_p50_s=facts.comm_exposed_p50_s,
+        comm_exposed_frac=facts.comm_exposed_p50_s / step_p50 if facts.comm_exposed_p50_s is not None else None,
+        steps_timed=len(timed),
+        tokens_per_step=tokens_per_step,
+        tok_per_s=tok_per_s,
+        tok_per_s_per_device=per_device,
+        nonpad_tok_per_s=nonpad_per_s,
+        nonpad_tok_per_s_per_device=nonpad_per_s / facts.world_size,
+        tflops_per_device=per_device * facts.flops_per_token / 1e12,
+        mfu=metrics.mfu(per_device, facts.flops_per_token, facts.peak_tflops),
+        flops_per_token=facts.flops_per_token,
+        loss_first=r.losses[0],
+        loss_final=r.losses[-1],
+        peak_rss_gib=max(r.peak_rss_gib_by_rank),
+        peak_alloc_gib=peak_alloc,
+        peak_reserved_gib=peak_reserved,
+        peak_rss_gib_by_rank=r.peak_rss_gib_by_rank,
+        peak_alloc_gib_by_rank=r.peak_alloc_gib_by_rank,
+        peak_reserved_gib_by_rank=r.peak_reserved_gib_by_rank,
+        params_total=facts.params_total,
+        params_trainable=facts.params_trainable,
+        model_build_s=facts.model_build_s,
+        weights_cache=facts.weights_cache,
+        weights_copy_s=facts.weights_copy_s,
+        wrap_s=facts.wrap_s,
+        warmup_s=sum(r.step_times_s[:warm]),
+        time_to_first_step_s=facts.time_to_first_step_s,
+        first_step_s=r.step_times_s[0],
+        # Compilation happens inside the first step; its excess over a typical step is the compile cost.
+        compile_s=r.step_times_s[0] - step_p50 if train.compile else None,
+        worker_wall_s=facts.worker_wall_s,
+        **r.sampled,
+    )

@@ -1,0 +1,18 @@
+"""What must never reach a result row or a log line written by raybench: secret values and terminal colours."""
+
+from __future__ import annotations
+
+import os
+import re
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+def without_secrets(text: str, environ: dict[str, str] | None = None) -> str:
+    """`text` with the value of every secret-looking environment variable (TOKEN, KEY, ...) replaced."""
+    environ = os.environ if environ is None else environ
+    for name, value in environ.items():
+        if SECRET_PATTERN.search(name) and len(value) >= 4:  # shorter values would match ordinary text
+            text = text.replace(value, f"<{name} redacted>")
+    return text
