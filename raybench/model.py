@@ -5,9 +5,9 @@ Weights load from safetensors only unless the sweep sets model.allow_pickle; not
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,27 +15,32 @@ from torch import nn
 
 from raybench import weights
 from raybench.config import ModelSpec, check_model_dir
+from raybench.materialize import base_state, materialize
 from raybench.presets import PRESETS
 
 log = logging.getLogger(__name__)
 
 
-def build_model(spec: ModelSpec, device: torch.device, seed: int, local_copy: str = "never",
-                cache_gib: float = 0.0) -> tuple[nn.Module, dict]:
-    """The causal LM in fp32 on `device`, identical on every rank (same seed, same weights), and where its
-    weights came from: {"weights_cache": "hit" | "miss" | None, "weights_copy_s": seconds copying or None}.
+@dataclass(frozen=True)
+class WeightsSource:
+    """Where a meta-built model's values come from (see `raybench.materialize`)."""
 
-    local_copy (auto | always | never) loads a model directory from a node-local copy; cache_gib > 0 keeps
-    the weights in this process's memory for the next trial on the same model (warm pool actors).
+    seed: int
+    weights_dir: str | None = None  # a model directory (safetensors); None: random init
+    cache_key: str | None = None  # the warm pool's in-memory cache key; None: no cache
+    cache_gib: float = 0.0
+    state: dict | None = None  # whole tensors already in memory (pickle weights, or a cache hit)
+
+
+def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib: float = 0.0
+               ) -> tuple[nn.Module, WeightsSource, dict]:
+    """The causal LM's architecture in fp32 on the meta device (nothing allocated), where its values will come
+    from, and {"weights_cache": "hit" | "miss" | None, "weights_copy_s": seconds copying or None}.
+
+    local_copy (auto | always | never) reads a model directory from a node-local copy; cache_gib > 0 keeps
+    whole models' weights in this process's memory for the next trial on the same model (warm pool actors).
     """
     info = {"weights_cache": None, "weights_copy_s": None}
-    model = _build(spec, device, seed, local_copy, cache_gib, info)
-    torch.manual_seed(seed)  # what comes next (LoRA init) draws the same numbers whether the cache hit or not
-    return model, info
-
-
-def _build(spec: ModelSpec, device: torch.device, seed: int, local_copy: str, cache_gib: float,
-           info: dict) -> nn.Module:
     path = spec.path
     if path is not None:
         problems = check_model_dir(path, spec.allow_pickle)
@@ -45,24 +50,48 @@ def _build(spec: ModelSpec, device: torch.device, seed: int, local_copy: str, ca
             t0 = time.perf_counter()
             path = str(weights.node_local_copy(path)[0])
             info["weights_copy_s"] = time.perf_counter() - t0
+    from transformers import AutoModelForCausalLM  # transformers: imported by the ranks only
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_hf_config(spec, path), dtype=torch.float32,
+                                                 attn_implementation=spec.attn_implementation,
+                                                 trust_remote_code=spec.trust_remote_code)
     key = None
     if cache_gib > 0:
         key = f"preset:{spec.preset}:{seed}" if path is None else f"dir:{weights.model_key(Path(path))}"
         key += f":{spec.attn_implementation}"
-        cached = weights.STATE_CACHE.get(key)
-        if cached is not None:
-            info["weights_cache"] = "hit"
-            return _from_state(_hf_config(spec, path), spec, cached, device)
-        info["weights_cache"] = "miss"
-    torch.manual_seed(seed)
-    model = _load(spec, path, device)
-    budget = int(cache_gib * 2**30)
-    # Only copy what the cache can keep: a model over the budget (a 1B model in fp32 over the default 4 GiB)
-    # would cost every trial a host copy of its weights, counted in its build time and peak RSS.
-    if key is not None and sum(t.numel() * t.element_size() for _, t in _tensors(model)) <= budget:
-        state = {name: t.detach().to("cpu", copy=True) for name, t in _tensors(model)}
-        weights.STATE_CACHE.put(key, state, budget)
-    return model
+    state = None
+    if path is not None and not any(Path(path).glob("*.safetensors")):  # allow_pickle: the old, whole read
+        log.warning("model.allow_pickle is set: pickle weights in %s can run arbitrary code when loaded", path)
+        state = _pickled_state(spec, path)
+    return model, WeightsSource(seed, path if state is None else None, key, cache_gib, state), info
+
+
+def fill(model: nn.Module, device: torch.device, source: WeightsSource, info: dict, whole: bool) -> None:
+    """Materialize `model` on `device`: whole, or (after a sharding wrap) each rank's own shards.
+
+    The warm pool's weights cache holds whole tensors: a whole build fills it (within its budget); a sharded
+    build takes its shards from it on a hit, and never fills it, which would mean holding whole tensors."""
+    cached = weights.STATE_CACHE.get(source.cache_key) if source.cache_key else None
+    if source.cache_key:
+        info["weights_cache"] = "hit" if cached is not None else "miss"
+    materialize(model, device, source.seed, source.weights_dir, cached if cached is not None else source.state)
+    if whole and source.cache_key and cached is None:
+        budget = int(source.cache_gib * 2**30)
+        # Only copy what the cache can keep: a model over the budget (a 1B model in fp32 over the default 4 GiB)
+        # would cost every trial a host copy of its weights, counted in its build time and peak RSS.
+        if sum(t.numel() * t.element_size() for t in model.parameters()) <= budget:
+            weights.STATE_CACHE.put(source.cache_key, base_state(model), budget)
+
+
+def build_model(spec: ModelSpec, device: torch.device, seed: int, local_copy: str = "never",
+                cache_gib: float = 0.0) -> tuple[nn.Module, dict]:
+    """The whole causal LM in fp32 on `device` (the same values on every rank and for every strategy), and
+    where its weights came from (see build_meta)."""
+    model, source, info = build_meta(spec, seed, local_copy, cache_gib)
+    if device.type != "meta":
+        fill(model, device, source, info, whole=True)
+    return model, info
 
 
 def _hf_config(spec: ModelSpec, path: str | None):
@@ -76,46 +105,13 @@ def _hf_config(spec: ModelSpec, path: str | None):
     return config
 
 
-def _load(spec: ModelSpec, path: str | None, device: torch.device) -> nn.Module:
+def _pickled_state(spec: ModelSpec, path: str) -> dict:
+    """Whole tensors of a pickle-only model directory (model.allow_pickle), by checkpoint key."""
     from transformers import AutoModelForCausalLM
 
-    if path is None:
-        with device:
-            return AutoModelForCausalLM.from_config(
-                _hf_config(spec, None), dtype=torch.float32, attn_implementation=spec.attn_implementation
-            )
-    if spec.allow_pickle:
-        log.warning("model.allow_pickle is set: pickle weights in %s can run arbitrary code when loaded", path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=torch.float32,
-        local_files_only=True,
-        use_safetensors=None if spec.allow_pickle else True,
-        trust_remote_code=spec.trust_remote_code,
-        attn_implementation=spec.attn_implementation,
-    )
-    model.config.use_cache = False
-    return model.to(device)
-
-
-def _tensors(model: nn.Module):
-    # Parameters and buffers: non-persistent buffers (rotary frequencies) are not in state_dict() but must be set.
-    return itertools.chain(model.named_parameters(), model.named_buffers())
-
-
-def _from_state(hf_config, spec: ModelSpec, state: dict, device: torch.device) -> nn.Module:
-    """Build the architecture without initialising it (meta device), then fill it from cached tensors."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32,
-                                                 attn_implementation=spec.attn_implementation,
-                                                 trust_remote_code=spec.trust_remote_code)
-    model.to_empty(device=device)
-    with torch.no_grad():
-        for name, tensor in _tensors(model):
-            tensor.copy_(state[name])
-    return model
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True,
+                                                 use_safetensors=None, trust_remote_code=spec.trust_remote_code)
+    return base_state(model)
 
 
 def decoder_blocks(model: nn.Module) -> nn.ModuleList:

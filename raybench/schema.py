@@ -56,6 +56,11 @@ class TrialMetrics:
     peak_rss_gib_by_rank: list[float]
     peak_alloc_gib_by_rank: list[float] | None
     peak_reserved_gib_by_rank: list[float] | None
+    build_peak_rss_gib: float
+    build_peak_alloc_gib: float | None
+    build_peak_reserved_gib: float | None
+    build_peak_rss_gib_by_rank: list[float]
+    rss_before_build_gib_by_rank: list[float]
     params_total: int
     params_trainable: int
     model_build_s: float
@@ -64,6 +69,7 @@ class TrialMetrics:
     wrap_s: float
     warmup_s: float
     time_to_first_step_s: float
+    timed_window_s: float
     first_step_s: float
     compile_s: float | None
     worker_wall_s: float

@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import dataclasses  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -26,10 +27,10 @@ from torch import nn  # noqa: E402
 from raybench import bench, data, fingerprint, limits, metrics, probe, rank_metrics, strategies  # noqa: E402
 from raybench.config import TrainSpec, TrialConfig  # noqa: E402
 from raybench.hardware import peak_tflops  # noqa: E402
-from raybench.model import build_model, count_params  # noqa: E402
+from raybench.model import build_meta, count_params, fill  # noqa: E402
 from raybench.payload import TrialPayload  # noqa: E402
 from raybench.plan import model_shape  # noqa: E402
-from raybench.rank_metrics import RankMeasurement, TrialFacts  # noqa: E402
+from raybench.rank_metrics import Peaks, RankMeasurement, TrialFacts  # noqa: E402
 from raybench.sampler import Sampler  # noqa: E402
 from raybench.schema import GIB  # noqa: E402
 from raybench.strategies import RankContext  # noqa: E402
@@ -71,12 +72,24 @@ def prepare_model(model: nn.Module, train: TrainSpec) -> nn.Module:
     return model
 
 
-def _reset_peak_host_memory() -> None:
-    # Writing 5 to clear_refs resets VmHWM (peak RSS) on Linux, so a reused process measures this trial only.
+def _reset_peaks(device: torch.device) -> float:
+    """Start new peak-memory windows (host RSS, and CUDA's allocator on GPUs); returns the RSS now, in GiB."""
+    # Writing 5 to clear_refs resets VmHWM (peak RSS) to the current RSS on Linux.
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         pass
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return _peak_host_memory_gib() or 0.0
+
+
+def _peaks(device: torch.device) -> Peaks:
+    """This rank's peaks since the last reset."""
+    on_gpu = device.type == "cuda"
+    return Peaks(rss_gib=_peak_host_memory_gib() or 0.0,
+                 alloc_gib=torch.cuda.max_memory_allocated(device) / GIB if on_gpu else None,
+                 reserved_gib=torch.cuda.max_memory_reserved(device) / GIB if on_gpu else None)
 
 
 def _peak_host_memory_gib() -> float | None:
@@ -126,6 +139,43 @@ def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext) -> flo
     return max(0.0, metrics.percentile(synced, 50) - metrics.percentile(local, 50))
 
 
+@dataclass(frozen=True)
+class Built:
+    trainable: strategies.Trainable
+    params_total: int  # before sharding
+    params_trainable: int
+    weights_info: dict  # weights_cache, weights_copy_s
+    model_build_s: float  # meta build, techniques and giving the model its values
+    wrap_s: float  # the strategy's own setup
+
+
+def build_and_wrap(payload: TrialPayload, ctx: RankContext) -> Built:
+    """Architecture on the meta device → techniques → the strategy, which calls `materialize` to give the model
+    its values: whole before it wraps (ddp, deepspeed), or after a sharding wrap only this rank's shards."""
+    train = payload.config.train
+    t0 = time.perf_counter()
+    model, source, weights_info = build_meta(payload.config.model, train.seed,
+                                             local_copy=payload.caches.weights_local_copy,
+                                             cache_gib=payload.weights_cache_gib)
+    if train.finetune == "qlora":  # bitsandbytes quantizes real weights: the (ddp-only) base is whole first
+        fill(model, ctx.device, source, weights_info, whole=True)
+        torch.manual_seed(train.seed)  # PEFT's adapter init then draws the same numbers on every rank
+    model = prepare_model(model, train)
+    params_total, params_trainable = count_params(model)
+    materialize_s = []
+
+    def materialize(whole: bool) -> None:
+        if train.finetune != "qlora":
+            t_fill = time.perf_counter()
+            fill(model, ctx.device, source, weights_info, whole)
+            materialize_s.append(time.perf_counter() - t_fill)
+
+    t_wrap = time.perf_counter()
+    trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
+    wrap_s = time.perf_counter() - t_wrap - sum(materialize_s)
+    return Built(trainable, params_total, params_trainable, weights_info, t_wrap - t0 + sum(materialize_s), wrap_s)
+
+
 def _benchmark(payload: TrialPayload) -> dict | None:
     t_start = time.perf_counter()
     config: TrialConfig = payload.config
@@ -141,20 +191,14 @@ def _benchmark(payload: TrialPayload) -> dict | None:
     busbw = {}
     if ctx.world_size > 1 and payload.cache_dir:
         busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload.cache_dir)
-    _reset_peak_host_memory()
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+    rss_before_build_gib = _reset_peaks(ctx.device)
 
-    t0 = time.perf_counter()
-    model, weights_info = build_model(config.model, ctx.device, train.seed,
-                                      local_copy=payload.caches.weights_local_copy,
-                                      cache_gib=payload.weights_cache_gib)
-    model_build_s = time.perf_counter() - t0
-    model = prepare_model(model, train)
-    params_total, params_trainable = count_params(model)
-    t0 = time.perf_counter()
-    trainable = strategies.setup(train.strategy, model, train, ctx)
-    wrap_s = time.perf_counter() - t0
+    built = build_and_wrap(payload, ctx)
+    trainable = built.trainable
+    # The build's peaks are its own columns; the peaks a trial reports (and the estimate is checked against)
+    # are those of training, from here on.
+    build_peaks = _peaks(ctx.device)
+    _reset_peaks(ctx.device)
     # Ranks of one tensor-parallel group share a batch: data is drawn per data-parallel rank.
     dp_rank, dp_size = strategies.data_parallel_rank(train, ctx)
     batches = data.batches(config, shape, dp_rank, dp_size, payload.cache_dir)
@@ -164,27 +208,24 @@ def _benchmark(payload: TrialPayload) -> dict | None:
     record = bench.timed_loop(trainable, batches, train, ctx.device, sampler)
     sampler.close()
     comm_exposed_p50_s = _exposed_comm(trainable, batches, train, ctx)
-    on_gpu = ctx.device.type == "cuda"
     measured = RankMeasurement(
         loop=record, sampled=sampler.means(since=record.step_starts[train.warmup_steps]),
-        peak_rss_gib=_peak_host_memory_gib() or 0.0,
-        peak_alloc_gib=torch.cuda.max_memory_allocated(ctx.device) / GIB if on_gpu else None,
-        peak_reserved_gib=torch.cuda.max_memory_reserved(ctx.device) / GIB if on_gpu else None)
-    reduced = rank_metrics.reduce_ranks(measured, train.tp_size, ctx.device)
+        peaks=_peaks(ctx.device), build_peaks=build_peaks, rss_before_build_gib=rss_before_build_gib,
+        model_build_s=built.model_build_s, wrap_s=built.wrap_s, time_to_first_step_s=t_loop - t_start + record.step_times_s[0])
+    reduced = rank_metrics.reduce_ranks(measured, train.tp_size, train.warmup_steps, ctx.device)
     if ctx.rank != 0:
         return None
 
     hardware = fingerprint.hardware(ctx.device)
     flops_tok = metrics.flops_per_token(
-        metrics.matmul_params(params_total, shape.vocab_size, shape.hidden_size, shape.tie_word_embeddings),
-        params_trainable, train.finetune == "full", shape.num_hidden_layers, train.seq_len, shape.hidden_size,
+        metrics.matmul_params(built.params_total, shape.vocab_size, shape.hidden_size, shape.tie_word_embeddings),
+        built.params_trainable, train.finetune == "full", shape.num_hidden_layers, train.seq_len, shape.hidden_size,
     )
     facts = TrialFacts(
-        train=train, world_size=ctx.world_size, dp_size=dp_size, params_total=params_total,
-        params_trainable=params_trainable, flops_per_token=flops_tok,
+        train=train, world_size=ctx.world_size, dp_size=dp_size, params_total=built.params_total,
+        params_trainable=built.params_trainable, flops_per_token=flops_tok,
         peak_tflops=peak_tflops(hardware["gpu_name"], train.precision), comm_exposed_p50_s=comm_exposed_p50_s,
-        model_build_s=model_build_s, wrap_s=wrap_s, time_to_first_step_s=t_loop - t_start + record.step_times_s[0],
-        worker_wall_s=time.perf_counter() - t_start, **weights_info)
+        worker_wall_s=time.perf_counter() - t_start, **built.weights_info)
     provenance = {
         "world_size": ctx.world_size,
         "hostnames": sorted(set(hostnames)),

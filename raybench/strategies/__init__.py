@@ -1,4 +1,9 @@
-"""Distributed strategies. Each module has one function, `setup(model, train, ctx) -> Trainable`.
+"""Distributed strategies. Each module has one function, `setup(model, train, ctx, materialize) -> Trainable`.
+
+The model arrives built on the meta device; `materialize(whole)` gives it its values. Strategies that hold whole
+parameters (ddp, deepspeed) call `materialize(True)` before wrapping; sharding strategies (fsdp2, tp, tp_fsdp2)
+wrap on meta and then call `materialize(False)`, so that each rank allocates and fills only its own shards,
+and create the optimizer only after that, over the materialized parameters.
 
 A Trainable is what the timed loop drives: the model to call, how to run backward, how to take an optimizer
 step, and how to skip gradient sync on non-final micro-batches. Plain PyTorch strategies share
@@ -37,8 +42,13 @@ class Trainable:
     autocast: Callable[[], ContextManager]  # wraps forward
 
 
-def setup(name: str, model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
-    return importlib.import_module(f"raybench.strategies.{name}").setup(model, train, ctx)
+def already_materialized(whole: bool) -> None:
+    """The `materialize` of a model that has its values already (tests, benchmarks)."""
+
+
+def setup(name: str, model: nn.Module, train: TrainSpec, ctx: RankContext,
+          materialize: Callable[[bool], None] = already_materialized) -> Trainable:
+    return importlib.import_module(f"raybench.strategies.{name}").setup(model, train, ctx, materialize)
 
 
 SGD_MOMENTUM = 0.9

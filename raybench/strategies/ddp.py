@@ -6,10 +6,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from raybench.config import TrainSpec
-from raybench.strategies import RankContext, Trainable, autocast_for, torch_trainable
+from raybench.strategies import RankContext, Trainable, already_materialized, autocast_for, torch_trainable
 
 
-def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
+    materialize(True)  # DDP broadcasts rank 0's whole parameters at construction
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     # LoRA freezes most weights; DDP then needs to skip them when building its reducer buckets (it does).
     ddp = DistributedDataParallel(model, device_ids=device_ids)

@@ -16,7 +16,7 @@ import os
 from torch import nn
 
 from raybench.config import TrainSpec
-from raybench.strategies import RankContext, Trainable, make_optimizer
+from raybench.strategies import RankContext, Trainable, already_materialized, make_optimizer
 
 # DeepSpeed prints its config and a throughput line every N steps; a benchmark step must not pay for that.
 NEVER_PRINT_STEPS = 2**31 - 1
@@ -65,7 +65,7 @@ def host_adam(model: nn.Module, train: TrainSpec):
     return DeepSpeedCPUAdam(params, lr=train.lr, weight_decay=train.weight_decay, adamw_mode=True)
 
 
-def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
     use_gpu = ctx.device.type == "cuda"
     if train.offload != "none" and not use_gpu:
         raise ValueError(f"train.offload={train.offload!r} moves ZeRO state from GPU to host memory and needs "
@@ -77,6 +77,7 @@ def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
 
     # The process group already exists (torchrun or Ray Train); this wraps it in DeepSpeed's comm layer.
     deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo")
+    materialize(True)  # DeepSpeed partitions (ZeRO-3) a whole model at initialize
     optimizer = host_adam(model, train) if _uses_host_adam(train) else make_optimizer(model, train, ctx.device)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    config=ds_config(train, ctx.world_size, use_gpu))

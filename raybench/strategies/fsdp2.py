@@ -18,7 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from raybench.config import TrainSpec
 from raybench.model import decoder_blocks
-from raybench.strategies import RankContext, Trainable, torch_trainable
+from raybench.strategies import RankContext, Trainable, already_materialized, torch_trainable
 
 
 def shard(model: nn.Module, train: TrainSpec, mesh: DeviceMesh) -> Callable[[], ContextManager]:
@@ -42,7 +42,8 @@ def shard(model: nn.Module, train: TrainSpec, mesh: DeviceMesh) -> Callable[[], 
     return no_grad_sync
 
 
-def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     no_grad_sync = shard(model, train, mesh)
+    materialize(False)
     return torch_trainable(model, train, ctx, no_grad_sync=no_grad_sync, autocast=contextlib.nullcontext)

@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from raybench.config import TrainSpec
 from raybench.model import decoder_blocks
-from raybench.strategies import RankContext, Trainable, autocast_for, torch_trainable
+from raybench.strategies import RankContext, Trainable, already_materialized, autocast_for, torch_trainable
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWWISE = ("o_proj", "down_proj")
@@ -76,9 +76,10 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return total
 
 
-def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("tp",))
     parallelize(model, mesh)
+    materialize(False)
     # Every rank computes the same replicated parameters' gradients (TP all-reduces activations, not grads),
     # so there is nothing to skip between micro-batches.
     return torch_trainable(model, train, ctx, no_grad_sync=torch.enable_grad,

@@ -13,14 +13,15 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from raybench.config import TrainSpec
-from raybench.strategies import RankContext, Trainable, fsdp2, tp, torch_trainable
+from raybench.strategies import RankContext, Trainable, already_materialized, fsdp2, tp, torch_trainable
 
 
-def setup(model: nn.Module, train: TrainSpec, ctx: RankContext) -> Trainable:
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
     dp_size = ctx.world_size // train.tp_size
     mesh = init_device_mesh(ctx.device.type, (dp_size, train.tp_size), mesh_dim_names=("dp", "tp"))
     tp.parallelize(model, mesh["tp"])
     no_grad_sync = fsdp2.shard(model, train, mesh["dp"])
+    materialize(False)
     # FSDP2's MixedPrecisionPolicy casts for bf16 (as in fsdp2), so no autocast; grads mix 2D and dp-only
     # DTensors, hence TP's mesh-aware clipping.
     return torch_trainable(model, train, ctx, no_grad_sync=no_grad_sync, autocast=contextlib.nullcontext,

@@ -1,0 +1,182 @@
+"""Give a model built on the meta device real values, on each rank only for the part of each tensor it holds.
+
+Every strategy builds the architecture on the meta device and applies the techniques there. Sharding
+strategies (fsdp2, tp, tp_fsdp2) then wrap it, still on meta, so that `materialize` allocates and fills only
+each rank's own shards; ddp and DeepSpeed hold whole parameters by design and materialize before wrapping.
+
+Values do not depend on the strategy or the world size:
+- random init (presets): each parameter is drawn in blocks of rows, each block from its own generator seeded
+  by (seed, parameter name, block index), so a rank draws only the row blocks its shard overlaps and the
+  concatenation of all blocks is the same tensor every strategy would build whole. The distributions are
+  Hugging Face's `_init_weights` for Llama/Qwen2 (normal(0, initializer_range) for linear and embedding
+  weights, ones for norms, zeros for biases) and PEFT's for LoRA (A kaiming-uniform, B zeros);
+- real weights (a model directory): torch.distributed.checkpoint reads the safetensors files with its
+  Hugging Face reader, each rank only the slices of its own shards (`safe_open(...).get_slice`), so a node holds
+  about one copy of the weights in all, never one per rank (docs/model-build.md measures both ways).
+Buffers (rotary frequencies) are recomputed by the model's own `_init_weights`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+# Elements drawn per generator (whole rows): large enough that drawing stays fast, small enough that a rank
+# never holds more than 16 MiB (fp32) beyond its shard: a 152064 x 8192 embedding is drawn 512 rows at a time.
+BLOCK_ELEMENTS = 1 << 22
+# Wrappers that add a path component to parameter names but not to checkpoint keys.
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def materialize(model: nn.Module, device: torch.device, seed: int, weights_dir: str | None = None,
+                state: dict[str, torch.Tensor] | None = None) -> None:
+    """Allocate the model's (local) tensors on `device` and fill them: from `state` (whole tensors by checkpoint
+    key), else from the safetensors in `weights_dir`; whatever neither holds (LoRA adapters, presets) is random."""
+    model.to_empty(device=device)
+    with torch.no_grad():
+        if state is not None:
+            loaded = _copy_state(model, state)
+        else:
+            loaded = _load_safetensors(model, weights_dir) if weights_dir else set()
+        std = _hf_model(model).config.initializer_range
+        seen = set()
+        for name, module in model.named_modules():
+            for pname, param in module.named_parameters(recurse=False):
+                full_name = f"{name}.{pname}" if name else pname
+                if id(param) not in seen and _checkpoint_key(full_name) not in loaded:
+                    _init_param(full_name, module, pname, param, std, seed)
+                seen.add(id(param))  # a tied head is the embedding: filled once
+            if "RotaryEmbedding" in type(module).__name__:
+                _hf_model(model)._init_weights(module)
+
+
+def base_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Host copies of a whole (unsharded) model's checkpoint tensors, by checkpoint key (no adapters)."""
+    return {_checkpoint_key(name): t.detach().to("cpu", copy=True) for name, t in _named_tensors(model)
+            if ".lora_" not in name}
+
+
+def _hf_model(model: nn.Module):
+    """The Hugging Face PreTrainedModel inside (PEFT wraps it)."""
+    from transformers import PreTrainedModel
+
+    return next(m for m in model.modules() if isinstance(m, PreTrainedModel))
+
+
+def _init_param(full_name: str, module: nn.Module, pname: str, param: torch.Tensor, std: float, seed: int) -> None:
+    """Fill one parameter's local part with its rule's values (see the module docstring)."""
+    kind = type(module).__name__
+    if pname == "bias" or ".lora_B." in f".{full_name}":
+        _local(param).zero_()
+    elif "Norm" in kind:
+        _local(param).fill_(1.0)
+    elif ".lora_A." in f".{full_name}":
+        bound = 1 / math.sqrt(param.shape[1])  # kaiming_uniform_(a=sqrt(5)), PEFT's default for A
+        _draw(param, full_name, seed, lambda t, g: t.uniform_(-bound, bound, generator=g))
+    elif isinstance(module, (nn.Linear, nn.Embedding)):
+        _draw(param, full_name, seed, lambda t, g: t.normal_(0.0, std, generator=g))
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            _fill_rows(param, module.padding_idx, 0.0)
+    else:
+        raise ValueError(f"no initialization rule for parameter {full_name} of {kind}; raybench initializes "
+                         "Llama/Qwen2-style models (linear, embedding, norm, LoRA)")
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _region(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(local shape, offset in the global tensor) of this rank's part of `param`."""
+    if not isinstance(param, DTensor):
+        return tuple(param.shape), (0,) * param.dim()
+    # DTensor's own placement arithmetic (private; the torch pin keeps it stable, tests/unit cover it).
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    return compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+
+
+def _draw(param: torch.Tensor, name: str, seed: int, fill) -> None:
+    """Random values for this rank's region, drawn block of rows by block (see the module docstring)."""
+    local = _local(param)
+    (shape, offset) = _region(param)
+    if local.numel() == 0:
+        return
+    row_elements = math.prod(param.shape[1:]) if param.dim() > 1 else 1
+    rows_per_block = max(1, BLOCK_ELEMENTS // row_elements)
+    first, last = offset[0], offset[0] + shape[0]
+    columns = tuple(slice(o, o + s) for o, s in zip(offset[1:], shape[1:]))
+    for block in range(first // rows_per_block, (last - 1) // rows_per_block + 1):
+        start = block * rows_per_block
+        rows = min(rows_per_block, param.shape[0] - start)
+        values = torch.empty((rows, *param.shape[1:]), dtype=local.dtype, device=local.device)
+        fill(values, _generator(seed, name, block, local.device))
+        lo, hi = max(first, start), min(last, start + rows)
+        local[lo - first:hi - first].copy_(values[(slice(lo - start, hi - start), *columns)])
+
+
+def _fill_rows(param: torch.Tensor, row: int, value: float) -> None:
+    shape, offset = _region(param)
+    if offset[0] <= row < offset[0] + shape[0]:
+        _local(param)[row - offset[0]].fill_(value)
+
+
+def _generator(seed: int, name: str, block: int, device: torch.device) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}/{_checkpoint_key(name)}/{block}".encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def _checkpoint_key(name: str) -> str:
+    """A parameter's name as a Hugging Face checkpoint spells it: no wrapper or PEFT path components."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    name = name.removeprefix("base_model.model.")
+    return name.replace(".base_layer.", ".")
+
+
+def _load_safetensors(model: nn.Module, weights_dir: str) -> set[str]:
+    """Read every tensor the checkpoint has into the model's (local) tensors; returns the keys read.
+
+    torch.distributed.checkpoint plans the reads across ranks and reads each rank's slices only.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    reader = HuggingFaceStorageReader(str(Path(weights_dir)))
+    stored = set(reader.read_metadata().state_dict_metadata)
+    targets = {}
+    for name, tensor in _named_tensors(model):
+        key = _checkpoint_key(name)
+        if key in stored:
+            targets[key] = tensor
+    dcp.load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=False),
+             no_dist=not torch.distributed.is_initialized())  # one process (a plain build_model) reads alone
+    return set(targets)
+
+
+def _copy_state(model: nn.Module, state: dict[str, torch.Tensor]) -> set[str]:
+    """Copy each rank's region of the whole tensors in `state` into the model; returns the keys copied."""
+    copied = set()
+    for name, param in _named_tensors(model):
+        key = _checkpoint_key(name)
+        if key in state:
+            shape, offset = _region(param)
+            _local(param).copy_(state[key][tuple(slice(o, o + s) for o, s in zip(offset, shape))])
+            copied.add(key)
+    return copied
+
+
+def _named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    seen = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) not in seen:  # a tied head is the embedding: read it once
+            seen.add(id(param))
+            yield name, param
