@@ -59,7 +59,8 @@ DESCRIPTIONS = {
     "peak_rss_gib_by_rank": "peak_rss_gib of every rank, in rank order.",
     "peak_alloc_gib_by_rank": "peak_alloc_gib of every rank, in rank order.",
     "peak_reserved_gib_by_rank": "peak_reserved_gib of every rank, in rank order.",
-    "params_total": "Parameters of the model.",
+    "params_total": "Parameters of the model (a QLoRA 4-bit weight counts its original shape, not its packed "
+                    "storage).",
     "params_trainable": "Parameters that receive gradients (LoRA adapters only under LoRA).",
     "model_build_s": "Building or loading the model.",
     "weights_cache": "Pool executor: hit when the weights came from the actor's in-memory copy, else miss.",

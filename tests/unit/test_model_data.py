@@ -18,6 +18,26 @@ def test_presets_match_published_sizes(preset, billions):
     assert trainable == total
 
 
+def test_quantized_weights_count_their_original_shape():
+    """A 4-bit weight holds two values per uint8 element; the count is of weights, from quant_state.shape.
+
+    bitsandbytes needs CUDA, so the real Params4bit cannot be built here: the stand-in is a uint8 parameter of
+    half the elements, packed as bitsandbytes packs it ([n / 2, 1]), carrying a quant_state with the original
+    shape. tests/gpu/test_gpu_techniques.py checks the real class.
+    """
+    from types import SimpleNamespace
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4, bias=False))
+    unquantized = count_params(model)
+    for layer in model:
+        shape = layer.weight.shape
+        packed = torch.nn.Parameter(torch.zeros(shape.numel() // 2, 1, dtype=torch.uint8), requires_grad=False)
+        packed.quant_state = SimpleNamespace(shape=shape)
+        layer.weight = packed
+    assert sum(p.numel() for p in model.parameters()) < unquantized[0]  # what numel() alone would report
+    assert count_params(model) == (unquantized[0], 6)  # only the first layer's bias is still trainable
+
+
 def test_local_dir_loads_safetensors(model_dir):
     model = build_model(ModelSpec(path=str(model_dir)), torch.device("cpu"), seed=0)[0]
     assert len(decoder_blocks(model)) == 2
