@@ -86,8 +86,10 @@ DESCRIPTIONS = {
     "gpu_power_w": "GPU power draw (NVML) over the timed steps, averaged over ranks.",
     "gpu_sm_clock_mhz": "GPU SM clock (NVML) over the timed steps, averaged over ranks.",
     "gpu_mem_clock_mhz": "GPU memory clock (NVML) over the timed steps, averaged over ranks.",
-    "projected_steps": "Steps of the full run given in `projection:` (dataset tokens × epochs / tokens per step).",
-    "projected_hours": "projected_steps × step_time_p50_s, in hours.",
+    "projected_steps": "Steps of the full run given in `projection:` (dataset tokens × epochs / real, non-padding "
+                       "tokens per step, rounded up).",
+    "projected_hours": "Hours of that run: dataset tokens × epochs / nonpad_tok_per_s (or total_steps × "
+                       "step_time_mean_s).",
     "projected_device_hours": "projected_hours × world_size (GPU-hours on GPU trials).",
     "est_peak_gib": "The plan's raw peak-memory estimate per device.",
     "est_peak_calibrated_gib": "The estimate after calibration with earlier measured rows.",
