@@ -81,7 +81,9 @@ def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
     clock.start()
     for micro in range(train.grad_accum):
         host_batch = next(batches)
-        nonpad += int(host_batch["attention_mask"].sum())  # counted on the host: no device sync
+        # Counted on the host (no device sync). Data without padding carries no mask: every token counts.
+        mask = host_batch.get("attention_mask")
+        nonpad += host_batch["input_ids"].numel() if mask is None else int(mask.sum())
         batch = _to_device(host_batch, device)
         clock.mark("data")
         last = micro == train.grad_accum - 1

@@ -254,7 +254,8 @@ class CacheSpec(_Spec):
 class ProjectionSpec(_Spec):
     """The full run the user plans, to project each trial's hours and GPU-hours (not part of trial ids)."""
 
-    dataset_tokens: float | None = Field(None, gt=0, description="Tokens in the training set (one epoch).")
+    dataset_tokens: float | None = Field(None, gt=0, description=(
+        "Real (non-padding) tokens in the training set (one epoch)."))
     epochs: float = Field(1.0, gt=0, description="Passes over dataset_tokens.")
     total_steps: int | None = Field(None, ge=1, description="Optimizer steps of the full run (instead of tokens).")
 

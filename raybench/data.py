@@ -1,8 +1,10 @@
 """Training batches: synthetic tokens, or alpaca-style JSON/JSONL tokenized with a local tokenizer.
 
-Every batch is a dict of input_ids, attention_mask and labels of shape [micro_batch, seq_len]. Packed data
-fills every position (all tokens count as non-padding); padded data masks the padding in the loss (labels
--100) and in the non-padding token count.
+Every batch is a dict of input_ids and labels of shape [micro_batch, seq_len], plus an attention_mask when
+the data has padding. Packed and synthetic data fill every position, so they carry no mask: every token counts
+as non-padding, and the model is not handed an all-ones mask that transformers would inspect on the device
+(a host sync per micro-batch inside the timed step). Padded data masks the padding in the loss (labels -100)
+and in the non-padding token count.
 """
 
 from __future__ import annotations
@@ -69,10 +71,14 @@ def text_dataset(data: DataSpec, model_path: str | None, seq_len: int) -> Tensor
     tokenizer = AutoTokenizer.from_pretrained(data.tokenizer or model_path, local_files_only=True)
     sequences = tokenize_records(read_records(data.path), tokenizer)
     if data.packing:
-        ids = pack(sequences, seq_len)
-        return TensorDataset(ids, torch.ones_like(ids))
+        return TensorDataset(pack(sequences, seq_len))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    return TensorDataset(*pad(sequences, seq_len, pad_id))
+    return _dataset(*pad(sequences, seq_len, pad_id))
+
+
+def _dataset(ids: torch.Tensor, mask: torch.Tensor) -> TensorDataset:
+    """(input_ids, attention_mask) rows, or input_ids alone when no position is padding (see the module doc)."""
+    return TensorDataset(ids) if bool(mask.all()) else TensorDataset(ids, mask)
 
 
 _MEMORY_CACHE: dict[str, TensorDataset] = {}  # a warm pool actor keeps tokenized data between trials
@@ -97,7 +103,9 @@ def dataset_cache_key(data: DataSpec, tokenizer_dir: str, seq_len: int) -> str:
 
 
 def _write_arrow(dataset: TensorDataset, path: Path) -> None:
-    ids, mask = dataset.tensors
+    ids = dataset.tensors[0]
+    # The file always holds a mask column (all ones without padding): one format for every cached file.
+    mask = dataset.tensors[1] if len(dataset.tensors) > 1 else torch.ones_like(ids)
     seq_len = ids.shape[1]
     table = pa.table({
         "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(ids.flatten().numpy()), seq_len),
@@ -118,7 +126,7 @@ def _read_arrow(path: Path) -> TensorDataset:
         column = table.column(name).combine_chunks()
         flat = torch.from_numpy(column.values.to_numpy(zero_copy_only=False).astype("int64"))
         columns.append(flat.view(len(column), column.type.list_size))
-    return TensorDataset(*columns)
+    return _dataset(*columns)
 
 
 def cached_text_dataset(data: DataSpec, model_path: str | None, seq_len: int, cache_dir: str | None) -> TensorDataset:
@@ -142,11 +150,13 @@ def cached_text_dataset(data: DataSpec, model_path: str | None, seq_len: int, ca
 def synthetic_dataset(shape: ModelShape, micro_batch: int, seq_len: int, seed: int, rank: int) -> TensorDataset:
     gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
     ids = torch.randint(0, shape.vocab_size, (SYNTHETIC_POOL_BATCHES * micro_batch, seq_len), generator=gen)
-    return TensorDataset(ids, torch.ones_like(ids))
+    return TensorDataset(ids)
 
 
 def _collate(rows) -> dict[str, torch.Tensor]:
     ids = torch.stack([r[0] for r in rows])
+    if len(rows[0]) == 1:  # data without padding: no mask, and every token is a label
+        return {"input_ids": ids, "labels": ids.clone()}
     mask = torch.stack([r[1] for r in rows])
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, IGNORE_INDEX)}
 

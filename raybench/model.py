@@ -6,6 +6,7 @@ Weights load from safetensors only unless the sweep sets model.allow_pickle; not
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,7 +124,20 @@ def decoder_blocks(model: nn.Module) -> nn.ModuleList:
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameter counts before sharding."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    """(total, trainable) parameter counts before sharding, in weights: a quantized weight counts its original
+    shape, not its packed storage."""
+    total = sum(_weight_count(p) for p in model.parameters())
+    trainable = sum(_weight_count(p) for p in model.parameters() if p.requires_grad)
     return total, trainable
+
+
+def _weight_count(param: torch.Tensor) -> int:
+    """How many weights a parameter holds.
+
+    A bitsandbytes 4-bit weight (QLoRA) is stored packed, two 4-bit values per uint8 element, so its numel()
+    is half the layer's weights; its quant_state keeps the original shape. The FLOP model needs the weights.
+    """
+    quant_state = getattr(param, "quant_state", None)
+    if quant_state is None:  # a plain tensor, or a 4-bit weight not yet quantized (still its original shape)
+        return param.numel()
+    return math.prod(quant_state.shape)

@@ -66,7 +66,8 @@ DESCRIPTIONS = {
     "rss_before_build_gib_by_rank": "Resident host memory of every rank just before the model build, in rank order.",
     "peak_alloc_gib_by_rank": "peak_alloc_gib of every rank, in rank order.",
     "peak_reserved_gib_by_rank": "peak_reserved_gib of every rank, in rank order.",
-    "params_total": "Parameters of the model.",
+    "params_total": "Parameters of the model (a QLoRA 4-bit weight counts its original shape, not its packed "
+                    "storage).",
     "params_trainable": "Parameters that receive gradients (LoRA adapters only under LoRA).",
     "model_build_s": ("Building the model and giving it its values (random init or a weights read; under sharding "
                       "strategies only the rank's own shards), slowest rank."),
@@ -95,8 +96,10 @@ DESCRIPTIONS = {
     "gpu_power_w": "GPU power draw (NVML) over the timed steps, averaged over ranks.",
     "gpu_sm_clock_mhz": "GPU SM clock (NVML) over the timed steps, averaged over ranks.",
     "gpu_mem_clock_mhz": "GPU memory clock (NVML) over the timed steps, averaged over ranks.",
-    "projected_steps": "Steps of the full run given in `projection:` (dataset tokens × epochs / tokens per step).",
-    "projected_hours": "projected_steps × step_time_p50_s, in hours.",
+    "projected_steps": "Steps of the full run given in `projection:` (dataset tokens × epochs / real, non-padding "
+                       "tokens per step, rounded up).",
+    "projected_hours": "Hours of that run: dataset tokens × epochs / nonpad_tok_per_s (or total_steps × "
+                       "step_time_mean_s).",
     "projected_device_hours": "projected_hours × world_size (GPU-hours on GPU trials).",
     "est_peak_gib": "The plan's raw peak-memory estimate per device.",
     "est_peak_calibrated_gib": "The estimate after calibration with earlier measured rows.",

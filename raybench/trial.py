@@ -97,9 +97,10 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
         raise ValueError(f"trial {payload.trial_id}: result keys outside the row schema: {unknown}")
     row.update({k: v for k, v in metrics.items() if k not in row})
     plan = payload.projection
-    if row.get("step_time_p50_s") and row.get("tokens_per_step"):
-        row.update(metrics_projection(row["step_time_p50_s"], row["tokens_per_step"], row["world_size"],
-                                      plan.dataset_tokens, plan.epochs, plan.total_steps))
+    if row.get("step_time_mean_s") and row.get("nonpad_tok_per_s"):
+        nonpad_fraction = row["nonpad_tok_per_s"] / row["tok_per_s"]  # the share of processed tokens that are real
+        row.update(metrics_projection(row["step_time_mean_s"], row["tokens_per_step"], nonpad_fraction,
+                                      row["world_size"], plan.dataset_tokens, plan.epochs, plan.total_steps))
     row.update(estimate.row_fields(payload.estimate, row))  # and, for ok rows, the estimate's error
     return row
 

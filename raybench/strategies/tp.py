@@ -9,8 +9,6 @@ data-parallel rank (`strategies.data_parallel_rank`). Here the TP group is the w
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -57,22 +55,27 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     replicated plain tensors; or 2D and dp-only DTensors under TP x FSDP2). Each mesh's group gets its own
     norm (a DTensor norm is reduced over its mesh by full_tensor()), and the groups combine as a root sum of
     squares. Replicated parameters count once, as in a single-device run.
+
+    Like clip_grad_norm_, it never reads the norm on the host, which would sync every step inside the timed
+    loop: the coefficient stays a device tensor, clamped to 1, and multiplies every gradient (by 1 when the
+    norm is under max_norm). As there, a non-finite norm is not skipped (GradScaler skips that step anyway).
     """
     grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
     groups: dict[DeviceMesh | None, list[torch.Tensor]] = {}
     for grad in grads:
         groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
-    total_sq = torch.zeros((), dtype=torch.float32)
+    norms = []
     for group in groups.values():
         norm = torch.nn.utils.get_total_norm(group, norm_type=2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        total_sq = total_sq + norm.float().cpu() ** 2
-    total = total_sq.sqrt()
-    coef = min(1.0, max_norm / (float(total) + 1e-6))
-    if coef < 1.0 and math.isfinite(coef):
-        for group in groups.values():
-            torch._foreach_mul_(group, coef)
+        norms.append(norm.float())
+    total = torch.linalg.vector_norm(torch.stack(norms))  # root sum of squares of the groups' norms
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for group in groups.values():
+        torch._foreach_mul_(group, coef)  # a 0-dim tensor: DTensor treats it as replicated
     return total
 
 

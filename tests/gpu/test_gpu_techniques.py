@@ -80,3 +80,23 @@ def test_cuda_oom_is_an_oom_row_with_memory_at_oom(tmp_path):
     assert row["status"] == "oom", row["message"]
     assert "GiB allocated" in row["message"]
     assert list(read_results(tmp_path).status) == ["oom"]
+
+
+def test_qlora_counts_the_weights_not_the_packed_storage():
+    # Params4bit stores two 4-bit weights per uint8 element; params_total (and so flops_per_token, MFU) must
+    # count the weights, as the unquantized model does.
+    pytest.importorskip("bitsandbytes")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from raybench.config import TrainSpec
+    from raybench.model import count_params
+    from raybench.techniques import qlora
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128)
+    model = LlamaForCausalLM(config).cuda()
+    unquantized = count_params(model)[0]
+    model = qlora.apply(model, TrainSpec(finetune="qlora"))
+    assert any(type(p).__name__ == "Params4bit" for p in model.parameters())  # the swap happened
+    assert sum(p.numel() for p in model.parameters()) < unquantized  # packed: numel() alone undercounts
+    assert count_params(model)[0] == unquantized

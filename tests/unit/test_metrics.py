@@ -55,13 +55,44 @@ def test_phase_stats_reconcile_by_hand():
 
 
 def test_projection_by_hand():
-    # 1e9 tokens, 2 epochs, 262,144 tokens per step -> 7,630 steps; at 1.5 s/step on 64 GPUs.
-    got = metrics.projection(1.5, 262_144, 64, dataset_tokens=1e9, epochs=2, total_steps=None)
+    # 1e9 real tokens, 2 epochs, 262,144 tokens per step, all real (packed) -> 7,629.4 steps, rounded up to
+    # 7,630; hours at 1.5 s per mean step, not rounded to whole steps, on 64 GPUs.
+    got = metrics.projection(1.5, 262_144, 1.0, 64, dataset_tokens=1e9, epochs=2, total_steps=None)
     assert got["projected_steps"] == 7630
-    assert got["projected_hours"] == pytest.approx(7630 * 1.5 / 3600)
-    assert got["projected_device_hours"] == pytest.approx(7630 * 1.5 / 3600 * 64)
-    assert metrics.projection(2.0, 1, 8, None, 1, total_steps=1800)["projected_hours"] == pytest.approx(1.0)
-    assert metrics.projection(2.0, 1, 8, None, 1, None)["projected_hours"] is None
+    assert got["projected_hours"] == pytest.approx(2e9 / (262_144 / 1.5) / 3600)  # tokens / real-token rate
+    assert got["projected_device_hours"] == pytest.approx(got["projected_hours"] * 64)
+    # A quarter of each step is padding: the same real tokens take 4/3 as many steps.
+    padded = metrics.projection(1.5, 262_144, 0.75, 64, dataset_tokens=1e9, epochs=2, total_steps=None)
+    assert padded["projected_steps"] == 10173  # ceil(2e9 / 196,608)
+    assert padded["projected_hours"] == pytest.approx(2e9 / (0.75 * 262_144 / 1.5) / 3600)
+    assert metrics.projection(2.0, 1, 1.0, 8, None, 1, total_steps=1800)["projected_hours"] == pytest.approx(1.0)
+    assert metrics.projection(2.0, 1, 1.0, 8, None, 1, None)["projected_hours"] is None
+
+
+def _measured_row(step_times_s: list[float], tokens_per_step: int, nonpad_tokens: list[int]) -> dict:
+    """The throughput columns of a row as rank_metrics computes them from the timed steps."""
+    timed_s = sum(step_times_s)
+    return {**metrics.step_time_stats(step_times_s), "tokens_per_step": tokens_per_step,
+            "tok_per_s": tokens_per_step * len(step_times_s) / timed_s,
+            "nonpad_tok_per_s": sum(nonpad_tokens) / timed_s}
+
+
+def test_row_projection_uses_real_tokens_and_the_mean_step():
+    from raybench.config import parse_sweep
+    from raybench.plan import plan
+    from raybench.trial import build_row
+
+    spec = parse_sweep({"name": "proj", "model": {"preset": "tiny"}, "resources": {"workers": 2},
+                        "projection": {"dataset_tokens": 1e6, "epochs": 2}})
+    payload = plan(spec)[0].as_payload()
+    steps_s = [1.0, 1.0, 1.6]  # median 1.0 s, mean 1.2 s: the throughput columns use the mean
+    packed = build_row(payload, "proj", "ok", "", _measured_row(steps_s, 4096, [4096] * 3))
+    padded = build_row(payload, "proj", "ok", "", _measured_row(steps_s, 4096, [3072] * 3))
+    assert packed["projected_steps"] == 489  # ceil(2e6 / 4096): every processed token is real
+    assert padded["projected_steps"] == 652  # ceil(2e6 / 3072): a quarter of each step is padding
+    for row in (packed, padded):
+        assert row["projected_hours"] == pytest.approx(2e6 / row["nonpad_tok_per_s"] / 3600)
+        assert row["projected_device_hours"] == pytest.approx(row["projected_hours"] * 2)
 
 
 def test_bus_bandwidth_formula_matches_nccl_tests():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -16,6 +18,24 @@ def test_presets_match_published_sizes(preset, billions):
     total, trainable = count_params(model)
     assert total / 1e9 == pytest.approx(billions, rel=0.01)
     assert trainable == total
+
+
+def test_quantized_weights_count_their_original_shape():
+    """A 4-bit weight holds two values per uint8 element; the count is of weights, from quant_state.shape.
+
+    bitsandbytes needs CUDA, so the real Params4bit cannot be built here: the stand-in is a uint8 parameter of
+    half the elements, packed as bitsandbytes packs it ([n / 2, 1]), carrying a quant_state with the original
+    shape. tests/gpu/test_gpu_techniques.py checks the real class.
+    """
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4, bias=False))
+    unquantized = count_params(model)
+    for layer in model:
+        shape = layer.weight.shape
+        packed = torch.nn.Parameter(torch.zeros(shape.numel() // 2, 1, dtype=torch.uint8), requires_grad=False)
+        packed.quant_state = SimpleNamespace(shape=shape)
+        layer.weight = packed
+    assert sum(p.numel() for p in model.parameters()) < unquantized[0]  # what numel() alone would report
+    assert count_params(model) == (unquantized[0], 6)  # only the first layer's bias is still trainable
 
 
 def test_local_dir_loads_safetensors(model_dir):
@@ -57,19 +77,67 @@ def test_text_batches_mask_padding_in_labels(model_dir, alpaca_file):
     assert 0 < batch["attention_mask"].sum() < 4 * 64
 
 
-def test_tokenized_data_cached_as_arrow_and_keyed_by_content(tmp_path, model_dir, alpaca_file):
+@pytest.mark.parametrize("packing", [True, False])
+def test_tokenized_data_cached_as_arrow_and_keyed_by_content(tmp_path, model_dir, alpaca_file, packing):
+    import pyarrow as pa
+
     from raybench.config import DataSpec
 
-    spec = DataSpec(source="json", path=str(alpaca_file), packing=True)
+    spec = DataSpec(source="json", path=str(alpaca_file), packing=packing)
     data._MEMORY_CACHE.clear()
     fresh = data.cached_text_dataset(spec, str(model_dir), 32, str(tmp_path))
     cached_files = list((tmp_path / "data").glob("*.arrow"))
     assert len(cached_files) == 1
+    with pa.memory_map(str(cached_files[0])) as source:  # one file format, with or without padding
+        assert pa.ipc.open_file(source).schema.names == ["input_ids", "attention_mask"]
     data._MEMORY_CACHE.clear()
     again = data.cached_text_dataset(spec, str(model_dir), 32, str(tmp_path))  # read back from Arrow
+    assert len(fresh.tensors) == len(again.tensors) == (1 if packing else 2)  # a mask only with padding
     assert all(torch.equal(a, b) for a, b in zip(fresh.tensors, again.tensors))
     assert data.dataset_cache_key(spec, str(model_dir), 64) != data.dataset_cache_key(spec, str(model_dir), 32)
     changed = tmp_path / "changed.jsonl"
     changed.write_text(alpaca_file.read_text().replace("fox", "cat"))
     other = DataSpec(source="json", path=str(changed), packing=True)
     assert data.dataset_cache_key(other, str(model_dir), 32) != data.dataset_cache_key(spec, str(model_dir), 32)
+
+
+@pytest.mark.parametrize("source, packing", [("synthetic", True), ("json", True), ("json", False)])
+def test_only_padded_batches_reach_the_model_with_a_mask(model_dir, alpaca_file, source, packing):
+    """Without padding the model gets no attention_mask (transformers would check an all-ones mask on the
+    device, a host sync per micro-batch); the non-padding token count is the same as with a mask."""
+    import contextlib
+
+    from raybench import bench
+    from raybench.config import TrialConfig
+    from raybench.plan import model_shape
+    from raybench.strategies import Trainable
+
+    config = TrialConfig.model_validate({
+        "model": {"path": str(model_dir)},
+        "data": {"source": source, "path": str(alpaca_file), "packing": packing},
+        "train": {"seq_len": 64, "micro_batch": 4, "grad_accum": 2},
+    })
+    seen, calls = [], []
+
+    def recorded():
+        for batch in data.batches(config, model_shape(config), rank=0, world_size=1):
+            seen.append(batch)
+            yield batch
+
+    def model(**kwargs):
+        calls.append(kwargs)
+        return SimpleNamespace(loss=torch.tensor(1.0))
+
+    trainable = Trainable(model, None, backward=lambda loss: None, step=lambda: None,
+                          no_grad_sync=contextlib.nullcontext, autocast=contextlib.nullcontext)
+    _, nonpad = bench.train_step(trainable, recorded(), config.train, torch.device("cpu"),
+                                 bench.PhaseClock(torch.device("cpu")))
+    assert len(calls) == 2
+    assert all(("attention_mask" in call) == (not packing) for call in calls)
+    real = sum(int((b["labels"] != data.IGNORE_INDEX).sum()) for b in seen)  # padding is masked in the labels
+    assert nonpad == real
+    if packing:
+        assert nonpad == 2 * 4 * 64
+        assert all(torch.equal(b["labels"], b["input_ids"]) for b in seen)
+    else:
+        assert nonpad < 2 * 4 * 64
