@@ -40,7 +40,8 @@ def compact_if_many_files(store_path: str, sweep_name: str, progress=print) -> N
 def _run_grid(spec: SweepSpec, store_path: str, address: str | None, keep_invalid: bool, rerun: bool, progress,
               verbose: bool, source: str) -> list[PlannedTrial]:
     trials = plan(spec, keep_invalid=keep_invalid, source=source, store_path=store_path)
-    stored = {} if rerun else store.attempt_statuses(store_path, spec.name)  # one read of the sweep's rows
+    # A trial counts as stored only when the executor the sweep asks for measured it (docs/executors.md).
+    stored = {} if rerun else store.attempt_statuses(store_path, spec.name, spec.executor)  # one read of the rows
     done = {trial_id for trial_id, statuses in stored.items() if "ok" in statuses}
     unrun = [t for t in trials if t.status != "planned"]
     todo = [t for t in trials if t.status == "planned" and t.trial_id not in done]

@@ -207,8 +207,9 @@ class TrainSpec(_Spec):
     reshard_after_forward: bool = Field(True, description="FSDP2: free gathered weights after forward.")
     seed: int = Field(0, ge=0, description="Seed for weights and synthetic data.")
     env: Annotated[dict[str, str], BeforeValidator(_check_env)] = Field(default_factory=dict, description=(
-        "Environment variables for this trial's workers only, e.g. {NCCL_SOCKET_NTHREADS: '4'}; names must "
-        f"start with one of {', '.join(ENV_PREFIXES)}."))
+        "Environment variables of this trial's worker processes, set when they start (warm pool: a group of "
+        "actors per distinct environment), e.g. {NCCL_SOCKET_NTHREADS: '4'}; names must start with one of "
+        f"{', '.join(ENV_PREFIXES)}."))
 
 
 class ResourcesSpec(_Spec):

@@ -49,20 +49,21 @@ def phase_stats(phase_times_s: dict[str, list[float]], step_times_s: list[float]
     return stats
 
 
-def projection(step_time_mean_s: float, tokens_per_step: int, nonpad_fraction: float, world_size: int,
+def projection(step_time_s: float, tokens_per_step: int, nonpad_fraction: float, world_size: int,
                dataset_tokens: float | None, epochs: float, total_steps: int | None) -> dict[str, float | None]:
     """Steps, wall hours and device-hours of the user's full run, at this trial's throughput.
 
     dataset_tokens counts real tokens (no padding), so a step advances by its real tokens,
     tokens_per_step × nonpad_fraction (nonpad_fraction = nonpad_tok_per_s / tok_per_s: 1 for packed data).
-    Time is the mean step over the timed window, the basis of every throughput column (not the median step):
+    Time per step is the throughput columns' own, tokens_per_step / tok_per_s (the timed window's elapsed time
+    over its steps; not the median step):
 
         projected_steps = ⌈dataset_tokens × epochs / (tokens_per_step × nonpad_fraction)⌉
-        projected_hours = dataset_tokens × epochs / (tokens_per_step × nonpad_fraction) × step_time_mean_s / 3600
+        projected_hours = dataset_tokens × epochs / (tokens_per_step × nonpad_fraction) × step_time_s / 3600
                         = dataset_tokens × epochs / nonpad_tok_per_s / 3600
 
     Hours are not rounded up to whole steps, so they equal the run's tokens at the measured real-token rate.
-    With total_steps instead: projected_hours = total_steps × step_time_mean_s / 3600.
+    With total_steps instead: projected_hours = total_steps × step_time_s / 3600.
     """
     if total_steps is None and dataset_tokens is None:
         return {"projected_steps": None, "projected_hours": None, "projected_device_hours": None}
@@ -71,7 +72,7 @@ def projection(step_time_mean_s: float, tokens_per_step: int, nonpad_fraction: f
     else:
         exact_steps = dataset_tokens * epochs / (tokens_per_step * nonpad_fraction)
         steps = math.ceil(exact_steps)
-    hours = exact_steps * step_time_mean_s / 3600
+    hours = exact_steps * step_time_s / 3600
     return {"projected_steps": steps, "projected_hours": hours, "projected_device_hours": hours * world_size}
 
 

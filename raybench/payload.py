@@ -30,8 +30,10 @@ class TrialPayload:
     estimate: dict[str, Any] = field(default_factory=dict)  # the plan's estimate (estimate.assess); not in the id
     # Set by the trial driver: the store's per-cluster cache directory (all-reduce probe, data, compile caches).
     cache_dir: str | None = None
-    # Set by the warm pool: host memory a long-lived worker may keep for the weights of the next trial.
+    # Set by the warm pool: host memory a long-lived worker may keep for the weights of the next trial, and how
+    # many trials the worker process ran before this one (0: a fresh process).
     weights_cache_gib: float = 0.0
+    process_trial_index: int = 0
 
     def replace(self, **changes) -> TrialPayload:
         return dataclasses.replace(self, **changes)
@@ -72,6 +74,8 @@ class TrialPayload:
         env), before any process group or communicator exists, so NCCL_* settings take effect for this trial.
         """
         env = dict(self.config.train.env)
+        if self.config.train.strategy == "deepspeed" and self.config.resources.gpus_per_worker == 0:
+            env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed picks its accelerator once, at its first import
         cache_dir = self.compile_cache_dir()
         if cache_dir:
             env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir

@@ -151,6 +151,7 @@ class TrialFacts:
     weights_cache: str | None
     weights_copy_s: float | None
     worker_wall_s: float
+    process_trial_index: int  # trials the worker processes ran before this one (0: fresh processes)
 
 
 def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
@@ -202,6 +203,7 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         # Compilation happens inside the first step; its excess over a typical step is the compile cost.
         compile_s=r.step_times_s[0] - step_p50 if train.compile else None,
         worker_wall_s=facts.worker_wall_s,
+        process_trial_index=facts.process_trial_index,
         **r.sampled,
     )
 

@@ -73,6 +73,7 @@ class TrialMetrics:
     first_step_s: float
     compile_s: float | None
     worker_wall_s: float
+    process_trial_index: int
     phase_data_p50_s: float
     phase_data_p90_s: float
     phase_data_mean_s: float

@@ -77,6 +77,8 @@ DESCRIPTIONS = {
     "warmup_s": "Total time of the warm-up steps.",
     "timed_window_s": ("Real elapsed time of the timed steps: the earliest rank's start of the first timed step to "
                        "the latest rank's end of the last one (wall clock); throughput divides by it."),
+    "process_trial_index": ("Trials the worker processes had run before this one: 0 for a fresh process (torchrun, "
+                            "Ray Train), the warm pool actor's count otherwise."),
     "time_to_first_step_s": "Worker start to the end of the first step, slowest rank.",
     "first_step_s": "The first step (compilation and allocator warm-up included).",
     "compile_s": "First step's excess over the median step, when train.compile is on.",
@@ -99,7 +101,7 @@ DESCRIPTIONS = {
     "projected_steps": "Steps of the full run given in `projection:` (dataset tokens × epochs / real, non-padding "
                        "tokens per step, rounded up).",
     "projected_hours": "Hours of that run: dataset tokens × epochs / nonpad_tok_per_s (or total_steps × "
-                       "step_time_mean_s).",
+                       "tokens_per_step / tok_per_s).",
     "projected_device_hours": "projected_hours × world_size (GPU-hours on GPU trials).",
     "est_peak_gib": "The plan's raw peak-memory estimate per device.",
     "est_peak_calibrated_gib": "The estimate after calibration with earlier measured rows.",

@@ -260,12 +260,15 @@ def read_results(store: str | Path = DEFAULT_STORE, sweep: str | None = None, la
     return read_table(store, sweep, latest).to_pandas()
 
 
-def attempt_statuses(store: str | Path, sweep: str) -> dict[str, set[str]]:
-    """trial id -> the statuses of all its stored attempts in `sweep`."""
+def attempt_statuses(store: str | Path, sweep: str, executor: str | None = None) -> dict[str, set[str]]:
+    """trial id -> the statuses of all its stored attempts in `sweep`; with `executor`, only the attempts run by
+    that executor, and the plan's rows (invalid, skipped), which no executor ran."""
     table = read_table(store, sweep, latest=False)
     statuses: dict[str, set[str]] = {}
-    for trial_id, status in zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()):
-        statuses.setdefault(trial_id, set()).add(status)
+    columns = (table.column(c).to_pylist() for c in ("trial_id", "status", "executor"))
+    for trial_id, status, ran_by in zip(*columns):
+        if executor is None or ran_by in (None, executor):
+            statuses.setdefault(trial_id, set()).add(status)
     return statuses
 
 

@@ -329,7 +329,7 @@ def run_search(spec: SweepSpec, *, store_path: str, address: str | None = None, 
     """Search the sweep's grid with spec.search; rows land in the store like a grid sweep's."""
     trials = plan(spec, keep_invalid=True, source=source, store_path=store_path)  # invalid points included
     objectives = spec.search.objectives()
-    stored = {} if rerun else stored_rows(store_path, spec.name, [m for m, _ in objectives])
+    stored = {} if rerun else stored_rows(store_path, spec.name, [m for m, _ in objectives], spec.executor)
     space = SearchSpace(spec, trials)
     searcher = PlannedSearch(
         space, objectives, make_sampler(spec.search.algo, spec.search.seed, len(space.points)),

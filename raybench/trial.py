@@ -97,10 +97,11 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
         raise ValueError(f"trial {payload.trial_id}: result keys outside the row schema: {unknown}")
     row.update({k: v for k, v in metrics.items() if k not in row})
     plan = payload.projection
-    if row.get("step_time_mean_s") and row.get("nonpad_tok_per_s"):
+    if row.get("tok_per_s") and row.get("nonpad_tok_per_s") and row.get("tokens_per_step"):
         nonpad_fraction = row["nonpad_tok_per_s"] / row["tok_per_s"]  # the share of processed tokens that are real
-        row.update(metrics_projection(row["step_time_mean_s"], row["tokens_per_step"], nonpad_fraction,
-                                      row["world_size"], plan.dataset_tokens, plan.epochs, plan.total_steps))
+        step_s = row["tokens_per_step"] / row["tok_per_s"]  # the throughput columns' time per step
+        row.update(metrics_projection(step_s, row["tokens_per_step"], nonpad_fraction, row["world_size"],
+                                      plan.dataset_tokens, plan.epochs, plan.total_steps))
     row.update(estimate.row_fields(payload.estimate, row))  # and, for ok rows, the estimate's error
     return row
 

@@ -13,10 +13,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import dataclasses  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -225,7 +225,8 @@ def _benchmark(payload: TrialPayload) -> dict | None:
         train=train, world_size=ctx.world_size, dp_size=dp_size, params_total=built.params_total,
         params_trainable=built.params_trainable, flops_per_token=flops_tok,
         peak_tflops=peak_tflops(hardware["gpu_name"], train.precision), comm_exposed_p50_s=comm_exposed_p50_s,
-        worker_wall_s=time.perf_counter() - t_start, **built.weights_info)
+        worker_wall_s=time.perf_counter() - t_start, process_trial_index=payload.process_trial_index,
+        **built.weights_info)
     provenance = {
         "world_size": ctx.world_size,
         "hostnames": sorted(set(hostnames)),

@@ -70,6 +70,8 @@ class PoolWorker:
         from raybench import worker  # noqa: F401  (imports torch, transformers, peft once, up front)
 
         os.environ["LOCAL_RANK"] = "0"  # Ray gives each GPU actor exactly one visible device
+        self.trials_run = 0  # trials this process ran: the row's process_trial_index (0 = a fresh process)
+        self.changed: list[str] = []  # process-wide state the last trial changed
         if store_host is None:
             host = ray.util.get_node_ip_address()
             self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
@@ -88,38 +90,41 @@ class PoolWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def device_leftover_gib(self) -> float:
-        """GPU memory still allocated by this process between trials (0 on CPU)."""
+    def after_trial(self) -> dict:
+        """What the last trial left in this process: GPU memory still allocated (0 on CPU), and the process-wide
+        state it changed (restored already, but the group is replaced: see raybench/isolation.py)."""
         import torch
 
-        return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+        leftover = torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+        return {"leftover_gib": leftover, "changed": self.changed}
 
     def run(self, payload: TrialPayload, trial_key: str, rank: int, world_size: int) -> dict | None:
         import torch
         import torch.distributed as dist
 
-        from raybench import worker
+        from raybench import isolation, worker
 
+        before = isolation.snapshot()
+        # Compiled code of earlier trials must not serve this one: it compiles as a fresh process would (its
+        # kernels may still come from the shared on-disk cache, as a fresh process's do).
+        torch.compiler.reset()
         resources = payload.config.resources
-        env = payload.worker_env()
-        saved_env = {k: os.environ.get(k) for k in env}
         saved_rlimit = resource.getrlimit(resource.RLIMIT_DATA)
-        os.environ.update(env)
         backend = "nccl" if resources.gpus_per_worker > 0 else "gloo"
         dist.init_process_group(backend, store=dist.PrefixStore(trial_key, self.store), rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=resources.timeout_s))
+        self.trials_run += 1
         try:
             # Only warm actors live past one trial: they alone keep weights in memory for the next one.
-            return worker.run(payload.replace(weights_cache_gib=payload.pool.weights_cache_gib))
+            return worker.run(payload.replace(weights_cache_gib=payload.pool.weights_cache_gib,
+                                              process_trial_index=self.trials_run - 1))
         finally:
-            # Leave nothing behind for the next trial: the group, the env, the memory cap, freed memory.
+            # Leave nothing behind for the next trial: the group, compiled code, the memory cap, patched
+            # globals, freed memory.
             _destroy_world_group()
-            for key, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            torch.compiler.reset()
             resource.setrlimit(resource.RLIMIT_DATA, saved_rlimit)
+            self.changed = isolation.restore(before)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -188,7 +193,7 @@ class PoolManager:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        workers, cpus, gpus, _ = shape
+        workers, cpus, gpus, _, env = shape
         bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         pg = placement_group([bundle] * workers, strategy="PACK")  # ranks of a group share nodes when they fit
         await pg.ready()
@@ -197,6 +202,7 @@ class PoolManager:
         def start(index: int, *store):
             return actor_cls.options(
                 num_cpus=cpus, num_gpus=gpus, lifetime="detached", max_restarts=0, max_concurrency=2,
+                runtime_env={"env_vars": dict(env)},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
             ).remote(*store)
 
@@ -239,13 +245,18 @@ def release_idle() -> int:
 
 def execute(payload: TrialPayload) -> dict:
     res = payload.config.resources
-    shape = (res.workers, res.cpus_per_worker, res.gpus_per_worker, _code_version())
+    # Variables read at process start (NCCL_*, OMP_*, TORCHINDUCTOR_*, DS_ACCELERATOR, ...) take effect only
+    # when the actors start with them: each distinct environment gets its own group.
+    env = tuple(sorted(payload.worker_env().items()))
+    shape = (res.workers, res.cpus_per_worker, res.gpus_per_worker, _code_version(), env)
     pool = manager()
     group_id, actors = ray.get(pool.acquire.remote(shape))
     healthy = False
     try:
         results, trial_error = _run_group(actors, payload, res.timeout_s)
-        healthy = max(ray.get([a.device_leftover_gib.remote() for a in actors])) <= LEFTOVER_LIMIT_GIB
+        states = ray.get([a.after_trial.remote() for a in actors])
+        healthy = (max(s["leftover_gib"] for s in states) <= LEFTOVER_LIMIT_GIB
+                   and not any(s["changed"] for s in states))
     finally:
         ray.get(pool.release.remote(group_id, healthy, payload.pool.recycle_after_trials))
     if trial_error is not None:

@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from raybench.config import TrainSpec
-from raybench.strategies import RankContext, Trainable, already_materialized, fsdp2, tp, torch_trainable
+from raybench.strategies import RankContext, Trainable, already_materialized, fsdp2, torch_trainable, tp
 
 
 def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:

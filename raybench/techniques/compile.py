@@ -7,6 +7,7 @@ every FSDP2 hook. The HF forward must run with use_cache=False or each layer rec
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from raybench.config import TrainSpec
@@ -18,6 +19,8 @@ def wanted(train: TrainSpec) -> bool:
 
 
 def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
+    # Past dynamo's recompile limit a "compiled" block would silently run eager: fail the trial instead.
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     for block in decoder_blocks(model):
         block.compile()
     return model

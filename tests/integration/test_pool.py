@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -128,3 +129,50 @@ def test_deepspeed_zero3_after_zero2_in_one_warm_group(cluster, tmp_path):
                         "resources": {"workers": 2}, "axes": {"train.zero_stage": [2, 3]}})
     rows = run(spec, tmp_path)
     assert list(rows.status) == ["ok", "ok"], list(rows.message)
+
+
+def test_train_env_starts_its_own_group(cluster, tmp_path):
+    # NCCL reads NCCL_* once per process: such a variable takes effect only in actors started with it.
+    spec = pool_sweep("pool-env", {"train.env": [{}, {"NCCL_BUFFSIZE": "4194304"}]})
+    rows = run(spec, tmp_path)
+    assert list(rows.status) == ["ok", "ok"]
+    envs = [json.loads(e) for e in rows.env_json]
+    assert "NCCL_BUFFSIZE" not in envs[0] and envs[1]["NCCL_BUFFSIZE"] == "4194304"  # what was in effect
+    shapes = [g["shape"] for g in groups()]
+    assert any(dict(shape[-1]).get("NCCL_BUFFSIZE") == "4194304" for shape in shapes)
+
+
+def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(cluster, tmp_path):
+    # DeepSpeed ZeRO-3 replaces torch.nn.functional.linear for its whole process; a plain trial changes nothing.
+    plain = run(pool_sweep("pool-plain", {"train.micro_batch": [1, 2]}), tmp_path)
+    first, second = sorted(plain.process_trial_index)
+    assert second == first + 1  # one group ran both: the first trial changed nothing, its group stayed
+    spec = parse_sweep({"name": "pool-zero3", "model": {"preset": "tiny"}, "executor": "pool",
+                        "train": {"strategy": "deepspeed", "zero_stage": 3, "steps": 4, "warmup_steps": 1,
+                                  "seq_len": 32, "precision": "fp32"}, "resources": {"workers": 2}})
+    assert list(run(spec, tmp_path).status) == ["ok"]
+    deepspeed_groups = [g for g in groups() if dict(g["shape"][-1]).get("DS_ACCELERATOR") == "cpu"]
+    assert deepspeed_groups == []  # replaced after the trial that patched F.linear
+
+
+def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
+    """The same trial fresh (torchrun) and as a later trial of a pool group that first ran other kinds."""
+    base = {"steps": 6, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"}
+    target = {"strategy": "fsdp2", "ac_ratio": "1/2"}
+    before = [{"compile": True}, {"finetune": "lora"}, {"micro_batch": 2}]
+    spec = parse_sweep({"name": "warm-fresh", "model": {"preset": "tiny"}, "executor": "pool", "train": base,
+                        "resources": {"workers": 2},
+                        "axes": {"setup": [{f"train.{k}": v for k, v in t.items()} for t in [*before, target]]}})
+    trials = plan(spec)
+    run_planned(trials, spec.name, str(tmp_path / "warm"), "pool", progress=lambda line: None)
+    warm = store.read_results(tmp_path / "warm", spec.name).set_index("trial_id").loc[trials[-1].trial_id]
+    run_planned(trials[-1:], spec.name, str(tmp_path / "fresh"), "torchrun", progress=lambda line: None)
+    fresh = store.read_results(tmp_path / "fresh", spec.name).iloc[0]
+    assert warm.status == fresh.status == "ok"
+    assert warm.process_trial_index >= 1 and fresh.process_trial_index == 0
+    for column in ("loss_first", "loss_final", "params_total", "flops_per_token"):
+        assert warm[column] == fresh[column], column
+    # Training's own host memory: the peak above the RSS just before the build, per rank.
+    growth = [[p - b for p, b in zip(row.peak_rss_gib_by_rank, row.rss_before_build_gib_by_rank)]
+              for row in (warm, fresh)]
+    assert max(growth[0]) == pytest.approx(max(growth[1]), rel=0.10, abs=0.02), growth

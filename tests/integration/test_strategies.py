@@ -39,6 +39,12 @@ CASES = {
     "zero3": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 2),
     "tp": ({"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2", "optimizer": "adamw_fused"}, {}, 2),
     "tp-fsdp2": ({"strategy": "tp_fsdp2", "tp_size": 2}, {}, 4),
+    # Sharded builds give every rank its part of the same random init at any world size (raybench/materialize.py).
+    "fsdp2": ({"strategy": "fsdp2"}, {}, 2),
+    "fsdp2-1rank": ({"strategy": "fsdp2"}, {}, 1),
+    "ddp-4ranks": ({}, {}, 4),
+    "fsdp2-4ranks": ({"strategy": "fsdp2"}, {}, 4),
+    "zero3-4ranks": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 4),
 }
 _results: dict[str, dict] = {}
 
@@ -61,16 +67,25 @@ def run_case(name: str, model_dir, alpaca_file) -> dict:
     return _results[name]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+def _slow_if_4_ranks(name: str):
+    # The 4-rank comparisons repeat the 2-rank ones at another world size (tests/integration/sharded_values.py
+    # checks the 4-rank values directly, faster): they run with -m slow.
+    return pytest.param(name, marks=pytest.mark.slow) if name.endswith("-4ranks") else name
+
+
+@pytest.mark.parametrize("name", [_slow_if_4_ranks(name) for name in CASES])
 def test_loss_goes_down(name, model_dir, alpaca_file):
     result = run_case(name, model_dir, alpaca_file)
     assert result["loss_final"] < result["loss_first"] - MIN_LOSS_DROP, result
     assert result["world_size"] == CASES[name][2]
 
 
-@pytest.mark.parametrize("name", ["zero3", "tp-fsdp2"])
-def test_partitioned_strategies_match_ddp(name, model_dir, alpaca_file):
-    ddp, other = run_case("ddp", model_dir, alpaca_file), run_case(name, model_dir, alpaca_file)
+@pytest.mark.parametrize("ddp_name, name", [
+    ("ddp", "zero3"), ("ddp", "tp-fsdp2"), ("ddp", "fsdp2"), ("ddp-1rank", "fsdp2-1rank"),
+    pytest.param("ddp-4ranks", "fsdp2-4ranks", marks=pytest.mark.slow),
+    pytest.param("ddp-4ranks", "zero3-4ranks", marks=pytest.mark.slow)])
+def test_partitioned_strategies_match_ddp(ddp_name, name, model_dir, alpaca_file):
+    ddp, other = run_case(ddp_name, model_dir, alpaca_file), run_case(name, model_dir, alpaca_file)
     assert other["loss_first"] == pytest.approx(ddp["loss_first"], abs=SAME_MATH_ABS)
     assert other["loss_final"] == pytest.approx(ddp["loss_final"], abs=SAME_MATH_ABS)
 

@@ -141,3 +141,21 @@ def test_only_padded_batches_reach_the_model_with_a_mask(model_dir, alpaca_file,
         assert all(torch.equal(b["labels"], b["input_ids"]) for b in seen)
     else:
         assert nonpad < 2 * 4 * 64
+
+
+def test_large_presets_build_on_the_meta_device_without_allocating():
+    """The worker builds every model on meta first; a 72B shape must cost no memory until its shards are made."""
+    import resource
+
+    from raybench import estimate
+    from raybench.config import TrainSpec
+    from raybench.model import build_meta
+    from raybench.presets import PRESETS
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    model, source, _ = build_meta(ModelSpec(preset="qwen2.5-72b"), seed=0)
+    grown_gib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 2**20
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert source.weights_dir is None and source.state is None  # random init, drawn per shard later
+    assert count_params(model)[0] == estimate.param_counts(PRESETS["qwen2.5-72b"], TrainSpec()).total
+    assert grown_gib < 1.0  # the model is 290 GB in fp32

@@ -1,0 +1,77 @@
+"""Sharded from the start: under fsdp2, tp and tp_fsdp2 each rank materializes only its own shards, with the
+values a whole build gives (random init and safetensors reads alike), and host memory shows it.
+
+The memory tests run the llama-3.2-1b preset (1.24 B parameters, 4.9 GB in fp32) on 4 gloo ranks: they are
+slow (minutes on 2 cores) and select with `-m slow`. Figures: docs/results/sharded-build-2026-11-24.md.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raybench.config import parse_sweep
+from raybench.executors import torchrun
+from raybench.plan import plan
+
+pytestmark = pytest.mark.integration
+VALUES_SCRIPT = Path(__file__).with_name("sharded_values.py")
+GIB = 2**30
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_rank_materializes_its_part_of_the_whole_build(world_size):
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          f"--nproc-per-node={world_size}", str(VALUES_SCRIPT)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "differences: none" in run.stdout
+
+
+def one_b_lora_fsdp2(model: dict, tmp_path: Path) -> dict:
+    """The issue's proof trial: llama-3.2-1b shape, LoRA, fsdp2 on 4 gloo ranks, seq 64, micro-batch 1."""
+    spec = parse_sweep({
+        "name": "sharded-1b", "model": model,
+        "train": {"strategy": "fsdp2", "finetune": "lora", "steps": 3, "warmup_steps": 1, "seq_len": 64,
+                  "micro_batch": 1, "precision": "fp32"},
+        "resources": {"workers": 4, "timeout_s": 1800},
+    })
+    (trial,) = plan(spec)
+    return torchrun.execute(trial.as_payload().replace(cache_dir=str(tmp_path / "_cache")))
+
+
+def build_growth_gib(row: dict) -> list[float]:
+    """Per rank: the build's peak RSS above that rank's RSS just before the build.
+
+    Training's peak is recorded apart (peak_rss_gib_by_rank): FSDP2 then gathers whole units, the root's tied
+    1 GB embedding among them (all-gather output plus unsharded copy), whatever the build did."""
+    return [build - before for build, before in
+            zip(row["build_peak_rss_gib_by_rank"], row["rss_before_build_gib_by_rank"])]
+
+
+@pytest.mark.slow
+def test_sharded_random_init_costs_each_rank_under_half_the_model(tmp_path):
+    row = one_b_lora_fsdp2({"preset": "llama-3.2-1b"}, tmp_path)
+    model_gib = row["params_total"] * 4 / GIB
+    assert max(build_growth_gib(row)) <= model_gib / 2, (build_growth_gib(row), model_gib)
+    assert len(row["peak_rss_gib_by_rank"]) == 4 and row["build_peak_rss_gib"] < row["peak_rss_gib"]
+
+
+@pytest.mark.slow
+def test_weights_from_a_directory_cost_the_node_about_one_copy(tmp_path):
+    import torch
+
+    from raybench.config import ModelSpec
+    from raybench.model import build_model
+
+    model, _ = build_model(ModelSpec(preset="llama-3.2-1b"), torch.device("cpu"), seed=0)
+    # Several files, as checkpoints of this size ship: each rank maps one file at a time while reading.
+    model.save_pretrained(tmp_path / "llama-1b", safe_serialization=True, max_shard_size="500MB")
+    del model
+    row = one_b_lora_fsdp2({"path": str(tmp_path / "llama-1b")}, tmp_path)
+    model_gib = row["params_total"] * 4 / GIB
+    assert sum(build_growth_gib(row)) <= 1.5 * model_gib, (build_growth_gib(row), model_gib)
+    assert row["weights_cache"] is None and row["loss_final"] == row["loss_final"]  # trained: a number
