@@ -25,7 +25,7 @@ from raybench.sweep import ray_cluster
 from raybench.trial import run_trial
 
 CONFIGS = {
-    "ddp": {},
+    "ddp": {"train.strategy": "ddp"},
     "ddp-lora": {"train.finetune": "lora"},
     "fsdp2-sac-half": {"train.strategy": "fsdp2", "train.ac_ratio": "1/2"},
     "fsdp2-compile": {"train.strategy": "fsdp2", "train.compile": True},

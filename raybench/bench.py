@@ -20,7 +20,6 @@ from raybench.config import TrainSpec
 from raybench.sampler import Sampler
 from raybench.strategies import Trainable
 
-
 PHASES = ("data", "forward", "backward", "optimizer")
 
 

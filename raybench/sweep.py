@@ -28,6 +28,7 @@ import psutil
 
 from raybench import store
 from raybench.config import SweepSpec
+from raybench.executors import RAY_WORKER_ENV
 from raybench.payload import TrialPayload
 from raybench.plan import PlannedTrial, plan
 from raybench.progress import SweepProgress, as_progress, peak_gib
@@ -129,7 +130,7 @@ def ray_cluster(address: str | None, verbose: bool = False):
         return
     log = dict(log_to_driver=verbose, logging_level="INFO" if verbose else "WARNING")
     if address:
-        context = ray.init(address=address, **log)
+        context = ray.init(address=address, runtime_env={"env_vars": RAY_WORKER_ENV}, **log)
         try:
             yield _remember_dashboard(context.dashboard_url)
         finally:
@@ -145,7 +146,8 @@ def ray_cluster(address: str | None, verbose: bool = False):
         # asks it whether a Train controller is alive, and without it a controller killed at a trial's timeout
         # leaves its placement group (the trial's CPUs/GPUs) reserved for good.
         context = ray.init(address="local", _temp_dir=temp_dir, resources={DRIVER_RESOURCE: DRIVER_SLOTS},
-                           include_dashboard=_dashboard_installed(), dashboard_host="127.0.0.1", **log)
+                           include_dashboard=_dashboard_installed(), dashboard_host="127.0.0.1",
+                           runtime_env={"env_vars": RAY_WORKER_ENV}, **log)
         yield _remember_dashboard(context.dashboard_url)
     finally:
         ray.shutdown()

@@ -9,6 +9,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
+# Ray starts its worker processes at niceness 15, so that its own daemons win the CPU; a trial's ranks (pool
+# actors, Ray Train workers, and torchrun ranks, which inherit their trial driver's niceness) would then lose
+# time slices to every other process of the node and measure 5-12% below a fresh process started from a shell
+# (docs/results/warm-fidelity-2026-11-24.md). Every process raybench starts through Ray runs at niceness 0.
+RAY_WORKER_ENV = {"RAY_worker_niceness": "0"}
+
 
 def get(name: str) -> Callable[[dict], dict]:
     return importlib.import_module(f"raybench.executors.{name}").execute

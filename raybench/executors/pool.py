@@ -31,6 +31,7 @@ from datetime import timedelta
 import ray
 
 from raybench import fingerprint
+from raybench.executors import RAY_WORKER_ENV
 from raybench.payload import TrialPayload
 
 NAMESPACE = "raybench"
@@ -202,7 +203,7 @@ class PoolManager:
         def start(index: int, *store):
             return actor_cls.options(
                 num_cpus=cpus, num_gpus=gpus, lifetime="detached", max_restarts=0, max_concurrency=2,
-                runtime_env={"env_vars": dict(env)},
+                runtime_env={"env_vars": {**dict(env), **RAY_WORKER_ENV}},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
             ).remote(*store)
 

@@ -14,6 +14,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from raybench.executors import RAY_WORKER_ENV
 from raybench.payload import TrialPayload
 
 # Seconds to wait for the cancelled fit task to be reported dead before giving up on it.
@@ -49,7 +50,7 @@ def _fit(payload: TrialPayload) -> dict:
             # retry forever), fails the trial; the row says why.
             failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
             # train.env reaches this trial's worker processes only, before their process group exists.
-            worker_runtime_env={"env_vars": payload.worker_env()},
+            worker_runtime_env={"env_vars": {**payload.worker_env(), **RAY_WORKER_ENV}},
         ),
     )
     result = trainer.fit()
