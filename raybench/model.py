@@ -30,7 +30,7 @@ class WeightsSource:
     weights_dir: str | None = None  # a model directory (safetensors); None: random init
     cache_key: str | None = None  # the warm pool's in-memory cache key; None: no cache
     cache_gib: float = 0.0
-    state: dict | None = None  # whole tensors already in memory (pickle weights, or a cache hit)
+    state: dict | None = None  # whole tensors already read into memory (a pickle-only directory)
 
 
 def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib: float = 0.0
