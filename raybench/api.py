@@ -54,7 +54,8 @@ def _run_grid(spec: SweepSpec, store_path: str, address: str | None, keep_invali
                                       or (t.status == "skipped" and t.trial_id in stored))]
     sweep.write_unrun(unrun, spec.name, store_path)
     if todo:
-        sweep.run_planned(todo, spec.name, store_path, spec.executor, address=address, progress=progress, verbose=verbose)
+        sweep.run_planned(todo, spec.name, store_path, spec.executor, address=address, progress=progress,
+                          verbose=verbose)
     return todo
 
 

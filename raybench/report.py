@@ -105,4 +105,5 @@ def estimate_summary(trials: list[PlannedTrial], store_path: str) -> str:
         parts.append(f"{unknown} without a device memory limit (set estimate.gpu or estimate.device_memory_gib)")
     parts.append(f"{sum(t.status == 'skipped' for t in trials)} skipped by pruning")
     parts.append(f"{calibrated} calibrated by measured rows in {store_path}")
-    return "; ".join(parts) + ". Step times are guesses (dense peak x " + f"{estimate.ASSUMED_MFU:.0%} MFU), not measurements."
+    return "; ".join(parts) + (f". Step times are guesses (dense peak x {estimate.ASSUMED_MFU:.0%} MFU), "
+                               "not measurements.")

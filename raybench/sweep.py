@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from raybench import store
+from raybench import executors, store
 from raybench.config import SweepSpec
 from raybench.executors import RAY_WORKER_ENV
 from raybench.payload import TrialPayload
@@ -214,13 +214,12 @@ def _trial_driver(config: dict) -> None:
     """Ray Tune function trainable: run one trial, store its row, report the headline metrics to Tune."""
     from ray import tune
 
-    from raybench import executors  # the pool executor imports Ray: load it in the driver only
-
     job = config["job"]
     rows = []
     # A grid trial is one payload; a searched point is one payload per repeat.
     for payload in _payloads(config):
-        rows.append(run_trial(TrialPayload.from_dict(payload), job["sweep"], job["store"], job["executor"], executors.get(job["executor"])))
+        rows.append(run_trial(TrialPayload.from_dict(payload), job["sweep"], job["store"], job["executor"],
+                              executors.get(job["executor"])))
         row = rows[-1]
         # A searcher learns the point's outcome from the rows it reported (JSON: Tune results stay flat).
         fields = ("trial_id", "status", "message", "trial_wall_s", *job.get("metrics", ()))
@@ -286,7 +285,8 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     stored = set(store.read_table(store_path, sweep, latest=False).column("trial_id").to_pylist())
     for t in trials if search is None else search.dispatched:
         if t.trial_id not in stored:
-            store.write_row(store_path, build_row(t.as_payload(), sweep, "error", "trial driver died before storing a row",
+            store.write_row(store_path, build_row(t.as_payload(), sweep, "error",
+                                                  "trial driver died before storing a row",
                                                   executor=executor))
 
 

@@ -211,7 +211,8 @@ def _benchmark(payload: TrialPayload) -> dict | None:
     measured = RankMeasurement(
         loop=record, sampled=sampler.means(since=record.step_starts[train.warmup_steps]),
         peaks=_peaks(ctx.device), build_peaks=build_peaks, rss_before_build_gib=rss_before_build_gib,
-        model_build_s=built.model_build_s, wrap_s=built.wrap_s, time_to_first_step_s=t_loop - t_start + record.step_times_s[0])
+        model_build_s=built.model_build_s, wrap_s=built.wrap_s,
+        time_to_first_step_s=t_loop - t_start + record.step_times_s[0])
     reduced = rank_metrics.reduce_ranks(measured, train.tp_size, train.warmup_steps, ctx.device)
     if ctx.rank != 0:
         return None

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 # Ray starts its worker processes at niceness 15, so that its own daemons win the CPU; a trial's ranks (pool
 # actors, Ray Train workers, and torchrun ranks, which inherit their trial driver's niceness) would then lose
-# time slices to every other process of the node and measure 5-12% below a fresh process started from a shell
-# (docs/results/warm-fidelity-2026-11-24.md). Every process raybench starts through Ray runs at niceness 0.
+# time slices to every other busy process of the node, which a process started from a shell (niceness 0) does
+# not (docs/results/warm-fidelity-2026-11-24.md). Every process raybench starts through Ray runs at niceness 0.
 RAY_WORKER_ENV = {"RAY_worker_niceness": "0"}
 
 
