@@ -252,7 +252,7 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     with ray_cluster(address, verbose) as dashboard, terminate_on_sigterm(), \
             tempfile.TemporaryDirectory(prefix="raybench-tune-") as tune_dir:
         if executor != "pool":
-            from raybench.executors import pool
+            from raybench.executors import pool  # imports Ray, which must follow use_token_auth
 
             pool.release_idle()
         cluster = ray.cluster_resources()

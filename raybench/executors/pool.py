@@ -103,7 +103,7 @@ class PoolWorker:
         import torch
         import torch.distributed as dist
 
-        from raybench import isolation, worker
+        from raybench import isolation, worker  # torch: imported in the actors, never by the pool's callers
 
         before = isolation.snapshot()
         # Compiled code of earlier trials must not serve this one: it compiles as a fresh process would (its
