@@ -85,6 +85,11 @@ _MEMORY_CACHE: dict[str, TensorDataset] = {}  # a warm pool actor keeps tokenize
 _MEMORY_CACHE_ENTRIES = 4
 
 
+def memory_cache_bytes() -> int:
+    """Bytes of tokenized data this process keeps between trials (0 outside warm pool actors)."""
+    return sum(t.numel() * t.element_size() for dataset in _MEMORY_CACHE.values() for t in dataset.tensors)
+
+
 def _digest_files(h, paths: list[Path]) -> None:
     for path in paths:
         h.update(path.name.encode())

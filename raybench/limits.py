@@ -14,11 +14,12 @@ import resource
 GIB = 2**30
 
 
-def apply_memory_limit(gib: float | None) -> None:
-    """Cap this process's private memory at `gib` GiB (no-op for None); never raises the hard limit."""
+def apply_memory_limit(gib: float | None, held_bytes: int = 0) -> None:
+    """Cap this process's private memory at `gib` GiB (no-op for None) on top of `held_bytes` it keeps from
+    earlier trials (a warm pool actor's caches: the cap is the trial's own); never raises the hard limit."""
     if gib is None:
         return
-    soft = int(gib * GIB)
+    soft = int(gib * GIB) + held_bytes
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)

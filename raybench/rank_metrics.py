@@ -49,6 +49,7 @@ class RankMeasurement:
     peaks: Peaks  # training: from the end of the build to the end of the loop
     build_peaks: Peaks  # the build: meta model, techniques, wrap, this rank's values
     rss_before_build_gib: float
+    host_held_gib: float  # held from earlier trials (warm pool actors); the host figures above are net of it
     model_build_s: float
     wrap_s: float
     time_to_first_step_s: float
@@ -72,6 +73,7 @@ class RankReduction:
     build_peak_alloc_gib_by_rank: list[float] | None
     build_peak_reserved_gib_by_rank: list[float] | None
     rss_before_build_gib_by_rank: list[float]
+    host_held_gib_by_rank: list[float]
     model_build_s: float
     wrap_s: float
     time_to_first_step_s: float
@@ -111,8 +113,8 @@ def reduce_ranks(m: RankMeasurement, tp_size: int, warmup_steps: int, device: to
     """Combine every rank's measurement; a collective, so every rank must call it."""
     world = dist.get_world_size()
     sampled = mean_over_ranks([m.sampled.get(k, math.nan) for k in SAMPLED], device)
-    rss, alloc, reserved, build_rss, build_alloc, build_reserved, before = _gather(
-        _peak_values(m.peaks) + _peak_values(m.build_peaks) + [m.rss_before_build_gib], world)
+    rss, alloc, reserved, build_rss, build_alloc, build_reserved, before, held = _gather(
+        _peak_values(m.peaks) + _peak_values(m.build_peaks) + [m.rss_before_build_gib, m.host_held_gib], world)
     on_gpu = m.peaks.alloc_gib is not None
     build_s, wrap_s, first_step_s = _reduce([m.model_build_s, m.wrap_s, m.time_to_first_step_s], dist.ReduceOp.MAX,
                                             device)
@@ -132,6 +134,7 @@ def reduce_ranks(m: RankMeasurement, tp_size: int, warmup_steps: int, device: to
         build_peak_alloc_gib_by_rank=build_alloc if on_gpu else None,
         build_peak_reserved_gib_by_rank=build_reserved if on_gpu else None,
         rss_before_build_gib_by_rank=before,
+        host_held_gib_by_rank=held,
         model_build_s=build_s, wrap_s=wrap_s, time_to_first_step_s=first_step_s,
     )
 
@@ -190,6 +193,7 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         build_peak_reserved_gib=_max(r.build_peak_reserved_gib_by_rank),
         build_peak_rss_gib_by_rank=r.build_peak_rss_gib_by_rank,
         rss_before_build_gib_by_rank=r.rss_before_build_gib_by_rank,
+        host_held_gib=max(r.host_held_gib_by_rank),
         params_total=facts.params_total,
         params_trainable=facts.params_trainable,
         model_build_s=r.model_build_s,

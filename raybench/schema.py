@@ -61,6 +61,7 @@ class TrialMetrics:
     build_peak_reserved_gib: float | None
     build_peak_rss_gib_by_rank: list[float]
     rss_before_build_gib_by_rank: list[float]
+    host_held_gib: float
     params_total: int
     params_trainable: int
     model_build_s: float

@@ -54,7 +54,7 @@ DESCRIPTIONS = {
     "flops_per_token": "Model FLOPs per processed token, forward and backward (docs/metrics.md).",
     "loss_first": "Training loss of the first step, averaged over ranks.",
     "loss_final": "Training loss of the last step, averaged over ranks.",
-    "peak_rss_gib": "Peak resident host memory of a rank (max over ranks).",
+    "peak_rss_gib": "Peak resident host memory of a rank during training (max over ranks), net of host_held_gib.",
     "peak_alloc_gib": "Peak CUDA memory allocated by tensors (max over ranks); null on CPU.",
     "peak_reserved_gib": "Peak CUDA memory reserved by the caching allocator (max over ranks); null on CPU.",
     "peak_rss_gib_by_rank": "peak_rss_gib of every rank, in rank order.",
@@ -63,7 +63,12 @@ DESCRIPTIONS = {
     "build_peak_alloc_gib": "Peak CUDA memory allocated during the model build (max over ranks); null on CPU.",
     "build_peak_reserved_gib": "Peak CUDA memory reserved during the model build (max over ranks); null on CPU.",
     "build_peak_rss_gib_by_rank": "build_peak_rss_gib of every rank, in rank order.",
-    "rss_before_build_gib_by_rank": "Resident host memory of every rank just before the model build, in rank order.",
+    "rss_before_build_gib_by_rank": ("Resident host memory of every rank just before the model build, net of "
+                                     "host_held_gib, in rank order."),
+    "host_held_gib": ("Host memory a warm pool actor held from its earlier trials when this one began (its resident "
+                      "memory then minus at its first trial: weights and data caches, libraries those trials "
+                      "imported, allocator pages), max over ranks; 0 in a fresh process. The host figures above "
+                      "are net of it, and resources.memory_limit_gib caps the trial's memory on top of it."),
     "peak_alloc_gib_by_rank": "peak_alloc_gib of every rank, in rank order.",
     "peak_reserved_gib_by_rank": "peak_reserved_gib of every rank, in rank order.",
     "params_total": "Parameters of the model (a QLoRA 4-bit weight counts its original shape, not its packed "

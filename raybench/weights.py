@@ -128,12 +128,18 @@ class StateCache:
         return state
 
     def put(self, key: str, state: dict, budget_bytes: int) -> None:
-        size = sum(t.numel() * t.element_size() for t in state.values())
-        if size > budget_bytes:
+        if _state_bytes(state) > budget_bytes:
             return
         self.entries[key] = state
-        while sum(t.numel() * t.element_size() for s in self.entries.values() for t in s.values()) > budget_bytes:
+        while self.nbytes() > budget_bytes:
             self.entries.popitem(last=False)
+
+    def nbytes(self) -> int:
+        return sum(_state_bytes(state) for state in self.entries.values())
+
+
+def _state_bytes(state: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
 
 
 STATE_CACHE = StateCache()  # per process: only warm pool actors live long enough to hit it

@@ -13,6 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -24,7 +27,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from raybench import bench, data, fingerprint, limits, metrics, probe, rank_metrics, strategies  # noqa: E402
+from raybench import bench, data, fingerprint, limits, metrics, probe, rank_metrics, strategies, weights  # noqa: E402
 from raybench.config import TrainSpec, TrialConfig  # noqa: E402
 from raybench.hardware import peak_tflops  # noqa: E402
 from raybench.model import build_meta, count_params, fill  # noqa: E402
@@ -72,30 +75,61 @@ def prepare_model(model: nn.Module, train: TrainSpec) -> nn.Module:
     return model
 
 
+# Resident host memory when this process began its first trial (raybench imported, nothing else done yet).
+_FIRST_TRIAL_RSS_GIB: float | None = None
+
+
+def held_from_earlier_trials_gib() -> float:
+    """Host memory this process holds from earlier trials (0 in a fresh process): in a warm pool actor the
+    weights and tokenized-data caches, libraries earlier trials imported, the allocator's retained pages. Host
+    peaks are reported net of it and the memory cap applies on top of it, so that a warm row says what a fresh
+    process would (docs/executors.md)."""
+    global _FIRST_TRIAL_RSS_GIB
+    rss_gib = _current_host_memory_gib()
+    if _FIRST_TRIAL_RSS_GIB is None:
+        _FIRST_TRIAL_RSS_GIB = rss_gib
+    return max(0.0, rss_gib - _FIRST_TRIAL_RSS_GIB)
+
+
+def _cache_gib() -> float:
+    """The weights and tokenized-data caches a warm pool actor keeps for later trials."""
+    return (weights.STATE_CACHE.nbytes() + data.memory_cache_bytes()) / GIB
+
+
 def _reset_peaks(device: torch.device) -> float:
     """Start new peak-memory windows (host RSS, and CUDA's allocator on GPUs); returns the RSS now, in GiB."""
-    # Writing 5 to clear_refs resets VmHWM (peak RSS) to the current RSS on Linux.
+    # Writing 5 to clear_refs resets VmHWM (peak RSS) to the current RSS on Linux. Without it the training peak
+    # would be the process's (build and, in a warm actor, earlier trials included): fail rather than mislead.
     try:
         Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+    except OSError as err:
+        raise RuntimeError(f"cannot reset the peak host memory counter ({err}): raybench workers need Linux with a "
+                           "writable /proc/self/clear_refs") from None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     return _peak_host_memory_gib() or 0.0
 
 
-def _peaks(device: torch.device) -> Peaks:
-    """This rank's peaks since the last reset."""
+def _peaks(device: torch.device, held_gib: float) -> Peaks:
+    """This rank's peaks since the last reset (host: net of `held_gib`, the caches kept from earlier trials)."""
     on_gpu = device.type == "cuda"
-    return Peaks(rss_gib=_peak_host_memory_gib() or 0.0,
+    return Peaks(rss_gib=(_peak_host_memory_gib() or 0.0) - held_gib,
                  alloc_gib=torch.cuda.max_memory_allocated(device) / GIB if on_gpu else None,
                  reserved_gib=torch.cuda.max_memory_reserved(device) / GIB if on_gpu else None)
 
 
 def _peak_host_memory_gib() -> float | None:
+    return _proc_status_gib("VmHWM")
+
+
+def _current_host_memory_gib() -> float:
+    return _proc_status_gib("VmRSS") or 0.0
+
+
+def _proc_status_gib(field: str) -> float | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 2**20
     except OSError:
         pass
@@ -107,14 +141,40 @@ def run(payload: TrialPayload) -> dict | None:
 
     Running out of memory re-raises with the memory in use at that moment, so the oom row says how much.
     """
+    held_gib = held_from_earlier_trials_gib()
+    prepare_process(payload.config)
     try:
-        return _benchmark(payload)
+        return _benchmark(payload, held_gib)
     except (RuntimeError, MemoryError) as err:
         # CUDA raises torch.OutOfMemoryError; the CPU allocator a plain RuntimeError ("can't allocate memory").
         if not isinstance(err, (torch.OutOfMemoryError, MemoryError)) and "can't allocate memory" not in str(err):
             raise
         rank = dist.get_rank() if dist.is_initialized() else 0
         raise RuntimeError(f"OutOfMemoryError on rank {rank} with {_memory_in_use()}: {err}") from None
+
+
+def prepare_process(config: TrialConfig) -> None:
+    """Bring a fresh process to the state a warm pool actor starts a trial in, before any clock starts: the
+    libraries the trial uses imported and the CUDA context created (so model_build_s, wrap_s, compile_s and
+    time_to_first_step_s mean the same in every executor, docs/metrics.md), and the heap that exists now frozen
+    out of the garbage collector's scans (as the pool does at actor start), so that collections during the
+    trial cost the same."""
+    train = config.train
+    model_type = model_shape(config).model_type
+    importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    wanted = {"deepspeed": train.strategy == "deepspeed", "torch._inductor.compile_fx": train.compile,
+              "liger_kernel.transformers": train.liger, "bitsandbytes": train.finetune == "qlora"}
+    use_gpu = config.resources.gpus_per_worker > 0
+    if wanted["deepspeed"] and not use_gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerator at its first import
+    for module, needed in wanted.items():
+        # A missing optional package is left to the technique that needs it, which says how to install it.
+        if needed and importlib.util.find_spec(module.split(".")[0]) is not None:
+            importlib.import_module(module)
+    if use_gpu and torch.cuda.is_available():
+        torch.empty(1, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))))
+    gc.collect()
+    gc.freeze()
 
 
 def _memory_in_use() -> str:
@@ -176,11 +236,11 @@ def build_and_wrap(payload: TrialPayload, ctx: RankContext) -> Built:
     return Built(trainable, params_total, params_trainable, weights_info, t_wrap - t0 + sum(materialize_s), wrap_s)
 
 
-def _benchmark(payload: TrialPayload) -> dict | None:
+def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     t_start = time.perf_counter()
     config: TrialConfig = payload.config
     train = config.train
-    limits.apply_memory_limit(config.resources.memory_limit_gib)
+    limits.apply_memory_limit(config.resources.memory_limit_gib, int(held_gib * GIB))
     # A collective stuck past the trial's budget fails on its own too, not only by the launcher's kill.
     ctx = init_distributed(config, timeout_s=config.resources.timeout_s)
     shape = model_shape(config)
@@ -191,14 +251,17 @@ def _benchmark(payload: TrialPayload) -> dict | None:
     busbw = {}
     if ctx.world_size > 1 and payload.cache_dir:
         busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload.cache_dir)
-    rss_before_build_gib = _reset_peaks(ctx.device)
+    rss_before_build_gib = _reset_peaks(ctx.device) - held_gib
+    cache_before_build_gib = _cache_gib()
 
     built = build_and_wrap(payload, ctx)
     trainable = built.trainable
     # The build's peaks are its own columns; the peaks a trial reports (and the estimate is checked against)
     # are those of training, from here on.
-    build_peaks = _peaks(ctx.device)
+    build_peaks = _peaks(ctx.device, held_gib)
     _reset_peaks(ctx.device)
+    # The build of a warm actor's first trial on a model fills its weights cache: held for later trials.
+    held_gib += _cache_gib() - cache_before_build_gib
     # Ranks of one tensor-parallel group share a batch: data is drawn per data-parallel rank.
     dp_rank, dp_size = strategies.data_parallel_rank(train, ctx)
     batches = data.batches(config, shape, dp_rank, dp_size, payload.cache_dir)
@@ -210,7 +273,8 @@ def _benchmark(payload: TrialPayload) -> dict | None:
     comm_exposed_p50_s = _exposed_comm(trainable, batches, train, ctx)
     measured = RankMeasurement(
         loop=record, sampled=sampler.means(since=record.step_starts[train.warmup_steps]),
-        peaks=_peaks(ctx.device), build_peaks=build_peaks, rss_before_build_gib=rss_before_build_gib,
+        peaks=_peaks(ctx.device, held_gib), build_peaks=build_peaks, rss_before_build_gib=rss_before_build_gib,
+        host_held_gib=held_gib,
         model_build_s=built.model_build_s, wrap_s=built.wrap_s,
         time_to_first_step_s=t_loop - t_start + record.step_times_s[0])
     reduced = rank_metrics.reduce_ranks(measured, train.tp_size, train.warmup_steps, ctx.device)

@@ -6,7 +6,6 @@ forms a fresh torch.distributed group among the actors it leases, runs `worker.r
 down. What keeps the per-trial cost at milliseconds (measured by bench/warm_vs_cold.py):
 - one TCPStore per group, hosted by its rank-0 actor from start-up; each trial rendezvouses under a fresh
   key prefix (PrefixStore), so no port is opened and no rendezvous state leaks between trials;
-- `gc.freeze()` after start-up, so that the collections a trial triggers do not rescan the import heap;
 - actors named and detached under one manager, so later sweeps on the same cluster find them warm.
 
 Failures: a rank that raises destroys its process group, which breaks its peers' pending collectives, so
@@ -82,8 +81,6 @@ class PoolWorker:
             self.store = dist.TCPStore(store_host, store_port, is_master=False,
                                        timeout=timedelta(seconds=STORE_TIMEOUT_S))
             self.address = (store_host, store_port)
-        gc.collect()
-        gc.freeze()
 
     def store_address(self) -> tuple[str, int]:
         return self.address

@@ -19,7 +19,8 @@ from raybench.trial import build_row
 
 
 def rows_for(sweep: str = "s", n: int = 3) -> list[dict]:
-    spec = parse_sweep({"name": sweep, "model": {"preset": "tiny"}, "axes": {"train.micro_batch": list(range(1, n + 1))}})
+    spec = parse_sweep({"name": sweep, "model": {"preset": "tiny"},
+                        "axes": {"train.micro_batch": list(range(1, n + 1))}})
     rows = []
     for i, t in enumerate(plan(spec)):
         metrics = {"tok_per_s_per_device": 1000.0 + i, "step_time_p50_s": 0.5, "loss_final": 1.25,

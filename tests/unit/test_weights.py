@@ -84,6 +84,17 @@ def test_memory_cache_keeps_within_budget():
     assert list(cache.entries) == ["a", "c"]
     cache.put("huge", {"w": torch.zeros(mib)}, budget_bytes=2 * mib)  # larger than the budget: not kept
     assert "huge" not in cache.entries
+    assert cache.nbytes() == 2 * mib  # what a warm actor holds: subtracted from its rows' host peaks
+
+
+def test_memory_cap_is_the_trials_own_on_top_of_what_the_process_holds():
+    import subprocess
+    import sys
+
+    code = ("import resource; from raybench import limits; limits.apply_memory_limit(2, held_bytes=2**29); "
+            "print(resource.getrlimit(resource.RLIMIT_DATA)[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == 2 * 2**30 + 2**29
 
 
 def test_compile_cache_defaults_to_the_store():
