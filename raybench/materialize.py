@@ -2,7 +2,9 @@
 
 Every strategy builds the architecture on the meta device and applies the techniques there. Sharding
 strategies (fsdp2, tp, tp_fsdp2) then wrap it, still on meta, so that `materialize` allocates and fills only
-each rank's own shards; ddp and DeepSpeed hold whole parameters by design and materialize before wrapping.
+each rank's own shards; DeepSpeed ZeRO-3 turns each parameter into a partitioned one first (each rank
+allocating its own flat range of it, strategies/deepspeed.py), which `materialize` then fills. ddp and
+ZeRO-1/2 hold whole parameters by design and materialize before wrapping.
 
 Values do not depend on the strategy or the world size:
 - random init (presets): each parameter is drawn in blocks of rows, each block from its own generator seeded
@@ -12,12 +14,14 @@ Values do not depend on the strategy or the world size:
   weights, ones for norms, zeros for biases) and PEFT's for LoRA (A kaiming-uniform, B zeros);
 - real weights (a model directory): torch.distributed.checkpoint reads the safetensors files with its
   Hugging Face reader, each rank only the slices of its own shards (`safe_open(...).get_slice`), so a node holds
-  about one copy of the weights in all, never one per rank (docs/model-build.md measures both ways).
+  about one copy of the weights in all, never one per rank (docs/model-build.md measures both ways). A ZeRO-3
+  partition, a flat range and no tensor region, is read as the rows that cover it, with `get_slice` directly.
 Buffers (rotary frequencies) are recomputed by the model's own `_init_weights`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Iterator
@@ -73,28 +77,39 @@ def _hf_model(model: nn.Module):
 def _init_param(full_name: str, module: nn.Module, pname: str, param: torch.Tensor, std: float, seed: int) -> None:
     """Fill one parameter's local part with its rule's values (see the module docstring)."""
     kind = type(module).__name__
-    if pname == "bias" or ".lora_B." in f".{full_name}":
-        _local(param).zero_()
-    elif "Norm" in kind:
-        _local(param).fill_(1.0)
-    elif ".lora_A." in f".{full_name}":
-        bound = 1 / math.sqrt(param.shape[1])  # kaiming_uniform_(a=sqrt(5)), PEFT's default for A
-        _draw(param, full_name, seed, lambda t, g: t.uniform_(-bound, bound, generator=g))
-    elif isinstance(module, (nn.Linear, nn.Embedding)):
-        _draw(param, full_name, seed, lambda t, g: t.normal_(0.0, std, generator=g))
-        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-            _fill_rows(param, module.padding_idx, 0.0)
-    else:
-        raise ValueError(f"no initialization rule for parameter {full_name} of {kind}; raybench initializes "
-                         "Llama/Qwen2-style models (linear, embedding, norm, LoRA)")
+    shape = _global_shape(param)
+    with _part(param) as (local, offset):
+        if pname == "bias" or ".lora_B." in f".{full_name}":
+            local.zero_()
+        elif "Norm" in kind:
+            local.fill_(1.0)
+        elif ".lora_A." in f".{full_name}":
+            bound = 1 / math.sqrt(shape[1])  # kaiming_uniform_(a=sqrt(5)), PEFT's default for A
+            _draw(local, offset, shape, full_name, seed, lambda t, g: t.uniform_(-bound, bound, generator=g))
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
+            _draw(local, offset, shape, full_name, seed, lambda t, g: t.normal_(0.0, std, generator=g))
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                _fill_row(local, offset, module.padding_idx, 0.0)
+        else:
+            raise ValueError(f"no initialization rule for parameter {full_name} of {kind}; raybench initializes "
+                             "Llama/Qwen2-style models (linear, embedding, norm, LoRA)")
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
 
 
+def _is_zero3(param: torch.Tensor) -> bool:
+    """A DeepSpeed ZeRO-3 parameter: this rank holds a flat range of it, `ds_tensor` (strategies/deepspeed.py)."""
+    return hasattr(param, "ds_tensor")
+
+
+def _global_shape(param: torch.Tensor) -> tuple[int, ...]:
+    return tuple(param.ds_shape if _is_zero3(param) else param.shape)
+
+
 def _region(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(local shape, offset in the global tensor) of this rank's part of `param`."""
+    """(local shape, offset in the global tensor) of this rank's part of a plain tensor or DTensor."""
     if not isinstance(param, DTensor):
         return tuple(param.shape), (0,) * param.dim()
     # DTensor's own placement arithmetic (private; the torch pin keeps it stable, tests/unit cover it).
@@ -103,29 +118,50 @@ def _region(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
 
 
-def _draw(param: torch.Tensor, name: str, seed: int, fill) -> None:
-    """Random values for this rank's region, drawn block of rows by block (see the module docstring)."""
-    local = _local(param)
-    (shape, offset) = _region(param)
+@contextlib.contextmanager
+def _part(param: torch.Tensor) -> Iterator[tuple[torch.Tensor, tuple[int, ...]]]:
+    """This rank's part of `param` to fill in place, as a block of the global tensor, and the block's offset.
+
+    A ZeRO-3 parameter's part is a range of the flattened tensor (DeepSpeed's layout: rank r holds elements
+    [r * n, (r + 1) * n) of the tensor padded to a multiple of the world size, n = `ds_tensor.numel()`).
+    It is filled through the whole rows that cover that range, in fp32 like every other build (a bf16
+    partition then gets the fp32 values rounded, as a cast of a whole build would), then copied in.
+    """
+    if not _is_zero3(param):
+        yield _local(param), _region(param)[1]
+        return
+    shape, partition = _global_shape(param), param.ds_tensor
+    numel, row = math.prod(shape), math.prod(shape[1:])
+    start = min(param.ds_zero_partition_rank * partition.numel(), numel)
+    end = min(start + partition.numel(), numel)
+    first, last = start // row, -(-end // row)
+    rows = torch.empty((last - first, *shape[1:]), dtype=torch.float32, device=partition.device)
+    yield rows, (first,) + (0,) * (len(shape) - 1)
+    partition[:end - start].copy_(rows.view(-1)[start - first * row:end - first * row])
+
+
+def _draw(local: torch.Tensor, offset: tuple[int, ...], shape: tuple[int, ...], name: str, seed: int,
+          fill) -> None:
+    """Random values for the block `local` of a tensor of `shape` at `offset`, drawn block of rows by block
+    (see the module docstring)."""
     if local.numel() == 0:
         return
-    row_elements = math.prod(param.shape[1:]) if param.dim() > 1 else 1
+    row_elements = math.prod(shape[1:])
     rows_per_block = max(1, BLOCK_ELEMENTS // row_elements)
-    first, last = offset[0], offset[0] + shape[0]
-    columns = tuple(slice(o, o + s) for o, s in zip(offset[1:], shape[1:]))
+    first, last = offset[0], offset[0] + local.shape[0]
+    columns = tuple(slice(o, o + s) for o, s in zip(offset[1:], local.shape[1:]))
     for block in range(first // rows_per_block, (last - 1) // rows_per_block + 1):
         start = block * rows_per_block
-        rows = min(rows_per_block, param.shape[0] - start)
-        values = torch.empty((rows, *param.shape[1:]), dtype=local.dtype, device=local.device)
+        rows = min(rows_per_block, shape[0] - start)
+        values = torch.empty((rows, *shape[1:]), dtype=local.dtype, device=local.device)
         fill(values, _generator(seed, name, block, local.device))
         lo, hi = max(first, start), min(last, start + rows)
         local[lo - first:hi - first].copy_(values[(slice(lo - start, hi - start), *columns)])
 
 
-def _fill_rows(param: torch.Tensor, row: int, value: float) -> None:
-    shape, offset = _region(param)
-    if offset[0] <= row < offset[0] + shape[0]:
-        _local(param)[row - offset[0]].fill_(value)
+def _fill_row(local: torch.Tensor, offset: tuple[int, ...], row: int, value: float) -> None:
+    if offset[0] <= row < offset[0] + local.shape[0]:
+        local[row - offset[0]].fill_(value)
 
 
 def _generator(seed: int, name: str, block: int, device: torch.device) -> torch.Generator:
@@ -152,14 +188,30 @@ def _load_safetensors(model: nn.Module, weights_dir: str) -> set[str]:
 
     reader = HuggingFaceStorageReader(str(Path(weights_dir)))
     stored = set(reader.read_metadata().state_dict_metadata)
-    targets = {}
+    targets, zero3 = {}, {}
     for name, tensor in _named_tensors(model):
         key = _checkpoint_key(name)
         if key in stored:
-            targets[key] = tensor
-    dcp.load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=False),
-             no_dist=not torch.distributed.is_initialized())  # one process (a plain build_model) reads alone
-    return set(targets)
+            (zero3 if _is_zero3(tensor) else targets)[key] = tensor
+    if targets:
+        dcp.load(targets, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=False),
+                 no_dist=not torch.distributed.is_initialized())  # one process (a plain build_model) reads alone
+    if zero3:
+        _read_rows(zero3, weights_dir)
+    return set(targets) | set(zero3)
+
+
+def _read_rows(params: dict[str, torch.Tensor], weights_dir: str) -> None:
+    """Read the rows that cover each ZeRO-3 partition straight from the safetensors files (a flat range is no
+    tensor region torch.distributed.checkpoint can plan); `get_slice` reads those rows only."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(weights_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt", device="cpu") as stored:
+            for key in stored.keys():
+                if key in params:
+                    with _part(params[key]) as (local, offset):
+                        local.copy_(stored.get_slice(key)[offset[0]:offset[0] + local.shape[0]])
 
 
 def _copy_state(model: nn.Module, state: dict[str, torch.Tensor]) -> set[str]:
@@ -168,10 +220,14 @@ def _copy_state(model: nn.Module, state: dict[str, torch.Tensor]) -> set[str]:
     for name, param in _named_tensors(model):
         key = _checkpoint_key(name)
         if key in state:
-            shape, offset = _region(param)
-            _local(param).copy_(state[key][tuple(slice(o, o + s) for o, s in zip(offset, shape))])
+            with _part(param) as (local, offset):
+                local.copy_(state[key][_block(offset, local.shape)])
             copied.add(key)
     return copied
+
+
+def _block(offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
+    return tuple(slice(o, o + s) for o, s in zip(offset, shape))
 
 
 def _named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -211,7 +211,8 @@ class Built:
 
 def build_and_wrap(payload: TrialPayload, ctx: RankContext) -> Built:
     """Architecture on the meta device → techniques → the strategy, which calls `materialize` to give the model
-    its values: whole before it wraps (ddp, deepspeed), or after a sharding wrap only this rank's shards."""
+    its values: whole before it wraps (ddp, ZeRO-1/2), or after a sharding wrap (fsdp2, tp, tp_fsdp2) or ZeRO-3's
+    partitioning only this rank's shards."""
     train = payload.config.train
     t0 = time.perf_counter()
     model, source, weights_info = build_meta(payload.config.model, train.seed,

@@ -1,9 +1,10 @@
 """Distributed strategies. Each module has one function, `setup(model, train, ctx, materialize) -> Trainable`.
 
 The model arrives built on the meta device; `materialize(whole)` gives it its values. Strategies that hold whole
-parameters (ddp, deepspeed) call `materialize(True)` before wrapping; sharding strategies (fsdp2, tp, tp_fsdp2)
-wrap on meta and then call `materialize(False)`, so that each rank allocates and fills only its own shards,
-and create the optimizer only after that, over the materialized parameters.
+parameters (ddp, DeepSpeed ZeRO-1/2) call `materialize(True)` before wrapping; sharding strategies (fsdp2, tp,
+tp_fsdp2) wrap on meta, and ZeRO-3 partitions on meta, and then call `materialize(False)`, so that each rank
+allocates and fills only its own shards, and create the optimizer only after that, over the materialized
+parameters.
 
 A Trainable is what the timed loop drives: the model to call, how to run backward, how to take an optimizer
 step, and how to skip gradient sync on non-final micro-batches. Plain PyTorch strategies share

@@ -6,6 +6,9 @@ optimizer name ("AdamW") would make DeepSpeed JIT-compile its fused_adam op (min
 worker). On CPU DeepSpeed needs DS_ACCELERATOR=cpu before its first import and the gloo backend; its CPU
 communication backend also JIT-builds a shared-memory all-reduce op (`deepspeed_shm_comm`, ~30-90 s with g++)
 the first time on a machine and then loads it from the torch extensions cache (TORCH_EXTENSIONS_DIR).
+
+ZeRO-1/2 keep whole parameters on every rank: the model is materialized whole before `initialize`. ZeRO-3 is
+partitioned from the meta device (`partition_on_meta`): no rank ever holds the whole model.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import torch
 from torch import nn
 
 from raybench.config import TrainSpec
@@ -65,6 +69,45 @@ def host_adam(model: nn.Module, train: TrainSpec):
     return DeepSpeedCPUAdam(params, lr=train.lr, weight_decay=train.weight_decay, adamw_mode=True)
 
 
+def partition_on_meta(model: nn.Module, config: dict) -> None:
+    """Turn a meta model's parameters into ZeRO-3 partitioned parameters: each rank allocates its own partition
+    of each (on the device, or the host with parameter offload), not yet filled, and never a whole model.
+
+    This is DeepSpeed's own conversion (what zero.Init does to a module built under it, or to one given as
+    `module=`), minus the broadcast of rank 0's values that precedes it there: a meta model has no values yet,
+    every rank computes its own partition's (raybench.materialize). DeepSpeed partitions a tensor by copying
+    this rank's range out of it, so each parameter in turn gets a whole-shape placeholder nobody writes: on the
+    host its pages are never touched (no memory), on a GPU it is one parameter for a moment.
+    The Init object is never entered: entering patches tensor constructors and module classes process-wide (and
+    would have to be left before anything else runs); deepspeed.initialize finds every parameter converted.
+    """
+    from deepspeed import zero
+
+    init = zero.Init(config_dict_or_path=config)  # partition group, dtype and device from the trial's config
+    converted: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in converted:  # a tied head is the embedding: converted once, shared
+                converted[id(param)] = _partitioned(init, param)
+            module._parameters[name] = converted[id(param)]
+    if init.mem_efficient_linear:
+        # What zero.Init(module=...) does too (deepspeed.initialize of a whole model): ZeRO-3 trains with
+        # DeepSpeed's linear unless the config turns it off. Process-wide; raybench.isolation restores it.
+        init._enable_mem_efficient_linear()
+
+
+def _partitioned(init, param: nn.Parameter) -> nn.Parameter:
+    """A ZeRO-3 parameter in place of a meta one (a meta tensor cannot take real data in place: to_empty also
+    makes new Parameters), holding only this rank's partition."""
+    placeholder = torch.empty(param.shape, dtype=init.dtype, device=init.local_device)
+    zero_param = nn.Parameter(placeholder, requires_grad=param.requires_grad)
+    init._convert_to_deepspeed_param(zero_param)  # private; deepspeed is pinned (constraints.txt), tests cover it
+    zero_param.partition()  # allocates the partition, copies this rank's range of the placeholder, frees it
+    return zero_param
+
+
 def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
     use_gpu = ctx.device.type == "cuda"
     if train.offload != "none" and not use_gpu:
@@ -77,10 +120,14 @@ def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=alre
 
     # The process group already exists (torchrun or Ray Train); this wraps it in DeepSpeed's comm layer.
     deepspeed.init_distributed(dist_backend="nccl" if use_gpu else "gloo")
-    materialize(True)  # DeepSpeed partitions (ZeRO-3) a whole model at initialize
+    config = ds_config(train, ctx.world_size, use_gpu)
+    if train.zero_stage == 3:
+        partition_on_meta(model, config)
+        materialize(False)  # fills each partition (raybench.materialize knows ZeRO-3's layout)
+    else:
+        materialize(True)  # ZeRO-1/2 keep whole parameters on every rank
     optimizer = host_adam(model, train) if _uses_host_adam(train) else make_optimizer(model, train, ctx.device)
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                   config=ds_config(train, ctx.world_size, use_gpu))
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
 
     def backward(loss) -> None:
         # The loop already divides the loss by grad_accum. DeepSpeed counts micro-batches through step():

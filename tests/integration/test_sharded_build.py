@@ -1,12 +1,14 @@
-"""Sharded from the start: under fsdp2, tp and tp_fsdp2 each rank materializes only its own shards, with the
-values a whole build gives (random init and safetensors reads alike), and host memory shows it.
+"""Sharded from the start: under fsdp2, tp, tp_fsdp2 and DeepSpeed ZeRO-3 each rank materializes only its own
+shards, with the values a whole build gives (random init and safetensors reads alike), and host memory shows it.
 
-The memory tests run the llama-3.2-1b preset (1.24 B parameters, 4.9 GB in fp32) on 4 gloo ranks: they are
-slow (minutes on 2 cores) and select with `-m slow`. Figures: docs/results/sharded-build-2026-11-24.md.
+The memory tests run the llama-3.2-1b preset (1.24 B parameters, 4.9 GB in fp32) on 2 or 4 gloo ranks: they
+are slow (about a minute or more on 2 cores) and select with `-m slow`. Figures:
+docs/results/sharded-build-2026-11-24.md.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from raybench.plan import plan
 
 pytestmark = pytest.mark.integration
 VALUES_SCRIPT = Path(__file__).with_name("sharded_values.py")
+ZERO3_MEMORY_SCRIPT = Path(__file__).with_name("zero3_build_memory.py")
 GIB = 2**30
 
 
@@ -29,6 +32,19 @@ def test_every_rank_materializes_its_part_of_the_whole_build(world_size):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "differences: none" in run.stdout
+
+
+@pytest.mark.slow
+def test_zero3_rank_builds_about_its_share_of_the_model():
+    # Before partitioned init each of 2 ranks grew by 1.32x the model (a whole build, then DeepSpeed's copy of
+    # its partition); now by its partitions (1/2) plus the rows of one parameter's partition being filled.
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          str(ZERO3_MEMORY_SCRIPT), "llama-3.2-1b"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(next(line for line in run.stdout.splitlines() if line.startswith('{"model_gib"')))
+    for rank in report["ranks"]:
+        assert rank["whole_elements"] == 0, report
+        assert rank["growth_gib"] <= 0.75 * report["model_gib"], report
 
 
 def one_b_lora_fsdp2(model: dict, tmp_path: Path) -> dict:

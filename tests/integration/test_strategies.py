@@ -37,6 +37,7 @@ CASES = {
     "zero2-accum2-adafactor": ({"strategy": "deepspeed", "zero_stage": 2, "grad_accum": 2, "optimizer": "adafactor",
                                 "lr": 1e-2}, {}, 2),
     "zero3": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 2),
+    "zero3-1rank": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 1),
     "tp": ({"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2", "optimizer": "adamw_fused"}, {}, 2),
     "tp-fsdp2": ({"strategy": "tp_fsdp2", "tp_size": 2}, {}, 4),
     # Sharded builds give every rank its part of the same random init at any world size (raybench/materialize.py).
@@ -81,7 +82,7 @@ def test_loss_goes_down(name, model_dir, alpaca_file):
 
 
 @pytest.mark.parametrize("ddp_name, name", [
-    ("ddp", "zero3"), ("ddp", "tp-fsdp2"), ("ddp", "fsdp2"), ("ddp-1rank", "fsdp2-1rank"),
+    ("ddp", "zero3"), ("ddp", "tp-fsdp2"), ("ddp", "fsdp2"), ("ddp-1rank", "fsdp2-1rank"), ("ddp-1rank", "zero3-1rank"),
     pytest.param("ddp-4ranks", "fsdp2-4ranks", marks=pytest.mark.slow),
     pytest.param("ddp-4ranks", "zero3-4ranks", marks=pytest.mark.slow)])
 def test_partitioned_strategies_match_ddp(ddp_name, name, model_dir, alpaca_file):
