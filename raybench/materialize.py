@@ -43,7 +43,7 @@ def materialize(model: nn.Module, device: torch.device, seed: int, weights_dir: 
                 state: dict[str, torch.Tensor] | None = None) -> None:
     """Allocate the model's (local) tensors on `device` and fill them: from `state` (whole tensors by checkpoint
     key), else from the safetensors in `weights_dir`; whatever neither holds (LoRA adapters, presets) is random."""
-    model.to_empty(device=device)
+    _to_empty_keeping_ties(model, device)
     with torch.no_grad():
         if state is not None:
             loaded = _copy_state(model, state)
@@ -59,6 +59,20 @@ def materialize(model: nn.Module, device: torch.device, seed: int, weights_dir: 
                 seen.add(id(param))  # a tied head is the embedding: filled once
             if "RotaryEmbedding" in type(module).__name__:
                 _hf_model(model)._init_weights(module)
+
+
+def _to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
+    """`Module.to_empty`, keeping shared parameters shared: it gives each module its own new Parameter, which
+    would untie a tied output head from the embedding (a model with a separate head of its own values)."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for pname, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((module, pname))
+    model.to_empty(device=device)
+    for (first, first_name), *others in (h for h in holders.values() if len(h) > 1):
+        for module, pname in others:
+            module._parameters[pname] = first._parameters[first_name]
 
 
 def base_state(model: nn.Module) -> dict[str, torch.Tensor]:

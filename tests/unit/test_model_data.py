@@ -159,3 +159,17 @@ def test_large_presets_build_on_the_meta_device_without_allocating():
     assert source.weights_dir is None and source.state is None  # random init, drawn per shard later
     assert count_params(model)[0] == estimate.param_counts(PRESETS["qwen2.5-72b"], TrainSpec()).total
     assert grown_gib < 1.0  # the model is 290 GB in fp32
+
+
+def test_a_tied_output_head_stays_the_embedding_after_materializing():
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from raybench.materialize import materialize
+
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    materialize(model, torch.device("cpu"), seed=0)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert len(list(model.parameters())) == len(list(model.named_parameters(remove_duplicate=False))) - 1
