@@ -1,6 +1,6 @@
 """Warm equals fresh: the same configurations measured by warm pool actors and by fresh processes, interleaved.
 
-    .venv/bin/python bench/warm_fidelity.py [--rounds 3] [--steps 14]
+    .venv/bin/python bench/warm_fidelity.py [--rounds 3] [--steps 14] [--store DIR]
 
 Six configurations of the tiny preset on 2 gloo ranks (a strategy, sAC, compile, LoRA, ZeRO-3 and a process-level
 environment among them). Each round runs every configuration twice, back to back: once as the next trial of the
@@ -51,10 +51,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--store", help="keep the rows in this store (default: a temporary directory)")
     args = parser.parse_args()
     trials = payloads(args.steps)
     rows: dict[tuple[str, str], list[dict]] = {(c, e): [] for c in CONFIGS for e in ("pool", "torchrun")}
-    with ray_cluster(None), tempfile.TemporaryDirectory(prefix="raybench-fidelity-") as store:
+    with ray_cluster(None), tempfile.TemporaryDirectory(prefix="raybench-fidelity-") as tmp:
+        store = args.store or tmp
         for _ in range(args.rounds):
             for name, payload in trials.items():
                 for executor in ("pool", "torchrun"):

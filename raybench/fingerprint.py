@@ -17,7 +17,8 @@ from pathlib import Path
 
 from raybench.redact import ANSI_ESCAPE, SECRET_PATTERN
 
-ENV_ALLOWED_PREFIXES = ("NCCL_", "CUDA_", "OMP_", "TORCH_", "TORCHINDUCTOR_", "MKL_", "SLURM_JOB_ID", "SLURM_NODELIST")
+ENV_ALLOWED_PREFIXES = ("NCCL_", "CUDA_", "OMP_", "TORCH_", "TORCHINDUCTOR_", "MKL_", "MALLOC_", "SLURM_JOB_ID",
+                        "SLURM_NODELIST")
 PACKAGES = ("torch", "ray", "transformers", "peft", "deepspeed", "raybench")
 
 

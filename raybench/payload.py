@@ -14,6 +14,9 @@ from typing import Any
 
 from raybench.config import CacheSpec, PoolSpec, ProjectionSpec, TrialConfig
 
+# glibc's default initial M_MMAP_THRESHOLD; set explicitly, glibc no longer raises it (mallopt(3)).
+MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024
+
 
 @dataclass(frozen=True)
 class TrialPayload:
@@ -74,7 +77,15 @@ class TrialPayload:
         env), before any process group or communicator exists, so NCCL_* settings take effect for this trial.
         """
         env = dict(self.config.train.env)
-        if self.config.train.strategy == "deepspeed" and self.config.resources.gpus_per_worker == 0:
+        on_cpu = self.config.resources.gpus_per_worker == 0
+        if on_cpu:
+            # A CPU trial's memory figure is its peak RSS. glibc raises its mmap threshold each time a large block
+            # is freed, after which large tensors come from heap arenas it keeps resident: the peak then depends
+            # on the process's allocation history (ranks of one trial differed by 0.1 GiB, a warm actor from a
+            # fresh process by 25%). Fixed at glibc's own initial value, every block over 128 KiB is mapped
+            # and returned on free, and peak RSS follows live memory (docs/metrics.md).
+            env["MALLOC_MMAP_THRESHOLD_"] = str(MALLOC_MMAP_THRESHOLD_BYTES)
+        if self.config.train.strategy == "deepspeed" and on_cpu:
             env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed picks its accelerator once, at its first import
         cache_dir = self.compile_cache_dir()
         if cache_dir:

@@ -54,7 +54,8 @@ DESCRIPTIONS = {
     "flops_per_token": "Model FLOPs per processed token, forward and backward (docs/metrics.md).",
     "loss_first": "Training loss of the first step, averaged over ranks.",
     "loss_final": "Training loss of the last step, averaged over ranks.",
-    "peak_rss_gib": "Peak resident host memory of a rank during training (max over ranks), net of host_held_gib.",
+    "peak_rss_gib": ("Peak resident host memory of a rank during training (max over ranks), net of host_held_gib "
+                     "and of library code first run in the window (docs/metrics.md)."),
     "peak_alloc_gib": "Peak CUDA memory allocated by tensors (max over ranks); null on CPU.",
     "peak_reserved_gib": "Peak CUDA memory reserved by the caching allocator (max over ranks); null on CPU.",
     "peak_rss_gib_by_rank": "peak_rss_gib of every rank, in rank order.",

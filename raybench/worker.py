@@ -96,8 +96,9 @@ def _cache_gib() -> float:
     return (weights.STATE_CACHE.nbytes() + data.memory_cache_bytes()) / GIB
 
 
-def _reset_peaks(device: torch.device) -> float:
-    """Start new peak-memory windows (host RSS, and CUDA's allocator on GPUs); returns the RSS now, in GiB."""
+def _reset_peaks(device: torch.device) -> tuple[float, float]:
+    """Start new peak-memory windows (host RSS, and CUDA's allocator on GPUs); returns the RSS and its
+    file-backed part now, in GiB."""
     # Writing 5 to clear_refs resets VmHWM (peak RSS) to the current RSS on Linux. Without it the training peak
     # would be the process's (build and, in a warm actor, earlier trials included): fail rather than mislead.
     try:
@@ -107,13 +108,17 @@ def _reset_peaks(device: torch.device) -> float:
                            "writable /proc/self/clear_refs") from None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    return _peak_host_memory_gib() or 0.0
+    return _peak_host_memory_gib() or 0.0, _proc_status_gib("RssFile") or 0.0
 
 
-def _peaks(device: torch.device, held_gib: float) -> Peaks:
-    """This rank's peaks since the last reset (host: net of `held_gib`, the caches kept from earlier trials)."""
+def _peaks(device: torch.device, held_gib: float, file_at_reset_gib: float) -> Peaks:
+    """This rank's peaks since the last reset. Host: net of `held_gib` (kept from earlier trials) and of the
+    file-backed pages first touched in the window: library code that a fresh process faults in when it first
+    runs it (15 MiB in a tiny LoRA trial) and a warm actor has resident already. Those pages are the shared
+    library file's, one copy per node however many ranks run it."""
     on_gpu = device.type == "cuda"
-    return Peaks(rss_gib=(_peak_host_memory_gib() or 0.0) - held_gib,
+    code_gib = max(0.0, (_proc_status_gib("RssFile") or 0.0) - file_at_reset_gib)
+    return Peaks(rss_gib=(_peak_host_memory_gib() or 0.0) - held_gib - code_gib,
                  alloc_gib=torch.cuda.max_memory_allocated(device) / GIB if on_gpu else None,
                  reserved_gib=torch.cuda.max_memory_reserved(device) / GIB if on_gpu else None)
 
@@ -252,15 +257,16 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     busbw = {}
     if ctx.world_size > 1 and payload.cache_dir:
         busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload.cache_dir)
-    rss_before_build_gib = _reset_peaks(ctx.device) - held_gib
+    rss_at_reset_gib, file_at_reset_gib = _reset_peaks(ctx.device)
+    rss_before_build_gib = rss_at_reset_gib - held_gib
     cache_before_build_gib = _cache_gib()
 
     built = build_and_wrap(payload, ctx)
     trainable = built.trainable
     # The build's peaks are its own columns; the peaks a trial reports (and the estimate is checked against)
     # are those of training, from here on.
-    build_peaks = _peaks(ctx.device, held_gib)
-    _reset_peaks(ctx.device)
+    build_peaks = _peaks(ctx.device, held_gib, file_at_reset_gib)
+    _, file_at_reset_gib = _reset_peaks(ctx.device)
     # The build of a warm actor's first trial on a model fills its weights cache: held for later trials.
     held_gib += _cache_gib() - cache_before_build_gib
     # Ranks of one tensor-parallel group share a batch: data is drawn per data-parallel rank.
@@ -274,8 +280,8 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     comm_exposed_p50_s = _exposed_comm(trainable, batches, train, ctx)
     measured = RankMeasurement(
         loop=record, sampled=sampler.means(since=record.step_starts[train.warmup_steps]),
-        peaks=_peaks(ctx.device, held_gib), build_peaks=build_peaks, rss_before_build_gib=rss_before_build_gib,
-        host_held_gib=held_gib,
+        peaks=_peaks(ctx.device, held_gib, file_at_reset_gib), build_peaks=build_peaks,
+        rss_before_build_gib=rss_before_build_gib, host_held_gib=held_gib,
         model_build_s=built.model_build_s, wrap_s=built.wrap_s,
         time_to_first_step_s=t_loop - t_start + record.step_times_s[0])
     reduced = rank_metrics.reduce_ranks(measured, train.tp_size, train.warmup_steps, ctx.device)
