@@ -1,6 +1,6 @@
 """Warm equals fresh: the same configurations measured by warm pool actors and by fresh processes, interleaved.
 
-    .venv/bin/python bench/warm_fidelity.py [--rounds 3] [--steps 14] [--store DIR]
+    .venv/bin/python bench/warm_fidelity.py [--rounds 3] [--steps 14] [--seq-len 64] [--micro-batch 2] [--store DIR]
 
 Six configurations of the tiny preset on 2 gloo ranks (a strategy, sAC, compile, LoRA, ZeRO-3 and a process-level
 environment among them). Each round runs every configuration twice, back to back: once as the next trial of the
@@ -34,9 +34,9 @@ CONFIGS = {
 }
 
 
-def payloads(steps: int) -> dict:
+def payloads(steps: int, seq_len: int, micro_batch: int) -> dict:
     spec = parse_sweep({"name": "warm-fidelity", "model": {"preset": "tiny"},
-                        "train": {"steps": steps, "warmup_steps": 4, "seq_len": 64, "micro_batch": 2,
+                        "train": {"steps": steps, "warmup_steps": 4, "seq_len": seq_len, "micro_batch": micro_batch,
                                   "precision": "fp32"},
                         "resources": {"workers": 2, "timeout_s": 900},
                         "axes": {"setup": list(CONFIGS.values())}})
@@ -51,9 +51,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--store", help="keep the rows in this store (default: a temporary directory)")
     args = parser.parse_args()
-    trials = payloads(args.steps)
+    trials = payloads(args.steps, args.seq_len, args.micro_batch)
     rows: dict[tuple[str, str], list[dict]] = {(c, e): [] for c in CONFIGS for e in ("pool", "torchrun")}
     with ray_cluster(None), tempfile.TemporaryDirectory(prefix="raybench-fidelity-") as tmp:
         store = args.store or tmp
@@ -64,7 +66,8 @@ def main() -> None:
                     if row["status"] != "ok":
                         raise RuntimeError(f"{name} under {executor}: {row['status']}: {row['message']}")
                     rows[(name, executor)].append(row)
-    print(f"tiny preset, 2 gloo ranks, {args.steps} steps, {args.rounds} interleaved rounds (medians)")
+    print(f"tiny preset, 2 gloo ranks, {args.steps} steps of {args.micro_batch} x {args.seq_len} tokens, "
+          f"{args.rounds} interleaved rounds (medians)")
     print(f"{'configuration':16} {'warm tok/s':>11} {'fresh tok/s':>11} {'ratio':>7} {'warm MiB':>9} {'fresh MiB':>9} "
           f"{'ratio':>7} {'warm trial #':>12}")
     summary = {}
@@ -82,7 +85,8 @@ def main() -> None:
     ratio = statistics.median(s["tok_ratio"] for s in summary.values())
     print(json.dumps({"bench": "warm_fidelity", "metric": "median over configurations of warm/fresh tok/s per device",
                       "value": ratio, "goal": "within 0.03 of 1; every memory ratio within 0.05 of 1",
-                      "rounds": args.rounds, "steps": args.steps, "configurations": summary}))
+                      "rounds": args.rounds, "steps": args.steps, "seq_len": args.seq_len,
+                      "micro_batch": args.micro_batch, "configurations": summary}))
 
 
 if __name__ == "__main__":
