@@ -16,7 +16,7 @@ import sys
 from raybench import cli_results, cli_store, slurm
 from raybench.config import ConfigError, load_sweep
 from raybench.plan import plan
-from raybench.report import estimate_summary, estimate_table, plan_table, results_table
+from raybench.report import estimate_summary, estimate_table, plan_table, rehearsal_table, results_table
 from raybench.slurm import SlurmError, SlurmOptions
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -62,6 +62,39 @@ def _estimate(args) -> int:
     else:
         print(estimate_table(trials))
         print(f"\n{estimate_summary(trials, store_path)}")
+    return EXIT_OK
+
+
+def _rehearse(args) -> int:
+    from raybench import calibration, rehearse
+
+    spec = load_sweep(args.sweep)
+    store_path = args.store or spec.store
+    trials = plan(spec, source=args.sweep, store_path=store_path)
+    if args.trial is not None:
+        trials = [t for t in trials if args.trial in (t.trial_id, t.config_id, str(t.index))]
+        if not trials:
+            print(f"{args.sweep}: no trial with id or index {args.trial!r} (--trial); see `raybench plan "
+                  f"{args.sweep}`", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    seen, rows = set(), []
+    for t in trials:
+        if t.config_id in seen:  # repeats of one configuration rehearse once
+            continue
+        seen.add(t.config_id)
+        gpu = spec.estimate.gpu if t.config.resources.gpus_per_worker > 0 else None
+        busbw = calibration.probe_busbw_gbps(store_path, t.world_size, gpu)
+        result = rehearse.rehearse(t.config, t.shape, gpu, busbw, analytic=t.estimate).as_dict()
+        calibration.save_rehearsal(store_path, t.config_id, result)
+        row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
+               "gpu": gpu, **result}
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row, sort_keys=True), flush=True)
+    if not args.json:
+        print(rehearsal_table(rows))
+        print(f"\n{len(rows)} configuration(s) rehearsed; stored in {store_path}/{calibration.REHEARSALS_DIR} "
+              f"(`raybench estimate {args.sweep}` fits them by their rehearsal)")
     return EXIT_OK
 
 
@@ -237,6 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-invalid", action="store_true", help="list impossible grid points as invalid")
     p.add_argument("--json", action="store_true", help="one JSON object per trial instead of a table")
     p.set_defaults(func=_estimate)
+
+    p = sub.add_parser("rehearse", help="trace each trial's step at its full world size in one CPU process "
+                       "(fake tensors and ranks): memory by category, communication, predicted step time")
+    p.add_argument("sweep")
+    p.add_argument("--trial", help="only this trial (trial id, config id, or plan index)")
+    p.add_argument("--store", help="result store: its all-reduce probes give the bus bandwidth, and the rehearsals "
+                   "are kept there for `raybench estimate` (default: the sweep's)")
+    p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
+    p.set_defaults(func=_rehearse)
 
     p = sub.add_parser("run", help="run a sweep on an embedded local Ray, or on --address")
     p.add_argument("sweep")
