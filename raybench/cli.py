@@ -15,7 +15,7 @@ import sys
 
 from raybench import cli_results, cli_store, slurm
 from raybench.config import ConfigError, load_sweep
-from raybench.plan import plan
+from raybench.plan import config_id, plan
 from raybench.report import estimate_summary, estimate_table, plan_table, rehearsal_table, results_table
 from raybench.slurm import SlurmError, SlurmOptions
 
@@ -77,14 +77,18 @@ def _rehearse(args) -> int:
             print(f"{args.sweep}: no trial with id or index {args.trial!r} (--trial); see `raybench plan "
                   f"{args.sweep}`", file=sys.stderr)
             return EXIT_BAD_INPUT
-    seen, rows = set(), []
+    seen, traced, rows = set(), {}, []
     for t in trials:
         if t.config_id in seen:  # repeats of one configuration rehearse once
             continue
         seen.add(t.config_id)
-        gpu = spec.estimate.gpu if t.config.resources.gpus_per_worker > 0 else None
+        gpu = (args.gpu or spec.estimate.gpu) if t.config.resources.gpus_per_worker > 0 else None
         busbw = calibration.probe_busbw_gbps(store_path, t.world_size, gpu)
-        result = rehearse.rehearse(t.config, t.shape, gpu, busbw, analytic=t.estimate).as_dict()
+        # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
+        key = (config_id(rehearse.traced_config(t.config)), gpu, busbw)
+        if key not in traced:
+            traced[key] = rehearse.rehearse(t.config, t.shape, gpu, busbw, analytic=t.estimate)
+        result = rehearse.with_notes(traced[key], t.config).as_dict()
         calibration.save_rehearsal(store_path, t.config_id, result)
         row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
                "gpu": gpu, **result}
@@ -155,7 +159,17 @@ def _report(args) -> int:
 
 
 def _best(args) -> int:
-    from raybench.best import best_report, read_rows, resolve_source
+    from raybench.best import best_report, predicted_best_report, read_rows, resolve_source
+
+    if args.predict:
+        if not args.source.endswith((".yaml", ".yml")):
+            print(f"raybench best --predict: {args.source} is not a sweep file; --predict needs the sweep YAML "
+                  "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        spec = load_sweep(args.source)
+        trials = plan(spec, source=args.source, store_path=spec.store)
+        print(predicted_best_report(trials, args.axis or "train.ac_ratio"))
+        return EXIT_OK
 
     store_path, sweep = resolve_source(args.source, args.sweep)
     rows = read_rows(store_path, sweep)
@@ -277,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trial", help="only this trial (trial id, config id, or plan index)")
     p.add_argument("--store", help="result store: its all-reduce probes give the bus bandwidth, and the rehearsals "
                    "are kept there for `raybench estimate` (default: the sweep's)")
+    p.add_argument("--gpu", help="GPU to predict step times for (default: the sweep's estimate.gpu), e.g. 'H100 SXM'")
     p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
     p.set_defaults(func=_rehearse)
 
@@ -317,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--axis", help="best value of this config field per group and model, e.g. train.ac_ratio")
     p.add_argument("--max-mem-gib", type=float, help="only configurations whose mean peak memory per device "
                    "(GPU reserved, CPU RSS) is at most this")
+    p.add_argument("--predict", action="store_true", help="before running: the best --axis value (default "
+                   "train.ac_ratio) per group from the sweep's rehearsals (`raybench rehearse SWEEP` first)")
     p.set_defaults(func=_best)
     _add_slurm_parsers(sub)
     return parser

@@ -63,6 +63,7 @@ class StepTrace:
     roofline_s: float  # sum over operators of max(FLOPs / peak, bytes / bandwidth); 0 without a GPU row
     compute_s: float  # the FLOP part alone (sum of FLOPs / peak)
     memory_s: float  # the bytes part alone (sum of bytes / bandwidth)
+    op_s: dict[str, float] = field(default_factory=dict)  # roofline seconds by operator (the 12 costliest)
 
     @property
     def peak_gib(self) -> float:
@@ -154,10 +155,13 @@ def _cpu_flash_backward_flop(grad_out, query, key, value, *args, out_val=None, *
 
 
 def _not_memory_traffic() -> set:
-    """Operators that move no data worth counting (views, metadata, RNG seeds): torch's runtime estimator's lists."""
+    """Operators that move no data worth counting: torch's runtime estimator's lists (views, metadata, RNG
+    seeds), and allocations (an empty tensor is reserved, not written)."""
     from torch.utils._runtime_estimation import _IGNORE_OPS, _VIEW_OPS
 
-    return set(_IGNORE_OPS) | set(_VIEW_OPS)
+    aten = torch.ops.aten
+    allocations = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided}
+    return set(_IGNORE_OPS) | set(_VIEW_OPS) | allocations
 
 
 def _tracker(model: nn.Module, optimizer, fsdp: bool):
@@ -180,6 +184,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.comm_calls: dict[str, int] = defaultdict(int)
             self.overlapped_names: set[str] = set()
             self.flops = self.roofline_s = self.compute_s = self.memory_s = 0.0
+            self.op_s: dict[str, float] = defaultdict(float)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.propagation.depth:  # DTensor's global-shape run: no memory of this rank's
@@ -205,7 +210,9 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
                 if kwargs.get("is_causal") or (len(args) > 4 and args[4] is True):
                     flops /= 2  # causal kernels skip the masked half of the score matrix
             moved = 0
-            if packet not in self.skip_traffic:
+            # An operator that neither returns a tensor nor writes one (prim.device, size queries) reads metadata.
+            writes = func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
+            if packet not in self.skip_traffic and writes:
                 moved = sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size()
                             for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
             dtype = next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
@@ -216,6 +223,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.compute_s += compute_s
             self.memory_s += memory_s
             self.roofline_s += max(compute_s, memory_s)
+            self.op_s[packet.__name__] += max(compute_s, memory_s)
 
         def category_gib(self) -> dict[str, float]:
             return _categories(self.get_tracker_snapshot("peak"))
@@ -249,6 +257,20 @@ def _categories(snapshot: dict) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------------------------
 # The traced step
+
+
+def traced_config(config: TrialConfig) -> TrialConfig:
+    """The trial as the trace runs it (see traced_train): trials with equal traced configs trace the same step."""
+    train, _ = traced_train(config.train, config.resources.gpus_per_worker > 0)
+    return config.model_copy(update={"train": train})
+
+
+def with_notes(result: Rehearsal, config: TrialConfig) -> Rehearsal:
+    """A rehearsal reused for `config` (a twin with the same traced step), with `config`'s own notes."""
+    if result.method != "traced":
+        return result
+    _, notes = traced_train(config.train, config.resources.gpus_per_worker > 0)
+    return dataclasses.replace(result, notes=notes)
 
 
 def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
@@ -339,11 +361,23 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         memory_gib=tracker.category_gib(), resident_gib=_resident_gib(trainable.model, trainable.optimizer),
         comm_bytes=dict(tracker.comm_bytes), comm_calls=dict(tracker.comm_calls),
         overlapped_comm=tuple(sorted(tracker.overlapped_names)), flops=tracker.flops,
-        roofline_s=tracker.roofline_s, compute_s=tracker.compute_s, memory_s=tracker.memory_s)
+        roofline_s=tracker.roofline_s, compute_s=tracker.compute_s, memory_s=tracker.memory_s,
+        op_s=dict(sorted(tracker.op_s.items(), key=lambda kv: -kv[1])[:12]))
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Step time
+
+
+# The one constant fitted on measurements: achieved fraction of the per-operator roofline (peak FLOP/s and
+# memory bandwidth) on an H100 SXM, the median of roofline / measured step time over the 10 eager rows of the
+# committed 1B sAC sweep (docs/results/gpu-2026-11-22/gpu-sac-1b.parquet): 0.7285, range 0.69-0.74
+# (docs/results/rehearse-2026-11-25.md). Every other figure of the prediction comes from the trace.
+ROOFLINE_EFFICIENCY = 0.73
+# The caching allocator reserves more than the tensors it holds (block rounding, fragmentation), and GPU rows
+# report the reserved peak. Fitted the same way: median peak_reserved_gib / peak_alloc_gib over the same 10
+# rows, 1.159 (range 1.12-1.23). A GPU rehearsal's reserved_gib is its tensor peak times this.
+ALLOCATOR_RESERVE = 1.16
 
 
 @dataclass(frozen=True)
@@ -389,7 +423,7 @@ class StepTime:
 
 
 def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | None, busbw_source: str,
-                      efficiency: float = 1.0) -> StepTime:
+                      efficiency: float = ROOFLINE_EFFICIENCY) -> StepTime:
     """Roofline compute plus communication; FSDP/DDP collectives overlap compute, the others (TP) do not.
 
     efficiency scales the roofline (achieved fraction of peak FLOP/s and bandwidth), a global constant.
@@ -424,6 +458,7 @@ class Rehearsal:
     world_size: int
     memory_gib: dict[str, float] = field(default_factory=dict)
     peak_gib: float | None = None  # tensor memory at the step's peak (what torch's allocator would hold)
+    reserved_gib: float | None = None  # GPU trials: what the caching allocator would reserve (x ALLOCATOR_RESERVE)
     resident_gib: dict[str, float] = field(default_factory=dict)
     comm_bytes: dict[str, int] = field(default_factory=dict)
     flops: float | None = None
@@ -452,7 +487,7 @@ def why_not_traceable(config: TrialConfig) -> str | None:
 
 
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
-             analytic: dict | None = None, efficiency: float = 1.0, rank: int = 0) -> Rehearsal:
+             analytic: dict | None = None, efficiency: float = ROOFLINE_EFFICIENCY, rank: int = 0) -> Rehearsal:
     """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`)."""
     world = config.resources.workers
     why_not = why_not_traceable(config)
@@ -477,6 +512,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     has_time = on_gpu and trace.roofline_s > 0
     return Rehearsal(
         "traced", notes, rank, world, memory_gib=trace.memory_gib, peak_gib=trace.peak_gib,
+        reserved_gib=trace.peak_gib * (ALLOCATOR_RESERVE if on_gpu else 1.0),
         resident_gib=trace.resident_gib, comm_bytes=trace.comm_bytes, flops=trace.flops,
         compute_s=timing.compute_s if has_time else None, comm_s=timing.comm_s if busbw else None,
         exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,

@@ -99,8 +99,8 @@ def rehearsal_table(rows: list[dict]) -> str:
     """One line per rehearsed configuration: peak memory by category, communication, predicted step time."""
     axes = list(dict.fromkeys(k for r in rows for k in r["axis_values"]))
     headers = ["#", "config_id", *(a.split(".")[-1] for a in axes), "world", "method", "params", "grads", "optim",
-               "activ", "temp", "peak GiB", "comm GB", "busbw", "compute s", "exposed comm s", "step s", "trace s",
-               "notes"]
+               "activ", "temp", "peak GiB", "reserved", "comm GB", "busbw", "compute s", "exposed comm s", "step s",
+               "trace s", "notes"]
     lines = []
     for r in rows:
         m = r["memory_gib"]
@@ -110,8 +110,9 @@ def rehearsal_table(rows: list[dict]) -> str:
                       str(r["world_size"]), r["method"],
                       *(_fmt(m.get(k), ".2f") for k in ("parameters", "gradients", "optimizer_state", "activations",
                                                         "temporaries")),
-                      _fmt(r["peak_gib"], ".2f"), _fmt(comm, ".1f"), busbw, _fmt(r["compute_s"], ".3g"),
-                      _fmt(r["exposed_comm_s"], ".3g"), _fmt(r["step_time_s"], ".3g"), _fmt(r["trace_s"], ".0f"),
+                      _fmt(r["peak_gib"], ".2f"), _fmt(r.get("reserved_gib"), ".2f"), _fmt(comm, ".1f"), busbw,
+                      _fmt(r["compute_s"], ".3g"), _fmt(r["exposed_comm_s"], ".3g"), _fmt(r["step_time_s"], ".3g"),
+                      _fmt(r["trace_s"], ".0f"),
                       "; ".join(r["notes"]) or "-"])
     return render(headers, lines)
 

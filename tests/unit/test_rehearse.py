@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 
 from raybench import rehearse
+from raybench.best import predicted_best
 from raybench.cli import main
-from raybench.config import parse_sweep
+from raybench.config import load_sweep, parse_sweep
 from raybench.plan import plan
 from raybench.strategies import RankContext
 
@@ -186,7 +187,7 @@ def test_step_time_overlaps_fsdp_collectives_and_serializes_the_rest():
     trace = rehearse.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={"allgather_base": 100e9,
                                "all_reduce": 1e9}, comm_calls={}, overlapped_comm=("allgather_base",), flops=0,
                                roofline_s=1.0, compute_s=1.0, memory_s=0.0)
-    t = rehearse.predict_step_time(trace, world_size=64, busbw_gbps=50.0, busbw_source="links")
+    t = rehearse.predict_step_time(trace, world_size=64, busbw_gbps=50.0, busbw_source="links", efficiency=1.0)
     gather_s = 100e9 * 63 / 64 / 50e9
     reduce_s = 1e9 * 2 * 63 / 64 / 50e9
     assert t.step_time_s == pytest.approx(1.0 + reduce_s + (gather_s - 1.0))
@@ -206,6 +207,32 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     assert main(["estimate", str(sweep), "--json"]) == 0
     estimates = [json.loads(line)["estimate"] for line in capsys.readouterr().out.splitlines()]
     assert [e["peak_basis"] for e in estimates] == ["rehearsed", "analytic"]
-    assert estimates[0]["rehearsed_peak_gib"] == pytest.approx(rows[0]["peak_gib"] + 1.0)  # + CUDA context
+    # The allocator's reserve on the tensor peak, plus the CUDA context the estimate assumes.
+    assert estimates[0]["rehearsed_peak_gib"] == pytest.approx(rows[0]["peak_gib"] * rehearse.ALLOCATOR_RESERVE + 1.0)
     assert main(["rehearse", str(sweep), "--trial", "nope"]) == 2
     assert "--trial" in capsys.readouterr().err
+
+
+def test_best_predict_picks_the_fastest_ratio_that_fits(tmp_path, capsys):
+    """`raybench best SWEEP --predict` after `raybench rehearse SWEEP`: per micro-batch, the sAC ratio whose
+    rehearsal fits with the highest predicted throughput; a device memory no ratio fits in says so."""
+    def sweep(memory_gib: float):
+        path = tmp_path / f"s{memory_gib}.yaml"
+        path.write_text(json.dumps({
+            "name": "r", "model": {"preset": "tiny"}, "train": {**TINY_TRAIN, "strategy": "fsdp2"},
+            "resources": {"workers": 2, "gpus_per_worker": 1},
+            "estimate": {"gpu": "H100 SXM", "device_memory_gib": memory_gib, "margin_gib": 0},
+            "store": str(tmp_path / "store"), "axes": {"train.ac_ratio": ["0", "1"]}}))
+        return str(path)
+
+    assert main(["rehearse", sweep(80.0), "--json"]) == 0
+    capsys.readouterr()
+    (result,) = predicted_best(plan(load_sweep(sweep(80.0)), store_path=tmp_path / "store"))
+    # Recomputing the checkpointed blocks costs time, so with room to spare the fastest ratio is 0.
+    assert result["best"]["value"] == "0"
+    assert [v["value"] for v in result["values"]] == ["0", "1"]
+    assert main(["best", sweep(80.0), "--predict"]) == 0
+    assert "best ac_ratio" in capsys.readouterr().out
+    assert main(["best", sweep(1.0), "--predict"]) == 0  # 1 GiB: the CUDA context alone takes it
+    assert "none fits" in capsys.readouterr().out
+    assert main(["best", str(tmp_path), "--predict"]) == 2
