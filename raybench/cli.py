@@ -167,7 +167,9 @@ def _best(args) -> int:
                   "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
             return EXIT_BAD_INPUT
         spec = load_sweep(args.source)
-        trials = plan(spec, source=args.source, store_path=spec.store)
+        if args.gpu:  # the GPU whose memory the rehearsals must fit in (estimate.gpu; not part of trial ids)
+            spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
+        trials = plan(spec, source=args.source, store_path=args.store or spec.store)
         print(predicted_best_report(trials, args.axis or "train.ac_ratio"))
         return EXIT_OK
 
@@ -334,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(GPU reserved, CPU RSS) is at most this")
     p.add_argument("--predict", action="store_true", help="before running: the best --axis value (default "
                    "train.ac_ratio) per group from the sweep's rehearsals (`raybench rehearse SWEEP` first)")
+    p.add_argument("--store", help="with --predict: the store holding the rehearsals (default: the sweep's)")
+    p.add_argument("--gpu", help="with --predict: the GPU whose memory they must fit (default: estimate.gpu)")
     p.set_defaults(func=_best)
     _add_slurm_parsers(sub)
     return parser

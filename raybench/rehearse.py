@@ -398,7 +398,7 @@ GPUS_PER_NODE = 8
 def link_busbw_gbps(gpu: str | None, world_size: int) -> float | None:
     """Bus bandwidth a ring collective reaches on nominal links: NVLink within a node, the NIC across nodes."""
     link = next((v for k, v in LINKS.items() if gpu and k.lower() in gpu.lower()), None)
-    if link is None:
+    if link is None or world_size == 1:  # one rank communicates with nobody
         return None
     return link.intra_node_gbps if world_size <= GPUS_PER_NODE else link.inter_node_gbps
 
