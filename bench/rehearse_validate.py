@@ -38,9 +38,9 @@ def sweep_for_gpu(name: str):
 def validate(name: str, store: Path) -> tuple[pd.DataFrame, dict]:
     measured = pd.read_parquet(RESULTS / f"{name}.parquet")
     measured = measured[measured.status == "ok"].set_index("config_id")
-    lines = []
+    lines, traces = [], {}
     for trial in plan(sweep_for_gpu(name)):
-        r = rehearse.rehearse(trial.config, trial.shape, GPU, analytic=trial.estimate)
+        r = rehearse.rehearse(trial.config, trial.shape, GPU, analytic=trial.estimate, traces=traces)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
         if trial.config_id not in measured.index:
             continue
@@ -55,15 +55,26 @@ def validate(name: str, store: Path) -> tuple[pd.DataFrame, dict]:
             "reserved_err": _err(reserved, row.peak_reserved_gib),
             "step_pred_s": r.step_time_s, "step_s": row.step_time_p50_s, "step_err": _err(r.step_time_s,
                                                                                          row.step_time_p50_s),
+            # What each row alone would make the fitted constants (single-rank rows: no communication).
+            "implied_efficiency": None if r.roofline_s is None else r.roofline_s / row.step_time_p50_s,
+            "implied_fused_fraction": None if not r.block_memory_bound_s else (
+                r.roofline_s - rehearse.ROOFLINE_EFFICIENCY * row.step_time_p50_s) / r.block_memory_bound_s,
+            "reserve": row.peak_reserved_gib / row.peak_alloc_gib,
         })
     table = pd.DataFrame(lines)
-    eager = table[~table.notes.str.contains("compile")]
+    eager = table[(table.method == "traced") & ~table.notes.str.contains("compile")]
+    compiled = table[(table.method == "traced") & table.notes.str.contains("compile")]
     summary = {"sweep": name, "rows": len(table), "eager_rows": len(eager),
                "max_abs_alloc_err_eager": _max_abs(eager.alloc_err),
                "max_abs_reserved_err_eager": _max_abs(eager.reserved_err),
                "max_abs_step_err_eager": _max_abs(eager.step_err), "max_abs_alloc_err_all": _max_abs(table.alloc_err),
                "max_abs_step_err_all": _max_abs(table.step_err),
-               "roofline_efficiency": rehearse.ROOFLINE_EFFICIENCY, "allocator_reserve": rehearse.ALLOCATOR_RESERVE}
+               "max_abs_step_err_compiled": _max_abs(compiled.step_err),
+               "roofline_efficiency": rehearse.ROOFLINE_EFFICIENCY, "allocator_reserve": rehearse.ALLOCATOR_RESERVE,
+               "compile_fused_fraction": rehearse.COMPILE_FUSED_FRACTION,
+               "median_implied_efficiency_eager": _median(eager.implied_efficiency),
+               "median_reserve_eager": _median(eager.reserve),
+               "median_implied_fused_fraction_compiled": _median(compiled.implied_fused_fraction)}
     return table, summary
 
 
@@ -89,6 +100,13 @@ def best_ratios(name: str, store: Path) -> list[dict]:
 
 def _err(predicted: float | None, measured: float) -> float | None:
     return None if predicted is None else predicted / measured - 1
+
+
+def _median(values: pd.Series) -> list[float] | None:
+    """[median, min, max]."""
+    values = values.dropna()
+    return None if values.empty else [round(float(f(values)), 4) for f in (pd.Series.median, pd.Series.min,
+                                                                              pd.Series.max)]
 
 
 def _max_abs(values: pd.Series) -> float | None:

@@ -15,7 +15,7 @@ import sys
 
 from raybench import cli_results, cli_store, slurm
 from raybench.config import ConfigError, load_sweep
-from raybench.plan import config_id, plan
+from raybench.plan import plan
 from raybench.report import estimate_summary, estimate_table, plan_table, rehearsal_table, results_table
 from raybench.slurm import SlurmError, SlurmOptions
 
@@ -85,10 +85,7 @@ def _rehearse(args) -> int:
         gpu = (args.gpu or spec.estimate.gpu) if t.config.resources.gpus_per_worker > 0 else None
         busbw = calibration.probe_busbw_gbps(store_path, t.world_size, gpu)
         # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
-        key = (config_id(rehearse.traced_config(t.config)), gpu, busbw)
-        if key not in traced:
-            traced[key] = rehearse.rehearse(t.config, t.shape, gpu, busbw, analytic=t.estimate)
-        result = rehearse.with_notes(traced[key], t.config).as_dict()
+        result = rehearse.rehearse(t.config, t.shape, gpu, busbw, analytic=t.estimate, traces=traced).as_dict()
         calibration.save_rehearsal(store_path, t.config_id, result)
         row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
                "gpu": gpu, **result}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from raybench import bench, strategies
 from raybench.config import TrainSpec, TrialConfig
 from raybench.hardware import memory_bandwidth_tb_per_s, peak_tflops
 from raybench.model import build_meta
+from raybench.plan import config_id
 from raybench.presets import ModelShape
 from raybench.schema import GIB
 from raybench.strategies import RankContext
@@ -64,6 +66,9 @@ class StepTrace:
     compute_s: float  # the FLOP part alone (sum of FLOPs / peak)
     memory_s: float  # the bytes part alone (sum of bytes / bandwidth)
     op_s: dict[str, float] = field(default_factory=dict)  # roofline seconds by operator (the 12 costliest)
+    # Roofline seconds of the FLOP-less (elementwise, reduction, copy) operators run inside decoder blocks, in
+    # forward, backward or recomputation: what torch.compile fuses into its generated kernels.
+    block_memory_bound_s: float = 0.0
 
     @property
     def peak_gib(self) -> float:
@@ -185,6 +190,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.overlapped_names: set[str] = set()
             self.flops = self.roofline_s = self.compute_s = self.memory_s = 0.0
             self.op_s: dict[str, float] = defaultdict(float)
+            self.block_memory_bound_s = 0.0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.propagation.depth:  # DTensor's global-shape run: no memory of this rank's
@@ -224,12 +230,17 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.memory_s += memory_s
             self.roofline_s += max(compute_s, memory_s)
             self.op_s[packet.__name__] += max(compute_s, memory_s)
+            if not flops and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
+                self.block_memory_bound_s += memory_s
 
         def category_gib(self) -> dict[str, float]:
             return _categories(self.get_tracker_snapshot("peak"))
 
     return StepTracker
 
+
+# A decoder block's module name as torch's module tracker reports it (model.model.layers.7, or inside wrappers).
+_BLOCK_NAME = re.compile(r"\.layers\.\d+(\.|$)")
 
 # Tracker reference types (torch's names) by the categories raybench reports.
 _CATEGORY_OF = {
@@ -265,20 +276,12 @@ def traced_config(config: TrialConfig) -> TrialConfig:
     return config.model_copy(update={"train": train})
 
 
-def with_notes(result: Rehearsal, config: TrialConfig) -> Rehearsal:
-    """A rehearsal reused for `config` (a twin with the same traced step), with `config`'s own notes."""
-    if result.method != "traced":
-        return result
-    _, notes = traced_train(config.train, config.resources.gpus_per_worker > 0)
-    return dataclasses.replace(result, notes=notes)
-
-
 def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
     """The TrainSpec the trace runs, and what it changes from the trial (each change is reported per row).
 
     The trace runs on CPU fake tensors, so it runs the GPU worker's choices explicitly: AdamW's fused kernel
     (what "adamw" picks on CUDA). torch.compile is not traced (its graphs would be compiled for CPU): compiled
-    trials are traced eager.
+    trials are traced eager, and their step time accounts for fusion (predict_step_time).
     """
     changes = {}
     notes = []
@@ -362,7 +365,8 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         comm_bytes=dict(tracker.comm_bytes), comm_calls=dict(tracker.comm_calls),
         overlapped_comm=tuple(sorted(tracker.overlapped_names)), flops=tracker.flops,
         roofline_s=tracker.roofline_s, compute_s=tracker.compute_s, memory_s=tracker.memory_s,
-        op_s=dict(sorted(tracker.op_s.items(), key=lambda kv: -kv[1])[:12]))
+        op_s=dict(sorted(tracker.op_s.items(), key=lambda kv: -kv[1])[:12]),
+        block_memory_bound_s=tracker.block_memory_bound_s)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -378,6 +382,11 @@ ROOFLINE_EFFICIENCY = 0.73
 # report the reserved peak. Fitted the same way: median peak_reserved_gib / peak_alloc_gib over the same 10
 # rows, 1.159 (range 1.12-1.23). A GPU rehearsal's reserved_gib is its tensor peak times this.
 ALLOCATOR_RESERVE = 1.16
+# torch.compile (not traced: compiled trials trace eager) fuses the elementwise, reduction and copy operators
+# of each compiled decoder block into generated kernels, which still read their inputs and write their outputs
+# once. Fitted like the two above on the 10 compiled rows of the same sweep: the share of those operators'
+# roofline time that fusion saves, median 0.60 (docs/results/rehearse-2026-11-25.md).
+COMPILE_FUSED_FRACTION = 0.60
 
 
 @dataclass(frozen=True)
@@ -423,12 +432,15 @@ class StepTime:
 
 
 def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | None, busbw_source: str,
-                      efficiency: float = ROOFLINE_EFFICIENCY) -> StepTime:
+                      efficiency: float = ROOFLINE_EFFICIENCY, compiled: bool = False) -> StepTime:
     """Roofline compute plus communication; FSDP/DDP collectives overlap compute, the others (TP) do not.
 
     efficiency scales the roofline (achieved fraction of peak FLOP/s and bandwidth), a global constant.
+    compiled: the decoder blocks run torch.compile's fused kernels, which save COMPILE_FUSED_FRACTION of the
+    memory-bound operators' time inside the blocks (the trace itself runs them eager).
     """
-    compute_s = trace.roofline_s / efficiency
+    fused_s = COMPILE_FUSED_FRACTION * trace.block_memory_bound_s if compiled else 0.0
+    compute_s = (trace.roofline_s - fused_s) / efficiency
     overlapped = blocking = 0.0
     for name, nbytes in trace.comm_bytes.items():
         if busbw_gbps:
@@ -469,7 +481,9 @@ class Rehearsal:
     busbw_gbps: float | None = None
     busbw_source: str | None = None
     overlap: str | None = None
-    trace_s: float | None = None
+    roofline_s: float | None = None  # the trace's roofline before efficiency (what the constants are fitted on)
+    block_memory_bound_s: float | None = None  # its memory-bound part inside decoder blocks (compile fuses it)
+    trace_s: float | None = None  # seconds this process spent tracing (0 when an identical trace was reused)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -487,8 +501,13 @@ def why_not_traceable(config: TrialConfig) -> str | None:
 
 
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
-             analytic: dict | None = None, efficiency: float = ROOFLINE_EFFICIENCY, rank: int = 0) -> Rehearsal:
-    """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`)."""
+             analytic: dict | None = None, efficiency: float = ROOFLINE_EFFICIENCY, rank: int = 0,
+             traces: dict | None = None) -> Rehearsal:
+    """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
+
+    `traces` (a dict the caller keeps) reuses the trace of a trial whose traced step is identical: compiled
+    and eager twins trace the same eager step and differ only in the predicted time.
+    """
     world = config.resources.workers
     why_not = why_not_traceable(config)
     if why_not:
@@ -499,16 +518,20 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
                          peak_gib=est.get("measured_part_gib"), step_time_s=est.get("step_time_s"))
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
+    traces = {} if traces is None else traces
+    key = (config_id(traced_config(config)), rank, gpu if on_gpu else None)
     t0 = time.perf_counter()
-    init_fake_world(rank, world)
-    try:
-        ctx = RankContext(rank, world, rank, torch.device("cpu"))
-        trace = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None)
-    finally:
-        dist.destroy_process_group()
+    if key not in traces:
+        init_fake_world(rank, world)
+        try:
+            ctx = RankContext(rank, world, rank, torch.device("cpu"))
+            traces[key] = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None)
+        finally:
+            dist.destroy_process_group()
+    trace = traces[key]
     source = "probe" if busbw_gbps else "links"
     busbw = busbw_gbps or link_busbw_gbps(gpu, world)
-    timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency)
+    timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency, config.train.compile)
     has_time = on_gpu and trace.roofline_s > 0
     return Rehearsal(
         "traced", notes, rank, world, memory_gib=trace.memory_gib, peak_gib=trace.peak_gib,
@@ -517,4 +540,5 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         compute_s=timing.compute_s if has_time else None, comm_s=timing.comm_s if busbw else None,
         exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,
         step_time_s=timing.step_time_s if has_time else None, busbw_gbps=busbw, busbw_source=timing.busbw_source,
-        overlap=timing.overlap, trace_s=time.perf_counter() - t0)
+        overlap=timing.overlap, roofline_s=trace.roofline_s if has_time else None,
+        block_memory_bound_s=trace.block_memory_bound_s if has_time else None, trace_s=time.perf_counter() - t0)

@@ -194,6 +194,15 @@ def test_step_time_overlaps_fsdp_collectives_and_serializes_the_rest():
     assert t.comm_s == pytest.approx(gather_s + reduce_s)
 
 
+def test_compiled_step_saves_part_of_the_blocks_memory_bound_time():
+    trace = rehearse.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={}, comm_calls={}, overlapped_comm=(),
+                               flops=0, roofline_s=1.0, compute_s=0.5, memory_s=0.5, block_memory_bound_s=0.4)
+    eager = rehearse.predict_step_time(trace, 1, None, "none", efficiency=1.0)
+    compiled = rehearse.predict_step_time(trace, 1, None, "none", efficiency=1.0, compiled=True)
+    assert eager.step_time_s == 1.0
+    assert compiled.step_time_s == pytest.approx(1.0 - rehearse.COMPILE_FUSED_FRACTION * 0.4)
+
+
 def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     sweep = tmp_path / "s.yaml"
     sweep.write_text(json.dumps({
