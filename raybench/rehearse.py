@@ -137,6 +137,7 @@ def _comm_bytes(func, out, args, kwargs) -> int:
     try:
         return int(CollectiveOp.get_comm_tensor_size(func, out, args, kwargs))
     except (NotImplementedError, IndexError, AttributeError, TypeError):
+        # torch's table has no entry for this collective's argument layout: count its tensor arguments.
         return sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))
 
 

@@ -98,12 +98,14 @@ def test_fake_rank_matches_real_gloo_ranks(case, real):
 
 @pytest.mark.parametrize("world", [1, 2, 8])
 def test_fake_world_sizes_shard_as_real_ranks_do(world, real):
-    """World sizes 1, 2 and 8 (fake) against the real 1-rank run: FSDP2 shards parameters and optimizer state
-    evenly (the tiny shapes divide by 8), so each rank holds 1/world of the real whole."""
-    whole = real[1]["fsdp2"]["resident_gib"]
+    """World sizes 1, 2 and 8 (fake) against the real 1- and 2-rank runs: FSDP2 shards parameters and optimizer
+    state evenly (the tiny shapes divide by 8), so a rank of `world` holds real_ranks/world of a real rank's."""
     fake = fake_trace(tiny_trial(world, strategy="fsdp2")).resident_gib
-    for category in ("parameters", "optimizer_state"):
-        assert_close(fake[category], whole[category] / world, f"world {world} {category}")
+    for real_world in (1, 2):
+        measured = real[real_world]["fsdp2"]["resident_gib"]
+        for category in ("parameters", "optimizer_state"):
+            assert_close(fake[category], measured[category] * real_world / world,
+                         f"world {world} vs real {real_world}: {category}")
 
 
 def test_tracker_counts_dtensor_propagation_without_the_correction():
