@@ -490,6 +490,15 @@ class Rehearsal:
         return dataclasses.asdict(self)
 
 
+def _analytic(config: TrialConfig, analytic: dict | None, rank: int, why: str) -> Rehearsal:
+    """The analytic estimate in a rehearsal's shape, saying why the trial was not traced."""
+    est = analytic or {}
+    memory = {"parameters": est.get("params_gib"), "gradients": est.get("grads_gib"),
+              "optimizer_state": est.get("optimizer_gib"), "activations": est.get("activations_gib")}
+    return Rehearsal("analytic", [why + "; analytic estimate"], rank, config.resources.workers, memory_gib=memory,
+                     peak_gib=est.get("measured_part_gib"), step_time_s=est.get("step_time_s"))
+
+
 def why_not_traceable(config: TrialConfig) -> str | None:
     train = config.train
     if train.strategy not in TRACEABLE_STRATEGIES:
@@ -512,11 +521,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     world = config.resources.workers
     why_not = why_not_traceable(config)
     if why_not:
-        est = analytic or {}
-        memory = {"parameters": est.get("params_gib"), "gradients": est.get("grads_gib"),
-                  "optimizer_state": est.get("optimizer_gib"), "activations": est.get("activations_gib")}
-        return Rehearsal("analytic", [why_not + "; analytic estimate"], rank, world, memory_gib=memory,
-                         peak_gib=est.get("measured_part_gib"), step_time_s=est.get("step_time_s"))
+        return _analytic(config, analytic, rank, why_not)
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
     traces = {} if traces is None else traces
@@ -527,6 +532,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         try:
             ctx = RankContext(rank, world, rank, torch.device("cpu"))
             traces[key] = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None)
+        except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
+            return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
         finally:
             dist.destroy_process_group()
     trace = traces[key]

@@ -247,3 +247,24 @@ def test_best_predict_picks_the_fastest_ratio_that_fits(tmp_path, capsys):
     assert main(["best", sweep(1.0), "--predict"]) == 0  # 1 GiB: the CUDA context alone takes it
     assert "none fits" in capsys.readouterr().out
     assert main(["best", str(tmp_path), "--predict"]) == 2
+
+
+def test_a_trial_the_trace_cannot_run_falls_back_and_says_why(tmp_path):
+    """A GPT-2 directory (blocks in `transformer.h`, not `*.layers`): FSDP2's per-block wrap refuses it; the
+    rehearsal reports the analytic estimate with the error instead of stopping the sweep."""
+    from safetensors.torch import save_file
+
+    model_dir = tmp_path / "gpt2"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 256, "vocab_size": 500, "max_position_embeddings": 128}))
+    save_file({"unused": torch.zeros(1)}, str(model_dir / "model.safetensors"))
+    spec = parse_sweep({"name": "r", "model": {"path": str(model_dir)}, "train": {**TINY_TRAIN, "strategy": "fsdp2"},
+                        "resources": {"workers": 2}})
+    (trial,) = plan(spec)
+    result = rehearse.rehearse(trial.config, trial.shape, None, analytic=trial.estimate)
+    assert result.method == "analytic"
+    assert "trace failed (ValueError" in result.notes[0] and "layers" in result.notes[0]
+    assert result.peak_gib == trial.estimate["measured_part_gib"]
+    assert not dist.is_initialized()  # the fake world is gone, so the next trial can make its own
