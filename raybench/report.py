@@ -131,6 +131,6 @@ def estimate_summary(trials: list[PlannedTrial], store_path: str) -> str:
     parts.append(f"{calibrated} calibrated by measured rows in {store_path}")
     rehearsed = sum(t.estimate.get("peak_basis") == "rehearsed" for t in estimated)
     if rehearsed:
-        parts.append(f"{rehearsed} fit by their rehearsal (`raybench rehearse`)")
+        parts.append(f"{rehearsed} judged by their rehearsal (`raybench rehearse`) instead of the estimate")
     return "; ".join(parts) + (f". Step times are guesses (dense peak x {estimate.ASSUMED_MFU:.0%} MFU), "
                                "not measurements.")
