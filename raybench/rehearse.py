@@ -16,7 +16,8 @@ what it cannot see, and its measured accuracy.
 
 Known correction: under an active FakeTensorMode, DTensor's sharding propagation runs each op once more on
 fake tensors of the *global* shape, in the same fake mode, so torch's trackers count those phantom tensors as
-real (a 72B model's AdamW step showed ~825 GiB of "optimizer state" instead of ~8.5). `_Propagation` marks
+real (issue 16 reports ~825 GiB of "optimizer state" for a 72B model's AdamW step instead of ~8.5; the unit
+test reproduces the mechanism on a foreach op). `_Propagation` marks
 those calls through ShardingPropagator's `_fake_mode_lock` hook and the tracker skips them.
 """
 
