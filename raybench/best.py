@@ -180,3 +180,61 @@ def front_report(rows: pd.DataFrame, objectives: list[tuple[str, str]]) -> str:
     what = "Pareto front" if len(objectives) > 1 else "best"
     head = ", ".join(f"{m} ({mode})" for m, mode in objectives)
     return f"{what} of {len(means)} configuration(s) over {head}:\n" + render(["configuration", *metrics], lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Predicted best (before running): from the sweep's stored rehearsals (`raybench rehearse`)
+
+
+def predicted_tok_per_s_per_device(trial) -> float | None:
+    """Tokens per second per GPU the rehearsal predicts: the step's tokens on one rank over its step time."""
+    step_s = trial.estimate.get("rehearsed_step_time_s") if trial.estimate else None
+    if not step_s:
+        return None
+    train = trial.config.train
+    return train.micro_batch * train.seq_len * train.grad_accum / train.tp_size / step_s
+
+
+def predicted_best(trials: list, axis: str = "train.ac_ratio") -> list[dict]:
+    """Per group of planned trials that differ only in `axis`: the value whose rehearsal fits in device memory
+    with the highest predicted tokens/s per GPU (None when no rehearsed value fits), and every value's figures."""
+    groups: dict[tuple, list] = {}
+    for t in trials:
+        if t.estimate and t.estimate.get("peak_basis") == "rehearsed":
+            key = tuple((k, str(v)) for k, v in t.axis_values.items() if k != axis)
+            groups.setdefault(key, []).append(t)
+    results = []
+    for key, members in groups.items():
+        values = [{"value": t.axis_values.get(axis), "peak_gib": t.estimate["rehearsed_peak_gib"],
+                   "fits": t.estimate["fits"], "tok_per_s_per_device": predicted_tok_per_s_per_device(t),
+                   "compute_s": t.estimate.get("rehearsed_compute_s") or 0.0} for t in members]
+        fitting = [v for v in values if v["fits"] and v["tok_per_s_per_device"]]
+        # Communication-bound steps predict equal times whatever is recomputed (it hides behind the collectives):
+        # among equals, the least compute (the least recomputation) wins.
+        best = max(fitting, key=lambda v: (round(v["tok_per_s_per_device"], 6), -v["compute_s"])) if fitting else None
+        first = members[0].estimate
+        results.append({"group": dict(key), "best": best, "values": values, "memory_gib": first["memory_gib"],
+                        "margin_gib": first["margin_gib"]})
+    return results
+
+
+def predicted_best_report(trials: list, axis: str = "train.ac_ratio") -> str:
+    """`raybench best SWEEP --predict`: the predicted best value of `axis` per group, one line per group."""
+    results = predicted_best(trials, axis)
+    if not results:
+        return "no rehearsed trials: run `raybench rehearse SWEEP` first (it stores rehearsals in the sweep's store)"
+    headers = ["group", f"best {axis.split('.')[-1]}", "pred tok/s/GPU", "peak GiB", "limit GiB", "every value: "
+               "peak GiB / fits / tok/s/GPU"]
+    rows = []
+    for r in results:
+        best = r["best"]
+        limit = None if r["memory_gib"] is None else r["memory_gib"] - r["margin_gib"]
+        every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'NO'}/"
+                          f"{v['tok_per_s_per_device'] or 0:.0f}" for v in r["values"])
+        group = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in r["group"].items()) or "-"
+        if best:
+            chosen = [str(best["value"]), f"{best['tok_per_s_per_device']:.0f}", f"{best['peak_gib']:.1f}"]
+        else:
+            chosen = ["none fits", "-", "-"]
+        rows.append([group, *chosen, "-" if limit is None else f"{limit:.1f}", every])
+    return render(headers, rows)

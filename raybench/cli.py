@@ -16,7 +16,7 @@ import sys
 from raybench import cli_results, cli_store, slurm
 from raybench.config import ConfigError, load_sweep
 from raybench.plan import plan
-from raybench.report import estimate_summary, estimate_table, plan_table, results_table
+from raybench.report import estimate_summary, estimate_table, plan_table, rehearsal_table, results_table
 from raybench.slurm import SlurmError, SlurmOptions
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -62,6 +62,40 @@ def _estimate(args) -> int:
     else:
         print(estimate_table(trials))
         print(f"\n{estimate_summary(trials, store_path)}")
+    return EXIT_OK
+
+
+def _rehearse(args) -> int:
+    from raybench import calibration, rehearse
+
+    spec = load_sweep(args.sweep)
+    store_path = args.store or spec.store
+    trials = plan(spec, source=args.sweep, store_path=store_path)
+    if args.trial is not None:
+        trials = [t for t in trials if args.trial in (t.trial_id, t.config_id, str(t.index))]
+        if not trials:
+            print(f"{args.sweep}: no trial with id or index {args.trial!r} (--trial); see `raybench plan "
+                  f"{args.sweep}`", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    seen, traced, rows = set(), {}, []
+    for t in trials:
+        if t.config_id in seen:  # repeats of one configuration rehearse once
+            continue
+        seen.add(t.config_id)
+        gpu = (args.gpu or spec.estimate.gpu) if t.config.resources.gpus_per_worker > 0 else None
+        busbw = calibration.probe_busbw_gbps(store_path, t.world_size, gpu)
+        # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
+        result = rehearse.rehearse(t.config, t.shape, gpu, busbw, analytic=t.estimate, traces=traced).as_dict()
+        calibration.save_rehearsal(store_path, t.config_id, result)
+        row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
+               "gpu": gpu, **result}
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row, sort_keys=True), flush=True)
+    if not args.json:
+        print(rehearsal_table(rows))
+        print(f"\n{len(rows)} configuration(s) rehearsed; stored in {store_path}/{calibration.REHEARSALS_DIR} "
+              f"(`raybench estimate {args.sweep}` fits them by their rehearsal)")
     return EXIT_OK
 
 
@@ -122,7 +156,19 @@ def _report(args) -> int:
 
 
 def _best(args) -> int:
-    from raybench.best import best_report, read_rows, resolve_source
+    from raybench.best import best_report, predicted_best_report, read_rows, resolve_source
+
+    if args.predict:
+        if not args.source.endswith((".yaml", ".yml")):
+            print(f"raybench best --predict: {args.source} is not a sweep file; --predict needs the sweep YAML "
+                  "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        spec = load_sweep(args.source)
+        if args.gpu:  # the GPU whose memory the rehearsals must fit in (estimate.gpu; not part of trial ids)
+            spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
+        trials = plan(spec, source=args.source, store_path=args.store or spec.store)
+        print(predicted_best_report(trials, args.axis or "train.ac_ratio"))
+        return EXIT_OK
 
     store_path, sweep = resolve_source(args.source, args.sweep)
     rows = read_rows(store_path, sweep)
@@ -238,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per trial instead of a table")
     p.set_defaults(func=_estimate)
 
+    p = sub.add_parser("rehearse", help="trace each trial's step at its full world size in one CPU process "
+                       "(fake tensors and ranks): memory by category, communication, predicted step time")
+    p.add_argument("sweep")
+    p.add_argument("--trial", help="only this trial (trial id, config id, or plan index)")
+    p.add_argument("--store", help="result store: its all-reduce probes give the bus bandwidth, and the rehearsals "
+                   "are kept there for `raybench estimate` (default: the sweep's)")
+    p.add_argument("--gpu", help="GPU to predict step times for (default: the sweep's estimate.gpu), e.g. 'H100 SXM'")
+    p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
+    p.set_defaults(func=_rehearse)
+
     p = sub.add_parser("run", help="run a sweep on an embedded local Ray, or on --address")
     p.add_argument("sweep")
     where = p.add_mutually_exclusive_group()
@@ -275,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--axis", help="best value of this config field per group and model, e.g. train.ac_ratio")
     p.add_argument("--max-mem-gib", type=float, help="only configurations whose mean peak memory per device "
                    "(GPU reserved, CPU RSS) is at most this")
+    p.add_argument("--predict", action="store_true", help="before running: the best --axis value (default "
+                   "train.ac_ratio) per group from the sweep's rehearsals (`raybench rehearse SWEEP` first)")
+    p.add_argument("--store", help="with --predict: the store holding the rehearsals (default: the sweep's)")
+    p.add_argument("--gpu", help="with --predict: the GPU whose memory they must fit (default: estimate.gpu)")
     p.set_defaults(func=_best)
     _add_slurm_parsers(sub)
     return parser

@@ -368,23 +368,35 @@ def margin_gib(spec: EstimateSpec, memory_gib: float) -> float:
     return fraction * memory_gib
 
 
-def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | None) -> tuple[dict, str | None]:
+def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | None,
+           rehearsal: dict | None = None) -> tuple[dict, str | None]:
     """The estimate as plain data for the trial's payload (and row), and why to skip the trial, if it must be.
 
     `calibration` is (median measured / estimated ratio, rows it comes from) for the trial's model x strategy x
-    device, or None. It scales the part of the estimate that measurements cover.
+    device, or None. It scales the part of the estimate that measurements cover. `rehearsal` is the trial's
+    stored rehearsal (raybench/rehearse.py), or None: when it traced the step, its peak (what the allocator
+    would reserve, plus the part of the estimate no tensor holds) decides the fit instead, and its step time
+    replaces the guess.
     """
     factor, rows = calibration if calibration else (None, 0)
     calibrated = est.peak_gib if factor is None else est.peak_gib - est.measured_part_gib * (1 - factor)
+    traced = rehearsal is not None and rehearsal.get("method") == "traced" and rehearsal.get("peak_gib") is not None
+    rehearsed_peak = (rehearsal.get("reserved_gib") or rehearsal["peak_gib"]) + est.other_gib if traced else None
+    peak = rehearsed_peak if traced else calibrated
     memory = device_memory_gib(spec, est.device)
     margin = None if memory is None else margin_gib(spec, memory)
-    fits = None if memory is None else calibrated + margin <= memory
+    fits = None if memory is None else peak + margin <= memory
     data = {**est.as_dict(), "calibration": factor, "calibration_rows": rows, "peak_calibrated_gib": calibrated,
-            "memory_gib": memory, "margin_gib": margin, "fits": fits}
+            "memory_gib": memory, "margin_gib": margin, "fits": fits, "peak_basis": "rehearsed" if traced else
+            "analytic", "rehearsed_peak_gib": rehearsed_peak,
+            "rehearsed_step_time_s": rehearsal.get("step_time_s") if traced else None,
+            "rehearsed_compute_s": rehearsal.get("compute_s") if traced else None}
     if fits is not False or not spec.prune:
         return data, None
     unit = "GPU" if est.device == "cuda" else "worker"
     basis = f" (x{factor:.2f} calibrated from {rows} measured row(s))" if factor is not None else ""
+    if traced:
+        calibrated, basis = rehearsed_peak, " (rehearsed: traced at full scale)"
     of = f" of one {spec.gpu}" if spec.device_memory_gib is None and spec.gpu else ""
     return data, (f"estimated peak {calibrated:.1f} GiB per {unit}{basis} + {margin:.1f} GiB margin exceeds the "
                   f"{memory:.1f} GiB{of}; lower micro_batch or seq_len, raise ac_ratio, shard more (fsdp2, ZeRO-3), "

@@ -178,6 +178,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
     given; with spec.estimate.prune, trials that would not fit in device memory are marked skipped.
     """
     factors = calibration.factors(store_path)
+    rehearsed = calibration.rehearsals(store_path)
     base = spec.base_trial()
     shapes: dict[tuple, ModelShape] = {}
     trials, problems = [], []
@@ -203,7 +204,8 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
         est = {}
         if not reasons:  # an invalid combination has no meaningful estimate (its mesh may not even exist)
             raw_est = estimate.estimate(config, shape, blocks, spec.estimate.gpu)
-            est, skip = estimate.assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)))
+            est, skip = estimate.assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)),
+                                        rehearsed.get(cid))
             if skip:
                 status, why_not = "skipped", (skip,)
         for repeat in range(spec.repeats):

@@ -75,22 +75,46 @@ def estimate_table(trials: list[PlannedTrial]) -> str:
     """One line per planned trial: axis values, the components, peak (raw and calibrated), fits, step guess."""
     axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
     headers = ["#", "trial_id", *(a.split(".")[-1] for a in axes), "world", "params", "grads", "optim", "activ",
-               "other", "peak GiB", "calib", "calibrated", "limit", "fits", "step s (guess)", "status"]
+               "other", "peak GiB", "calib", "calibrated", "rehearsed", "limit", "fits", "step s (guess)",
+               "step s (rehearsed)", "status"]
     rows = []
     for t in trials:
         e = t.estimate
         if not e:  # invalid points (--keep-invalid) have no estimate
             rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes),
-                         str(t.world_size), *["-"] * 11, f"{t.status}: {'; '.join(t.reasons)}"])
+                         str(t.world_size), *["-"] * 13, f"{t.status}: {'; '.join(t.reasons)}"])
             continue
         fits = {True: "yes", False: "NO", None: "-"}[e["fits"]]
         limit = None if e["memory_gib"] is None else e["memory_gib"] - e["margin_gib"]
         rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes), str(t.world_size),
                      *(_fmt(e[k], ".2f") for k in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib",
                                             "other_gib", "peak_gib")),
-                     _fmt(e["calibration"], ".2f"), _fmt(e["peak_calibrated_gib"], ".2f"), _fmt(limit, ".2f"), fits,
-                     _fmt(e["step_time_s"], ".3g"), t.status])
+                     _fmt(e["calibration"], ".2f"), _fmt(e["peak_calibrated_gib"], ".2f"),
+                     _fmt(e.get("rehearsed_peak_gib"), ".2f"), _fmt(limit, ".2f"), fits,
+                     _fmt(e["step_time_s"], ".3g"), _fmt(e.get("rehearsed_step_time_s"), ".3g"), t.status])
     return render(headers, rows)
+
+
+def rehearsal_table(rows: list[dict]) -> str:
+    """One line per rehearsed configuration: peak memory by category, communication, predicted step time."""
+    axes = list(dict.fromkeys(k for r in rows for k in r["axis_values"]))
+    headers = ["#", "config_id", *(a.split(".")[-1] for a in axes), "world", "method", "params", "grads", "optim",
+               "activ", "temp", "peak GiB", "reserved", "comm GB", "busbw", "compute s", "exposed comm s", "step s",
+               "trace s", "notes"]
+    lines = []
+    for r in rows:
+        m = r["memory_gib"]
+        comm = sum(r["comm_bytes"].values()) / 1e9 if r["comm_bytes"] else None
+        busbw = f"{r['busbw_gbps']:.0f} ({r['busbw_source']})" if r.get("busbw_gbps") else "-"
+        lines.append([str(r["index"]), r["config_id"], *(str(r["axis_values"].get(a, "")) for a in axes),
+                      str(r["world_size"]), r["method"],
+                      *(_fmt(m.get(k), ".2f") for k in ("parameters", "gradients", "optimizer_state", "activations",
+                                                        "temporaries")),
+                      _fmt(r["peak_gib"], ".2f"), _fmt(r.get("reserved_gib"), ".2f"), _fmt(comm, ".1f"), busbw,
+                      _fmt(r["compute_s"], ".3g"), _fmt(r["exposed_comm_s"], ".3g"), _fmt(r["step_time_s"], ".3g"),
+                      _fmt(r["trace_s"], ".0f"),
+                      "; ".join(r["notes"]) or "-"])
+    return render(headers, lines)
 
 
 def estimate_summary(trials: list[PlannedTrial], store_path: str) -> str:
@@ -105,5 +129,8 @@ def estimate_summary(trials: list[PlannedTrial], store_path: str) -> str:
         parts.append(f"{unknown} without a device memory limit (set estimate.gpu or estimate.device_memory_gib)")
     parts.append(f"{sum(t.status == 'skipped' for t in trials)} skipped by pruning")
     parts.append(f"{calibrated} calibrated by measured rows in {store_path}")
+    rehearsed = sum(t.estimate.get("peak_basis") == "rehearsed" for t in estimated)
+    if rehearsed:
+        parts.append(f"{rehearsed} judged by their rehearsal (`raybench rehearse`) instead of the estimate")
     return "; ".join(parts) + (f". Step times are guesses (dense peak x {estimate.ASSUMED_MFU:.0%} MFU), "
                                "not measurements.")

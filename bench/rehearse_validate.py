@@ -1,0 +1,156 @@
+"""Rehearsed vs measured, per row, on the committed H100 results (docs/results/gpu-2026-11-22/*.parquet).
+
+    .venv/bin/python bench/rehearse_validate.py
+
+Rehearses every configuration of sweeps/gpu-sac-1b.yaml and sweeps/gpu-seed000-1gpu.yaml for an H100 SXM (what
+the rows ran on) and joins each to its measured row by config id. Prints a Markdown table per sweep, then one
+JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
+(raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE) are printed with the results. Then, for the sAC
+sweep, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the estimate's memory
+limit and margin for an H100) against the measured best.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from raybench import calibration, rehearse
+from raybench.best import predicted_best
+from raybench.config import load_sweep
+from raybench.plan import plan
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "docs" / "results" / "gpu-2026-11-22"
+SWEEPS = ("gpu-sac-1b", "gpu-seed000-1gpu")
+GPU = "H100 SXM"
+
+
+def sweep_for_gpu(name: str):
+    """The committed sweep, with estimate.gpu set to the GPU its rows ran on (not part of trial ids)."""
+    spec = load_sweep(REPO / "sweeps" / f"{name}.yaml")
+    return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": GPU})})
+
+
+def validate(name: str, store: Path) -> tuple[pd.DataFrame, dict]:
+    measured = pd.read_parquet(RESULTS / f"{name}.parquet")
+    measured = measured[measured.status == "ok"].set_index("config_id")
+    lines, traces = [], {}
+    for trial in plan(sweep_for_gpu(name)):
+        r = rehearse.rehearse(trial.config, trial.shape, GPU, analytic=trial.estimate, traces=traces)
+        calibration.save_rehearsal(store, trial.config_id, r.as_dict())
+        if trial.config_id not in measured.index:
+            continue
+        row = measured.loc[trial.config_id]
+        reserved = None if r.peak_gib is None else r.peak_gib * rehearse.ALLOCATOR_RESERVE
+        lines.append({
+            "config": ", ".join(f"{k.split('.')[-1]}={v}" for k, v in trial.axis_values.items()),
+            "method": r.method, "notes": "; ".join(r.notes) or "-",
+            "rehearsed_gib": r.peak_gib, "alloc_gib": row.peak_alloc_gib,
+            "alloc_err": _err(r.peak_gib, row.peak_alloc_gib),
+            "reserved_pred_gib": reserved, "reserved_gib": row.peak_reserved_gib,
+            "reserved_err": _err(reserved, row.peak_reserved_gib),
+            "step_pred_s": r.step_time_s, "step_s": row.step_time_p50_s, "step_err": _err(r.step_time_s,
+                                                                                         row.step_time_p50_s),
+            # What each row alone would make the fitted constants (single-rank rows: no communication).
+            "implied_efficiency": None if r.roofline_s is None else r.roofline_s / row.step_time_p50_s,
+            "implied_fused_fraction": None if not r.block_memory_bound_s else (
+                r.roofline_s - rehearse.ROOFLINE_EFFICIENCY * row.step_time_p50_s) / r.block_memory_bound_s,
+            "reserve": row.peak_reserved_gib / row.peak_alloc_gib,
+        })
+    table = pd.DataFrame(lines)
+    eager = table[(table.method == "traced") & ~table.notes.str.contains("compile")]
+    compiled = table[(table.method == "traced") & table.notes.str.contains("compile")]
+    summary = {"sweep": name, "rows": len(table), "eager_rows": len(eager),
+               "max_abs_alloc_err_eager": _max_abs(eager.alloc_err),
+               "max_abs_reserved_err_eager": _max_abs(eager.reserved_err),
+               "max_abs_step_err_eager": _max_abs(eager.step_err), "max_abs_alloc_err_all": _max_abs(table.alloc_err),
+               "max_abs_step_err_all": _max_abs(table.step_err),
+               "max_abs_step_err_compiled": _max_abs(compiled.step_err),
+               "roofline_efficiency": rehearse.ROOFLINE_EFFICIENCY, "allocator_reserve": rehearse.ALLOCATOR_RESERVE,
+               "compile_fused_fraction": rehearse.COMPILE_FUSED_FRACTION,
+               "median_implied_efficiency_eager": _median(eager.implied_efficiency),
+               "median_reserve_eager": _median(eager.reserve),
+               "median_implied_fused_fraction_compiled": _median(compiled.implied_fused_fraction)}
+    return table, summary
+
+
+def best_ratios(name: str, store: Path) -> list[dict]:
+    """Per group (micro-batch x compile): the sAC ratio the rehearsals predict best within the H100's memory
+    (estimate margin included), and the measured best among the ok rows."""
+    measured = pd.read_parquet(RESULTS / f"{name}.parquet")
+    measured = measured[measured.status == "ok"].set_index("config_id")
+    trials = plan(sweep_for_gpu(name), store_path=store)
+    by_id = {t.config_id: t for t in trials}
+    out = []
+    for result in predicted_best(trials):
+        ids = [t.config_id for t in trials if all(str(t.axis_values.get(k)) == v for k, v in result["group"].items())]
+        rows = measured.loc[[i for i in ids if i in measured.index]]
+        best_row = rows.loc[rows.tok_per_s_per_device.idxmax()] if len(rows) else None
+        out.append({"group": result["group"], "predicted": result["best"] and result["best"]["value"],
+                    "predicted_tok_s": result["best"] and result["best"]["tok_per_s_per_device"],
+                    "measured": None if best_row is None else by_id[best_row.name].axis_values["train.ac_ratio"],
+                    "measured_tok_s": None if best_row is None else best_row.tok_per_s_per_device,
+                    "values": result["values"], "limit_gib": result["memory_gib"] - result["margin_gib"]})
+    return out
+
+
+def _err(predicted: float | None, measured: float) -> float | None:
+    return None if predicted is None else predicted / measured - 1
+
+
+def _median(values: pd.Series) -> list[float] | None:
+    """[median, min, max]."""
+    values = values.dropna()
+    return None if values.empty else [round(float(f(values)), 4) for f in (pd.Series.median, pd.Series.min,
+                                                                              pd.Series.max)]
+
+
+def _max_abs(values: pd.Series) -> float | None:
+    values = values.dropna()
+    return None if values.empty else round(float(values.abs().max()), 3)
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    headers = ["config", "method", "rehearsed GiB", "alloc GiB", "err", "reserved (pred) GiB", "reserved GiB", "err",
+               "step (pred) s", "step s", "err", "notes"]
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in table.itertuples():
+        cells = [r.config, r.method, _f(r.rehearsed_gib), _f(r.alloc_gib), _pct(r.alloc_err), _f(r.reserved_pred_gib),
+                 _f(r.reserved_gib), _pct(r.reserved_err), _f(r.step_pred_s, 3), _f(r.step_s, 3), _pct(r.step_err),
+                 r.notes]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _f(value, digits: int = 2) -> str:
+    return "-" if value is None or pd.isna(value) else f"{value:.{digits}f}"
+
+
+def _pct(value) -> str:
+    return "-" if value is None or pd.isna(value) else f"{value:+.1%}"
+
+
+def main() -> None:
+    summaries = []
+    with tempfile.TemporaryDirectory() as store:
+        for name in SWEEPS:
+            table, summary = validate(name, Path(store))
+            print(f"\n### {name}\n\n{_markdown(table)}\n")
+            summaries.append(summary)
+        print("\n### Best sAC ratio per group on an H100 (predicted before running vs measured)\n")
+        print("| group | predicted best | predicted tok/s/GPU | measured best | measured tok/s/GPU | every ratio: "
+              "reserved GiB (pred) / fits |\n|---|---|---|---|---|---|")
+        for b in best_ratios("gpu-sac-1b", Path(store)):
+            every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'no'}" for v in b["values"])
+            print(f"| {', '.join(f'{k.split(chr(46))[-1]}={v}' for k, v in b['group'].items())} | {b['predicted']} | "
+                  f"{_f(b['predicted_tok_s'], 0)} | {b['measured']} | {_f(b['measured_tok_s'], 0)} | {every} |")
+    for summary in summaries:
+        print(json.dumps({"bench": "rehearse_validate", **summary}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,553 @@
+"""Rehearse a trial at full scale in one CPU process: fake tensors, a fake process group, one traced step.
+
+The trial's own worker path runs unchanged — meta build, techniques (`worker.prepare_model`), the strategy's
+wrap (`strategies.setup`), one step of `bench.train_step` — as rank 0 of the trial's full world, but the
+model's storage comes from `to_empty` under a FakeTensorMode (shapes and dtypes, no bytes) and the process
+group is torch's fake backend (every collective returns at once). A dispatch mode watching that step reports:
+- peak tensor memory by category (torch's MemTracker / FSDPMemTracker),
+- bytes per step by collective (each c10d or functional collective the step issues),
+- FLOPs and bytes per operator, turned into a roofline step time with the hardware table's peak FLOP/s
+  and memory bandwidth, and communication time from a bus bandwidth (see `predict_step_time`).
+
+This module is the one place that touches private torch APIs (torch.distributed._tools, the fake process
+group, FakeTensorMode, DTensor's sharding propagator, the runtime-estimation op lists): a torch upgrade that
+moves them breaks here, and tests/unit/test_rehearse.py pins each one. docs/rehearse.md describes the method,
+what it cannot see, and its measured accuracy.
+
+Known correction: under an active FakeTensorMode, DTensor's sharding propagation runs each op once more on
+fake tensors of the *global* shape, in the same fake mode, so torch's trackers count those phantom tensors as
+real (issue 16 reports ~825 GiB of "optimizer state" for a 72B model's AdamW step instead of ~8.5; the unit
+test reproduces the mechanism on a foreach op). `_Propagation` marks
+those calls through ShardingPropagator's `_fake_mode_lock` hook and the tracker skips them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch import nn
+
+from raybench import bench, strategies
+from raybench.config import TrainSpec, TrialConfig
+from raybench.hardware import memory_bandwidth_tb_per_s, peak_tflops
+from raybench.model import build_meta
+from raybench.plan import config_id
+from raybench.presets import ModelShape
+from raybench.schema import GIB
+from raybench.strategies import RankContext
+from raybench.worker import prepare_model
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+# Strategies the fake process group can drive. DeepSpeed's engine needs real communication and storage at
+# initialize; DDP's C++ reducer fails on fake gradients (its bucket hook returns no tensor). Both fall back to
+# the analytic estimate, and say so.
+TRACEABLE_STRATEGIES = ("fsdp2", "tp", "tp_fsdp2")
+
+
+@dataclass
+class StepTrace:
+    """What one traced step did on this rank: memory at its peak, collectives, operator costs."""
+
+    memory_gib: dict[str, float]  # at the step's peak, by CATEGORIES
+    resident_gib: dict[str, float]  # parameters and optimizer state held after the step (this rank's storage)
+    comm_bytes: dict[str, int]  # per step, by collective (the tensor each one moves, as nccl-tests sizes it)
+    comm_calls: dict[str, int]
+    overlapped_comm: tuple[str, ...]  # collectives the strategy issues next to compute (FSDP, DDP buckets)
+    flops: float  # FLOPs of every operator the flop counter knows (matmuls, attention)
+    roofline_s: float  # sum over operators of max(FLOPs / peak, bytes / bandwidth); 0 without a GPU row
+    compute_s: float  # the FLOP part alone (sum of FLOPs / peak)
+    memory_s: float  # the bytes part alone (sum of bytes / bandwidth)
+    op_s: dict[str, float] = field(default_factory=dict)  # roofline seconds by operator (the 12 costliest)
+    # Roofline seconds of the FLOP-less (elementwise, reduction, copy) operators run inside decoder blocks, in
+    # forward, backward or recomputation: what torch.compile fuses into its generated kernels.
+    block_memory_bound_s: float = 0.0
+
+    @property
+    def peak_gib(self) -> float:
+        return sum(self.memory_gib.values())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Private torch pieces, each used here only.
+
+
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Inputs built outside the mode (host scalars, the model's own small factory tensors) join the trace.
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def init_fake_world(rank: int, world_size: int) -> None:
+    """A process group of world_size ranks in which this process plays `rank`; collectives do nothing."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+class _Propagation:
+    """DTensor's sharding propagator enters this around its global-shape fake run (`_fake_mode_lock`)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+
+
+@contextlib.contextmanager
+def _marking_propagation(propagation: _Propagation) -> Iterator[None]:
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    saved = ShardingPropagator._fake_mode_lock
+    ShardingPropagator._fake_mode_lock = propagation
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = saved
+
+
+def _collective_ops() -> tuple[set, set]:
+    """(every collective op, the c10d ones that FSDP2 and DDP issue beside compute)."""
+    from torch.distributed._tools.fake_collectives import collective_ops, sync_ops
+
+    c10d = torch.ops.c10d
+    overlapped = {c10d._allgather_base_.default, c10d._reduce_scatter_base_.default, c10d.allreduce_.default,
+                  c10d.allgather_into_tensor_coalesced_.default, c10d.reduce_scatter_tensor_coalesced_.default}
+    return (collective_ops | overlapped) - sync_ops, overlapped
+
+
+def _comm_bytes(func, out, args, kwargs) -> int:
+    from torch.distributed._tools.fake_collectives import CollectiveOp
+
+    try:
+        return int(CollectiveOp.get_comm_tensor_size(func, out, args, kwargs))
+    except (NotImplementedError, IndexError, AttributeError, TypeError):
+        # torch's table has no entry for this collective's argument layout: count its tensor arguments.
+        return sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))
+
+
+def _flop_formulas() -> dict:
+    """Operator → FLOP formula: torch's flop counter registry, plus the CPU flash-attention kernels (which
+    the CPU trace dispatches to) mapped to the CUDA flash formulas they mirror."""
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    formulas = dict(flop_registry)
+    formulas[aten._scaled_dot_product_flash_attention_for_cpu] = flop_registry[
+        aten._scaled_dot_product_flash_attention]
+    formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _cpu_flash_backward_flop
+    return formulas
+
+
+def _cpu_flash_backward_flop(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+def _not_memory_traffic() -> set:
+    """Operators that move no data worth counting: torch's runtime estimator's lists (views, metadata, RNG
+    seeds), and allocations (an empty tensor is reserved, not written)."""
+    from torch.utils._runtime_estimation import _IGNORE_OPS, _VIEW_OPS
+
+    aten = torch.ops.aten
+    allocations = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided}
+    return set(_IGNORE_OPS) | set(_VIEW_OPS) | allocations
+
+
+def _tracker(model: nn.Module, optimizer, fsdp: bool):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    base = FSDPMemTracker if fsdp else MemTracker
+
+    class StepTracker(base):
+        """torch's tracker, plus: skip DTensor's global-shape propagation runs, count collectives and the
+        roofline cost of every operator this rank runs."""
+
+        def __init__(self, peaks: dict, bandwidth: float | None):
+            super().__init__(*((model, optimizer) if fsdp else ()))
+            self.propagation = _Propagation()
+            self.collectives, self.overlapped = _collective_ops()
+            self.formulas, self.skip_traffic = _flop_formulas(), _not_memory_traffic()
+            self.peaks, self.bandwidth = peaks, bandwidth
+            self.comm_bytes: dict[str, int] = defaultdict(int)
+            self.comm_calls: dict[str, int] = defaultdict(int)
+            self.overlapped_names: set[str] = set()
+            self.flops = self.roofline_s = self.compute_s = self.memory_s = 0.0
+            self.op_s: dict[str, float] = defaultdict(float)
+            self.block_memory_bound_s = 0.0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.propagation.depth:  # DTensor's global-shape run: no memory of this rank's
+                return func(*args, **(kwargs or {}))
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if out is NotImplemented:  # DTensor desugars first; its local ops come back through here
+                return out
+            if func in self.collectives:
+                name = func._overloadpacket.__name__.strip("_")
+                self.comm_bytes[name] += _comm_bytes(func, out, args, kwargs or {})
+                self.comm_calls[name] += 1
+                if func in self.overlapped:
+                    self.overlapped_names.add(name)
+            else:
+                self._cost(func, args, kwargs or {}, out)
+            return out
+
+        def _cost(self, func, args, kwargs, out) -> None:
+            packet = func._overloadpacket
+            flops = 0.0
+            if packet in self.formulas:
+                flops = float(self.formulas[packet](*args, **kwargs, out_val=out))
+                if kwargs.get("is_causal") or (len(args) > 4 and args[4] is True):
+                    flops /= 2  # causal kernels skip the masked half of the score matrix
+            moved = 0
+            # An operator that neither returns a tensor nor writes one (prim.device, size queries) reads metadata.
+            writes = func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
+            if packet not in self.skip_traffic and writes:
+                moved = sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size()
+                            for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+            dtype = next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+            peak = self.peaks.get(dtype)
+            compute_s = flops / peak if peak else 0.0
+            memory_s = moved / self.bandwidth if self.bandwidth else 0.0
+            self.flops += flops
+            self.compute_s += compute_s
+            self.memory_s += memory_s
+            self.roofline_s += max(compute_s, memory_s)
+            self.op_s[packet.__name__] += max(compute_s, memory_s)
+            if not flops and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
+                self.block_memory_bound_s += memory_s
+
+        def category_gib(self) -> dict[str, float]:
+            return _categories(self.get_tracker_snapshot("peak"))
+
+    return StepTracker
+
+
+# A decoder block's module name as torch's module tracker reports it (model.model.layers.7, or inside wrappers).
+_BLOCK_NAME = re.compile(r"\.layers\.\d+(\.|$)")
+
+# Tracker reference types (torch's names) by the categories raybench reports.
+_CATEGORY_OF = {
+    "sharded_param": "parameters", "unsharded_param": "parameters", "all_gather": "parameters",
+    "parameter": "parameters", "buffer": "parameters",
+    "sharded_grad": "gradients", "unsharded_grad": "gradients", "reduce_scatter": "gradients",
+    "gradient": "gradients",
+    "optstate": "optimizer_state",
+    "activation": "activations", "inputs": "activations",
+    "temp": "temporaries", "other": "temporaries",
+}
+_TOTAL = "Total"  # the snapshot's own sum
+
+
+def _categories(snapshot: dict) -> dict[str, float]:
+    """Sum a tracker snapshot's reference types (over devices) into CATEGORIES, in GiB."""
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    for device_snapshot in snapshot.values():
+        for reftype, nbytes in device_snapshot.items():
+            value = str(getattr(reftype, "value", reftype))
+            if value != _TOTAL:  # an unknown reference type (a torch upgrade) fails here, loudly
+                totals[_CATEGORY_OF[value.lower().replace(" ", "_")]] += nbytes / GIB
+    return totals
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The traced step
+
+
+def traced_config(config: TrialConfig) -> TrialConfig:
+    """The trial as the trace runs it (see traced_train): trials with equal traced configs trace the same step."""
+    train, _ = traced_train(config.train, config.resources.gpus_per_worker > 0)
+    return config.model_copy(update={"train": train})
+
+
+def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
+    """The TrainSpec the trace runs, and what it changes from the trial (each change is reported per row).
+
+    The trace runs on CPU fake tensors, so it runs the GPU worker's choices explicitly: AdamW's fused kernel
+    (what "adamw" picks on CUDA). torch.compile is not traced (its graphs would be compiled for CPU): compiled
+    trials are traced eager, and their step time accounts for fusion (predict_step_time).
+    """
+    changes = {}
+    notes = []
+    if on_gpu and train.optimizer == "adamw":
+        changes["optimizer"] = "adamw_fused"
+    if train.compile:
+        changes["compile"] = False
+        notes.append("compile traced eager")
+    return (train.model_copy(update=changes) if changes else train), notes
+
+
+def _resident_gib(model: nn.Module, optimizer) -> dict[str, float]:
+    """Bytes of this rank's own parameter and optimizer-state storage (local shards of DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    def local_bytes(t: torch.Tensor) -> int:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        return local.numel() * local.element_size()
+
+    params = sum(local_bytes(p) for p in {id(p): p for p in model.parameters()}.values())
+    states = sum(local_bytes(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    return {"parameters": params / GIB, "optimizer_state": states / GIB}
+
+
+def _create_optimizer_state(trainable: strategies.Trainable) -> None:
+    """One untracked optimizer step on zero gradients, so that the traced step starts in the steady state
+    (optimizer state present, as from the second step of a real run on)."""
+    params = [p for p in trainable.model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    trainable.optimizer.step()
+    trainable.optimizer.zero_grad(set_to_none=True)
+
+
+def fake_batches(train: TrainSpec, vocab_size: int, device: torch.device) -> Iterator[dict]:
+    """Packed synthetic micro-batches (no padding: input_ids and labels), as the worker's data would be."""
+    while True:
+        ids = torch.randint(0, vocab_size, (train.micro_batch, train.seq_len), device=device)
+        yield {"input_ids": ids, "labels": ids}
+
+
+def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
+               gpu: str | None = None, skip_propagation: bool = True) -> StepTrace:
+    """Build, wrap and run one training step of `config` on this rank under the step tracker.
+
+    fake=True: storage is fake (call `init_fake_world` first); fake=False: the real thing on a real process
+    group (tests compare the two). The caller's process group decides the world. skip_propagation=False leaves
+    torch's tracker as it is (the test that pins why the correction is needed).
+    """
+    on_gpu = config.resources.gpus_per_worker > 0
+    train, _ = traced_train(config.train, on_gpu)
+    model, source, info = build_meta(config.model, train.seed)
+    model = prepare_model(model, train)
+    mode = _fake_mode() if fake else contextlib.nullcontext()
+
+    def materialize(whole: bool) -> None:
+        with mode:
+            model.to_empty(device=ctx.device)
+        if not fake:  # real runs need real values for a finite loss; fake ones have none to give
+            from raybench.model import fill
+
+            fill(model, ctx.device, source, info, whole)
+
+    trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
+    fsdp = train.strategy in ("fsdp2", "tp_fsdp2")
+    peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 for dtype, name in
+             ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))} if gpu else {}
+    bandwidth = (memory_bandwidth_tb_per_s(gpu) or 0) * 1e12 or None
+    tracker_cls = _tracker(trainable.model, trainable.optimizer, fsdp)
+    with mode:
+        _create_optimizer_state(trainable)
+        batches = fake_batches(train, shape.vocab_size, ctx.device)
+        tracker = tracker_cls(peaks, bandwidth)
+        if not fsdp:
+            tracker.track_external(trainable.model, trainable.optimizer)
+        marking = _marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
+        with marking, tracker:
+            bench.train_step(trainable, batches, train, ctx.device, bench.PhaseClock(ctx.device))
+    return StepTrace(
+        memory_gib=tracker.category_gib(), resident_gib=_resident_gib(trainable.model, trainable.optimizer),
+        comm_bytes=dict(tracker.comm_bytes), comm_calls=dict(tracker.comm_calls),
+        overlapped_comm=tuple(sorted(tracker.overlapped_names)), flops=tracker.flops,
+        roofline_s=tracker.roofline_s, compute_s=tracker.compute_s, memory_s=tracker.memory_s,
+        op_s=dict(sorted(tracker.op_s.items(), key=lambda kv: -kv[1])[:12]),
+        block_memory_bound_s=tracker.block_memory_bound_s)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Step time
+
+
+# The one constant fitted on measurements: achieved fraction of the per-operator roofline (peak FLOP/s and
+# memory bandwidth) on an H100 SXM, the median of roofline / measured step time over the 10 eager rows of the
+# committed 1B sAC sweep (docs/results/gpu-2026-11-22/gpu-sac-1b.parquet): 0.7285, range 0.69-0.74
+# (docs/results/rehearse-2026-11-25.md). Every other figure of the prediction comes from the trace.
+ROOFLINE_EFFICIENCY = 0.73
+# The caching allocator reserves more than the tensors it holds (block rounding, fragmentation), and GPU rows
+# report the reserved peak. Fitted the same way: median peak_reserved_gib / peak_alloc_gib over the same 10
+# rows, 1.159 (range 1.12-1.23). A GPU rehearsal's reserved_gib is its tensor peak times this.
+ALLOCATOR_RESERVE = 1.16
+# torch.compile (not traced: compiled trials trace eager) fuses the elementwise, reduction and copy operators
+# of each compiled decoder block into generated kernels, which still read their inputs and write their outputs
+# once. Fitted like the two above on the 10 compiled rows of the same sweep: the share of those operators'
+# roofline time that fusion saves, median 0.60 (docs/results/rehearse-2026-11-25.md).
+COMPILE_FUSED_FRACTION = 0.60
+
+
+@dataclass(frozen=True)
+class Link:
+    """Nominal per-GPU bandwidth of a GPU's links, GB/s in each direction (vendor data sheets)."""
+
+    intra_node_gbps: float  # NVLink within one node
+    inter_node_gbps: float  # the GPU's share of the node's network (one NIC per GPU)
+
+
+# Used when the cluster has no stored all-reduce probe. H100 SXM: NVLink 4, 900 GB/s bidirectional (450 each
+# way); one 400 Gb/s NDR InfiniBand NIC per GPU (50 GB/s). A100 SXM: NVLink 3, 600 GB/s (300 each way); one
+# 200 Gb/s HDR NIC per GPU (25 GB/s). 8 GPUs per node.
+LINKS = {"H100": Link(450.0, 50.0), "H200": Link(450.0, 50.0), "A100": Link(300.0, 25.0)}
+GPUS_PER_NODE = 8
+
+
+def link_busbw_gbps(gpu: str | None, world_size: int) -> float | None:
+    """Bus bandwidth a ring collective reaches on nominal links: NVLink within a node, the NIC across nodes."""
+    link = next((v for k, v in LINKS.items() if gpu and k.lower() in gpu.lower()), None)
+    if link is None or world_size == 1:  # one rank communicates with nobody
+        return None
+    return link.intra_node_gbps if world_size <= GPUS_PER_NODE else link.inter_node_gbps
+
+
+# nccl-tests' bus-bandwidth factors: the share of a collective's buffer that crosses each link of the ring.
+def _bus_factor(collective: str, world_size: int) -> float:
+    n = world_size
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) / n if "allreduce" in collective or "all_reduce" in collective else (n - 1) / n
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float  # roofline of every operator
+    comm_s: float  # every collective at the bus bandwidth
+    exposed_comm_s: float  # the part of comm_s not hidden behind compute
+    step_time_s: float
+    busbw_gbps: float | None
+    busbw_source: str  # "probe" (stored all-reduce measurement of the cluster), "links" (nominal), "none"
+    overlap: str  # the assumption, in words
+
+
+def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | None, busbw_source: str,
+                      efficiency: float = ROOFLINE_EFFICIENCY, compiled: bool = False) -> StepTime:
+    """Roofline compute plus communication; FSDP/DDP collectives overlap compute, the others (TP) do not.
+
+    efficiency scales the roofline (achieved fraction of peak FLOP/s and bandwidth), a global constant.
+    compiled: the decoder blocks run torch.compile's fused kernels, which save COMPILE_FUSED_FRACTION of the
+    memory-bound operators' time inside the blocks (the trace itself runs them eager).
+    """
+    fused_s = COMPILE_FUSED_FRACTION * trace.block_memory_bound_s if compiled else 0.0
+    compute_s = (trace.roofline_s - fused_s) / efficiency
+    overlapped = blocking = 0.0
+    for name, nbytes in trace.comm_bytes.items():
+        if busbw_gbps:
+            seconds = nbytes * _bus_factor(name, world_size) / (busbw_gbps * 1e9)
+            if name in trace.overlapped_comm:
+                overlapped += seconds
+            else:
+                blocking += seconds
+    exposed = blocking + max(0.0, overlapped - compute_s)
+    return StepTime(compute_s=compute_s, comm_s=overlapped + blocking, exposed_comm_s=exposed,
+                    step_time_s=compute_s + exposed, busbw_gbps=busbw_gbps, busbw_source=busbw_source,
+                    overlap="FSDP all-gathers/reduce-scatters and DDP all-reduces run beside compute (exposed only "
+                            "beyond it); other collectives (TP) are on the critical path")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One trial
+
+
+@dataclass
+class Rehearsal:
+    """One trial's rehearsal (or its analytic fallback), per rank, as plain data."""
+
+    method: str  # "traced" or "analytic"
+    notes: list[str]
+    rank: int
+    world_size: int
+    memory_gib: dict[str, float] = field(default_factory=dict)
+    peak_gib: float | None = None  # tensor memory at the step's peak (what torch's allocator would hold)
+    reserved_gib: float | None = None  # GPU trials: what the caching allocator would reserve (x ALLOCATOR_RESERVE)
+    resident_gib: dict[str, float] = field(default_factory=dict)
+    comm_bytes: dict[str, int] = field(default_factory=dict)
+    flops: float | None = None
+    compute_s: float | None = None
+    comm_s: float | None = None
+    exposed_comm_s: float | None = None
+    step_time_s: float | None = None
+    busbw_gbps: float | None = None
+    busbw_source: str | None = None
+    overlap: str | None = None
+    roofline_s: float | None = None  # the trace's roofline before efficiency (what the constants are fitted on)
+    block_memory_bound_s: float | None = None  # its memory-bound part inside decoder blocks (compile fuses it)
+    trace_s: float | None = None  # seconds this process spent tracing (0 when an identical trace was reused)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _analytic(config: TrialConfig, analytic: dict | None, rank: int, why: str) -> Rehearsal:
+    """The analytic estimate in a rehearsal's shape, saying why the trial was not traced."""
+    est = analytic or {}
+    memory = {"parameters": est.get("params_gib"), "gradients": est.get("grads_gib"),
+              "optimizer_state": est.get("optimizer_gib"), "activations": est.get("activations_gib")}
+    return Rehearsal("analytic", [why + "; analytic estimate"], rank, config.resources.workers, memory_gib=memory,
+                     peak_gib=est.get("measured_part_gib"), step_time_s=est.get("step_time_s"))
+
+
+def why_not_traceable(config: TrialConfig) -> str | None:
+    train = config.train
+    if train.strategy not in TRACEABLE_STRATEGIES:
+        return f"strategy {train.strategy} is not traced (it needs real storage or communication)"
+    if train.finetune == "qlora":
+        return "qlora is not traced (bitsandbytes quantizes real weights on CUDA)"
+    if train.liger:
+        return "liger is not traced (Triton kernels need CUDA)"
+    return None
+
+
+def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
+             analytic: dict | None = None, efficiency: float = ROOFLINE_EFFICIENCY, rank: int = 0,
+             traces: dict | None = None) -> Rehearsal:
+    """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
+
+    `traces` (a dict the caller keeps) reuses the trace of a trial whose traced step is identical: compiled
+    and eager twins trace the same eager step and differ only in the predicted time.
+    """
+    world = config.resources.workers
+    why_not = why_not_traceable(config)
+    if why_not:
+        return _analytic(config, analytic, rank, why_not)
+    on_gpu = config.resources.gpus_per_worker > 0
+    _, notes = traced_train(config.train, on_gpu)
+    traces = {} if traces is None else traces
+    key = (config_id(traced_config(config)), rank, gpu if on_gpu else None)
+    t0 = time.perf_counter()
+    if key not in traces:
+        init_fake_world(rank, world)
+        try:
+            ctx = RankContext(rank, world, rank, torch.device("cpu"))
+            traces[key] = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None)
+        except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
+            return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
+        finally:
+            dist.destroy_process_group()
+    trace = traces[key]
+    source = "probe" if busbw_gbps else "links"
+    busbw = busbw_gbps or link_busbw_gbps(gpu, world)
+    timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency, config.train.compile)
+    has_time = on_gpu and trace.roofline_s > 0
+    return Rehearsal(
+        "traced", notes, rank, world, memory_gib=trace.memory_gib, peak_gib=trace.peak_gib,
+        reserved_gib=trace.peak_gib * (ALLOCATOR_RESERVE if on_gpu else 1.0),
+        resident_gib=trace.resident_gib, comm_bytes=trace.comm_bytes, flops=trace.flops,
+        compute_s=timing.compute_s if has_time else None, comm_s=timing.comm_s if busbw else None,
+        exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,
+        step_time_s=timing.step_time_s if has_time else None, busbw_gbps=busbw, busbw_source=timing.busbw_source,
+        overlap=timing.overlap, roofline_s=trace.roofline_s if has_time else None,
+        block_memory_bound_s=trace.block_memory_bound_s if has_time else None, trace_s=time.perf_counter() - t0)
