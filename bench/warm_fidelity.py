@@ -34,13 +34,13 @@ CONFIGS = {
 }
 
 
-def payloads(steps: int, seq_len: int, micro_batch: int) -> dict:
+def payloads(steps: int, seq_len: int, micro_batch: int, names: list[str]) -> dict:
     spec = parse_sweep({"name": "warm-fidelity", "model": {"preset": "tiny"},
                         "train": {"steps": steps, "warmup_steps": 4, "seq_len": seq_len, "micro_batch": micro_batch,
                                   "precision": "fp32"},
                         "resources": {"workers": 2, "timeout_s": 900},
-                        "axes": {"setup": list(CONFIGS.values())}})
-    return dict(zip(CONFIGS, (t.as_payload() for t in plan(spec))))
+                        "axes": {"setup": [CONFIGS[name] for name in names]}})
+    return dict(zip(names, (t.as_payload() for t in plan(spec))))
 
 
 def training_memory_gib(row: dict) -> float:
@@ -53,10 +53,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
     parser.add_argument("--store", help="keep the rows in this store (default: a temporary directory)")
     args = parser.parse_args()
-    trials = payloads(args.steps, args.seq_len, args.micro_batch)
-    rows: dict[tuple[str, str], list[dict]] = {(c, e): [] for c in CONFIGS for e in ("pool", "torchrun")}
+    names = args.configs.split(",")
+    trials = payloads(args.steps, args.seq_len, args.micro_batch, names)
+    rows: dict[tuple[str, str], list[dict]] = {(c, e): [] for c in names for e in ("pool", "torchrun")}
     with ray_cluster(None), tempfile.TemporaryDirectory(prefix="raybench-fidelity-") as tmp:
         store = args.store or tmp
         for _ in range(args.rounds):
@@ -71,7 +73,7 @@ def main() -> None:
     print(f"{'configuration':16} {'warm tok/s':>11} {'fresh tok/s':>11} {'ratio':>7} {'warm MiB':>9} {'fresh MiB':>9} "
           f"{'ratio':>7} {'warm trial #':>12}")
     summary = {}
-    for name in CONFIGS:
+    for name in names:
         warm, fresh = rows[(name, "pool")], rows[(name, "torchrun")]
         tok = [statistics.median(r["tok_per_s_per_device"] for r in runs) for runs in (warm, fresh)]
         mem = [statistics.median(training_memory_gib(r) for r in runs) * 1024 for runs in (warm, fresh)]

@@ -178,8 +178,16 @@ def prepare_process(config: TrialConfig) -> None:
             importlib.import_module(module)
     if use_gpu and torch.cuda.is_available():
         torch.empty(1, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))))
+    _first_training_step_state()
     gc.collect()
     gc.freeze()
+
+
+def _first_training_step_state() -> None:
+    """One small forward and backward: the math libraries and autograd set up their per-process state (BLAS
+    workspaces, kernel caches) on first use, which a warm actor did in its first trial."""
+    layer = nn.Linear(64, 64)
+    nn.functional.cross_entropy(layer(torch.randn(8, 64)), torch.zeros(8, dtype=torch.long)).backward()
 
 
 def _memory_in_use() -> str:
