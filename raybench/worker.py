@@ -114,7 +114,7 @@ def _reset_peaks(device: torch.device) -> tuple[float, float]:
 def _peaks(device: torch.device, held_gib: float, file_at_reset_gib: float) -> Peaks:
     """This rank's peaks since the last reset. Host: net of `held_gib` (kept from earlier trials) and of the
     file-backed pages first touched in the window: library code that a fresh process faults in when it first
-    runs it (15 MiB in a tiny LoRA trial) and a warm actor has resident already. Those pages are the shared
+    runs it and a warm actor has resident already. Those pages are the shared
     library file's, one copy per node however many ranks run it."""
     on_gpu = device.type == "cuda"
     code_gib = max(0.0, (_proc_status_gib("RssFile") or 0.0) - file_at_reset_gib)
