@@ -161,9 +161,10 @@ def run(payload: TrialPayload) -> dict | None:
 def prepare_process(config: TrialConfig) -> None:
     """Bring a fresh process to the state a warm pool actor starts a trial in, before any clock starts: the
     libraries the trial uses imported and the CUDA context created (so model_build_s, wrap_s, compile_s and
-    time_to_first_step_s mean the same in every executor, docs/metrics.md), and the heap that exists now frozen
-    out of the garbage collector's scans (as the pool does at actor start), so that collections during the
-    trial cost the same."""
+    time_to_first_step_s mean the same in every executor, docs/metrics.md), the heap that exists now frozen out
+    of the garbage collector's scans, so that collections during the trial cost the same, and the global random
+    generators seeded with the trial's seed (dropout draws from them; a warm actor's would be wherever its
+    earlier trials left them)."""
     train = config.train
     model_type = model_shape(config).model_type
     importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
@@ -181,6 +182,7 @@ def prepare_process(config: TrialConfig) -> None:
     _first_training_step_state()
     gc.collect()
     gc.freeze()
+    torch.manual_seed(train.seed)
 
 
 def _first_training_step_state() -> None:

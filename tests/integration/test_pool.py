@@ -158,7 +158,8 @@ def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(
 def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
     """The same trial fresh (torchrun) and as a later trial of a pool group that first ran other kinds."""
     base = {"steps": 6, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"}
-    target = {"strategy": "fsdp2", "ac_ratio": "1/2"}
+    # LoRA dropout draws from the global generator, which a warm actor's earlier trials have advanced.
+    target = {"strategy": "fsdp2", "ac_ratio": "1/2", "finetune": "lora", "lora.dropout": 0.1}
     before = [{"compile": True}, {"strategy": "deepspeed", "zero_stage": 3}, {"finetune": "lora"}, {"micro_batch": 2}]
     spec = parse_sweep({"name": "warm-fresh", "model": {"preset": "tiny"}, "executor": "pool", "train": base,
                         "resources": {"workers": 2},
