@@ -28,8 +28,9 @@ import dataclasses
 import re
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import torch
 import torch.distributed as dist
@@ -39,8 +40,8 @@ from torch import nn
 from raybench import bench, strategies
 from raybench.config import TrainSpec, TrialConfig
 from raybench.hardware import memory_bandwidth_tb_per_s, peak_tflops
-from raybench.model import build_meta
-from raybench.plan import config_id
+from raybench.model import build_meta, decoder_blocks
+from raybench.plan import checkpointed_blocks, config_id
 from raybench.presets import ModelShape
 from raybench.schema import GIB
 from raybench.strategies import RankContext
@@ -278,12 +279,17 @@ def traced_config(config: TrialConfig) -> TrialConfig:
     return config.model_copy(update={"train": train})
 
 
+COMPILE_NOTE = "compile traced eager"
+COMPILED_ACTIVATIONS_NOTE = "compile traced eager, its blocks' saved activations from torch.compile's partitioner"
+
+
 def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
     """The TrainSpec the trace runs, and what it changes from the trial (each change is reported per row).
 
     The trace runs on CPU fake tensors, so it runs the GPU worker's choices explicitly: AdamW's fused kernel
     (what "adamw" picks on CUDA). torch.compile is not traced (its graphs would be compiled for CPU): compiled
-    trials are traced eager, and their step time accounts for fusion (predict_step_time).
+    trials are traced eager; their step time accounts for fusion (predict_step_time) and, under fsdp2, their
+    activations for what compiled blocks keep (compiled_block_saving_gib).
     """
     changes = {}
     notes = []
@@ -291,7 +297,7 @@ def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
         changes["optimizer"] = "adamw_fused"
     if train.compile:
         changes["compile"] = False
-        notes.append("compile traced eager")
+        notes.append(COMPILE_NOTE)
     return (train.model_copy(update=changes) if changes else train), notes
 
 
@@ -369,6 +375,90 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         roofline_s=tracker.roofline_s, compute_s=tracker.compute_s, memory_s=tracker.memory_s,
         op_s=dict(sorted(tracker.op_s.items(), key=lambda kv: -kv[1])[:12]),
         block_memory_bound_s=tracker.block_memory_bound_s)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What torch.compile keeps for backward
+
+# Strategies whose decoder blocks run on plain local tensors (FSDP2 gathers them before the block runs); under
+# tp the block's tensors are DTensors and its compiled graph is not inspected here.
+COMPILE_INSPECTED_STRATEGIES = ("fsdp2",)
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata  # views share their base's storage: one key per allocation
+
+
+def _block_and_inputs(config: TrialConfig, shape: ModelShape, mode) -> tuple[nn.Module, torch.Tensor, dict]:
+    """One decoder block of the trial's model (its techniques applied, unsharded, in its compute dtype) with
+    its storage created under `mode` (a FakeTensorMode: shapes only), and inputs as the model passes them:
+    hidden states of micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have none)."""
+    train = config.train.model_copy(update={"compile": False, "ac_ratio": "0"})
+    model, _, _ = build_meta(config.model, train.seed)
+    model = prepare_model(model, train)
+    dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32  # FSDP2's param_dtype (fsdp2.shard)
+    model.to(dtype)
+    block = decoder_blocks(model)[-1]
+    rotary = next(m for name, m in model.named_modules() if name.endswith("rotary_emb"))
+    with mode:
+        block.to_empty(device="cpu")
+        rotary.to_empty(device="cpu")
+        hidden = torch.randn(train.micro_batch, train.seq_len, shape.hidden_size, dtype=dtype, requires_grad=True)
+        positions = torch.arange(train.seq_len).unsqueeze(0)
+        rope = rotary(hidden, positions)
+    return block, hidden, {"position_ids": positions, "position_embeddings": rope, "attention_mask": None}
+
+
+def _saved_bytes(run, params: nn.Module, mode) -> int:
+    """Bytes autograd keeps for backward while `run()` runs its forward (`params`' own storage excluded).
+
+    A compiled graph saves what its partitioner chose through its autograd function (`save_for_backward`),
+    which the same hooks see, so eager and compiled are counted alike."""
+    exclude = {_storage_key(p) for p in params.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[_storage_key(t)] = t.untyped_storage().nbytes()
+        return t
+
+    with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(n for key, n in saved.items() if key not in exclude)
+
+
+def _partitioned_like_inductor(block: nn.Module) -> Callable:
+    """`block` under torch.compile with inductor's decompositions and partitioner (its joint-graph passes, then
+    min-cut rematerialization), so it keeps for backward what the real compile keeps, but with no code
+    generated: the partitioned graphs run as they are, on whatever tensors they get (fake ones here)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    def as_is(graph: torch.fx.GraphModule, _inputs) -> torch.fx.GraphModule:
+        return graph
+
+    backend = aot_autograd(fw_compiler=as_is, bw_compiler=as_is, partition_fn=partition_fn,
+                           decompositions=select_decomp_table())
+    return torch.compile(block, backend=backend)
+
+
+def compiled_block_saving_gib(config: TrialConfig, shape: ModelShape) -> float:
+    """Activation memory one decoder block keeps for backward run eager, minus what it keeps compiled.
+
+    The eager trace keeps every tensor autograd saves; a compiled block keeps what torch.compile's partitioner
+    chose and recomputes the rest (norms, activations, casts) in backward. Each non-checkpointed compiled block
+    holds this much less from its forward to its backward (checkpointed ones keep only their input either way).
+    """
+    mode = _fake_mode()
+    block, hidden, kwargs = _block_and_inputs(config, shape, mode)
+    eager = _saved_bytes(lambda: block(hidden, **kwargs), block, mode)
+    torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
+    try:
+        compiled = _partitioned_like_inductor(block)
+        kept = _saved_bytes(lambda: compiled(hidden, **kwargs), block, mode)
+    finally:
+        torch._dynamo.reset()
+    return (eager - kept) / GIB
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -538,13 +628,23 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         finally:
             dist.destroy_process_group()
     trace = traces[key]
+    memory = dict(trace.memory_gib)
+    if config.train.compile and config.train.strategy in COMPILE_INSPECTED_STRATEGIES:
+        saving_key = ("compiled block saving", *key)
+        if saving_key not in traces:
+            traces[saving_key] = compiled_block_saving_gib(config, shape)
+        plain_blocks = shape.num_hidden_layers - len(
+            checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
+        memory["activations"] -= plain_blocks * traces[saving_key]
+        notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
+    peak_gib = sum(memory.values())
     source = "probe" if busbw_gbps else "links"
     busbw = busbw_gbps or link_busbw_gbps(gpu, world)
     timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency, config.train.compile)
     has_time = on_gpu and trace.roofline_s > 0
     return Rehearsal(
-        "traced", notes, rank, world, memory_gib=trace.memory_gib, peak_gib=trace.peak_gib,
-        reserved_gib=trace.peak_gib * (ALLOCATOR_RESERVE if on_gpu else 1.0),
+        "traced", notes, rank, world, memory_gib=memory, peak_gib=peak_gib,
+        reserved_gib=peak_gib * (ALLOCATOR_RESERVE if on_gpu else 1.0),
         resident_gib=trace.resident_gib, comm_bytes=trace.comm_bytes, flops=trace.flops,
         compute_s=timing.compute_s if has_time else None, comm_s=timing.comm_s if busbw else None,
         exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,

@@ -18,6 +18,7 @@ from raybench.best import predicted_best
 from raybench.cli import main
 from raybench.config import load_sweep, parse_sweep
 from raybench.plan import plan
+from raybench.schema import GIB
 from raybench.strategies import RankContext
 
 TINY_TRAIN = {"steps": 2, "warmup_steps": 1, "seq_len": 64, "micro_batch": 2, "precision": "bf16"}
@@ -203,6 +204,45 @@ def test_compiled_step_saves_part_of_the_blocks_memory_bound_time():
     compiled = rehearse.predict_step_time(trace, 1, None, "none", efficiency=1.0, compiled=True)
     assert eager.step_time_s == 1.0
     assert compiled.step_time_s == pytest.approx(1.0 - rehearse.COMPILE_FUSED_FRACTION * 0.4)
+
+
+def _saved_by_real_inductor(trial) -> tuple[int, int]:
+    """(eager, compiled) bytes one tiny block keeps for backward, run for real on CPU: inductor generates and
+    runs its kernels, and the hooks see what its compiled autograd function saves."""
+    real = contextlib.nullcontext()
+    block, hidden, kwargs = rehearse._block_and_inputs(trial.config, trial.shape, real)
+    for tensor in (*block.parameters(), *block.buffers()):
+        torch.nn.init.normal_(tensor, std=0.02)
+    eager = rehearse._saved_bytes(lambda: block(hidden, **kwargs), block, real)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(block)
+        kept = rehearse._saved_bytes(lambda: compiled(hidden, **kwargs), block, real)
+    finally:
+        torch._dynamo.reset()
+    return eager, kept
+
+
+def test_compiled_blocks_keep_what_inductor_keeps():
+    """The rehearsal's compiled-block saving (inductor's partitioner on fake tensors, nothing generated) equals
+    the difference real inductor makes on CPU, and scales with the tokens of a micro-batch."""
+    trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=2)
+    eager, kept = _saved_by_real_inductor(trial)
+    assert 0 < kept < eager
+    saving = rehearse.compiled_block_saving_gib(trial.config, trial.shape)
+    assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
+    doubled = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=4)
+    assert rehearse.compiled_block_saving_gib(doubled.config, doubled.shape) == pytest.approx(2 * saving, rel=0.05)
+
+
+def test_compiled_trials_rehearse_with_fewer_activations():
+    eager = rehearse.rehearse(tiny_trial(1, gpus=1, strategy="fsdp2").config, tiny_trial(1).shape, "H100 SXM")
+    compiled_trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True)
+    compiled = rehearse.rehearse(compiled_trial.config, compiled_trial.shape, "H100 SXM")
+    saving = rehearse.compiled_block_saving_gib(compiled_trial.config, compiled_trial.shape)
+    blocks = compiled_trial.shape.num_hidden_layers
+    assert compiled.memory_gib["activations"] == pytest.approx(eager.memory_gib["activations"] - blocks * saving)
+    assert rehearse.COMPILED_ACTIVATIONS_NOTE in compiled.notes
 
 
 def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
