@@ -17,7 +17,7 @@ from torch import nn
 from raybench import weights
 from raybench.config import ModelSpec, check_model_dir
 from raybench.materialize import base_state, materialize
-from raybench.presets import PRESETS
+from raybench.presets import PRESETS, ModelShape
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +33,17 @@ class WeightsSource:
     state: dict | None = None  # whole tensors already read into memory (a pickle-only directory)
 
 
-def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib: float = 0.0
-               ) -> tuple[nn.Module, WeightsSource, dict]:
+def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib: float = 0.0,
+               shape: ModelShape | None = None) -> tuple[nn.Module, WeightsSource, dict]:
     """The causal LM's architecture in fp32 on the meta device (nothing allocated), where its values will come
     from, and {"weights_cache": "hit" | "miss" | None, "weights_copy_s": seconds copying or None}.
 
     local_copy (auto | always | never) reads a model directory from a node-local copy; cache_gib > 0 keeps
     whole models' weights in this process's memory for the next trial on the same model (warm pool actors).
+    shape: build this architecture, random-initialized, instead of the spec's (a worker's warm-up miniature).
     """
     info = {"weights_cache": None, "weights_copy_s": None}
-    path = spec.path
+    path = spec.path if shape is None else None
     if path is not None:
         problems = check_model_dir(path, spec.allow_pickle)
         if problems:
@@ -54,11 +55,11 @@ def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib:
     from transformers import AutoModelForCausalLM  # transformers: imported by the ranks only
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(_hf_config(spec, path), dtype=torch.float32,
+        model = AutoModelForCausalLM.from_config(_hf_config(spec, path, shape), dtype=torch.float32,
                                                  attn_implementation=spec.attn_implementation,
                                                  trust_remote_code=spec.trust_remote_code)
     key = None
-    if cache_gib > 0:
+    if cache_gib > 0 and shape is None:
         key = f"preset:{spec.preset}:{seed}" if path is None else f"dir:{weights.model_key(Path(path))}"
         key += f":{spec.attn_implementation}"
     state = None
@@ -95,11 +96,11 @@ def build_model(spec: ModelSpec, device: torch.device, seed: int, local_copy: st
     return model, info
 
 
-def _hf_config(spec: ModelSpec, path: str | None):
+def _hf_config(spec: ModelSpec, path: str | None, shape: ModelShape | None = None):
     from transformers import AutoConfig
 
     if path is None:
-        shape = PRESETS[spec.preset]
+        shape = shape or PRESETS[spec.preset]
         return AutoConfig.for_model(shape.model_type, **shape.hf_config_kwargs(), use_cache=False)
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=spec.trust_remote_code)
     config.use_cache = False

@@ -33,6 +33,7 @@ from raybench.hardware import peak_tflops  # noqa: E402
 from raybench.model import build_meta, count_params, fill  # noqa: E402
 from raybench.payload import TrialPayload  # noqa: E402
 from raybench.plan import model_shape  # noqa: E402
+from raybench.presets import ModelShape  # noqa: E402
 from raybench.rank_metrics import Peaks, RankMeasurement, TrialFacts  # noqa: E402
 from raybench.sampler import Sampler  # noqa: E402
 from raybench.schema import GIB  # noqa: E402
@@ -159,12 +160,9 @@ def run(payload: TrialPayload) -> dict | None:
 
 
 def prepare_process(config: TrialConfig) -> None:
-    """Bring a fresh process to the state a warm pool actor starts a trial in, before any clock starts: the
-    libraries the trial uses imported and the CUDA context created (so model_build_s, wrap_s, compile_s and
-    time_to_first_step_s mean the same in every executor, docs/metrics.md), the heap that exists now frozen out
-    of the garbage collector's scans, so that collections during the trial cost the same, and the global random
-    generators seeded with the trial's seed (dropout draws from them; a warm actor's would be wherever its
-    earlier trials left them)."""
+    """Import the libraries the trial uses and create the CUDA context, before any clock starts (so that
+    model_build_s, wrap_s, compile_s and time_to_first_step_s mean the same in every executor, docs/metrics.md).
+    `warm_up` then runs the trial's own path once on a miniature, once the process group exists."""
     train = config.train
     model_type = model_shape(config).model_type
     importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
@@ -179,17 +177,49 @@ def prepare_process(config: TrialConfig) -> None:
             importlib.import_module(module)
     if use_gpu and torch.cuda.is_available():
         torch.empty(1, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))))
-    _first_training_step_state()
+
+
+def miniature_shape(shape: ModelShape, tp_size: int) -> ModelShape:
+    """The trial's architecture at two blocks and a width of a few heads, still divisible by its TP size."""
+    kv_heads = max(2, tp_size)
+    hidden = 2 * kv_heads * 8  # twice as many query heads as key/value heads (grouped-query), head_dim 8
+    return dataclasses.replace(shape, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2 * kv_heads,
+                               num_key_value_heads=kv_heads, intermediate_size=2 * hidden, vocab_size=256,
+                               max_position_embeddings=WARM_UP_TOKENS)
+
+
+WARM_UP_TOKENS = 16
+
+
+def warm_up(payload: TrialPayload, ctx: RankContext) -> float:
+    """One training step of the trial's own path — its techniques, its strategy's wrap, forward, backward and
+    optimizer step — on a miniature of its architecture, before any clock or memory baseline; returns seconds.
+
+    Libraries set things up on first use and keep them: submodules imported on demand, ABC and regex caches,
+    the source lines of warnings, PEFT's conversion tables, the math libraries' workspaces, communication
+    buffers. A warm actor's later trial finds them ready, and a fresh process would build them inside its
+    build, wrap and first step, and count them in its host peak (7-9 MiB in the tiny fidelity benchmark). After
+    the warm-up both start from the same state. Then the heap that exists is frozen out of the garbage
+    collector's scans, so collections during the trial cost the same, and the global random generators are
+    seeded with the trial's seed (dropout draws from them; a warm actor's would be wherever earlier trials left
+    them). torch.compile is left out: its state is reset between trials in every executor.
+    """
+    t0 = time.perf_counter()
+    train = payload.config.train.model_copy(update={"compile": False, "seq_len": WARM_UP_TOKENS, "micro_batch": 1,
+                                                    "grad_accum": 1})
+    shape = miniature_shape(model_shape(payload.config), train.tp_size)
+    config = payload.config.model_copy(update={"train": train})
+    trainable = build_and_wrap(payload.replace(config=config, weights_cache_gib=0.0), ctx, shape).trainable
+    ids = torch.randint(0, shape.vocab_size, (1, WARM_UP_TOKENS), generator=torch.Generator().manual_seed(0))
+    bench.train_step(trainable, iter([{"input_ids": ids, "labels": ids}]), train, ctx.device,
+                     bench.PhaseClock(ctx.device))
+    del trainable
     gc.collect()
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
     gc.freeze()
-    torch.manual_seed(train.seed)
-
-
-def _first_training_step_state() -> None:
-    """One small forward and backward: the math libraries and autograd set up their per-process state (BLAS
-    workspaces, kernel caches) on first use, which a warm actor did in its first trial."""
-    layer = nn.Linear(64, 64)
-    nn.functional.cross_entropy(layer(torch.randn(8, 64)), torch.zeros(8, dtype=torch.long)).backward()
+    torch.manual_seed(payload.config.train.seed)
+    return time.perf_counter() - t0
 
 
 def _memory_in_use() -> str:
@@ -224,15 +254,15 @@ class Built:
     wrap_s: float  # the strategy's own setup
 
 
-def build_and_wrap(payload: TrialPayload, ctx: RankContext) -> Built:
+def build_and_wrap(payload: TrialPayload, ctx: RankContext, shape: ModelShape | None = None) -> Built:
     """Architecture on the meta device → techniques → the strategy, which calls `materialize` to give the model
     its values: whole before it wraps (ddp, ZeRO-1/2), or after a sharding wrap (fsdp2, tp, tp_fsdp2) or ZeRO-3's
-    partitioning only this rank's shards."""
+    partitioning only this rank's shards. shape: another architecture, random-initialized (the warm-up)."""
     train = payload.config.train
     t0 = time.perf_counter()
     model, source, weights_info = build_meta(payload.config.model, train.seed,
                                              local_copy=payload.caches.weights_local_copy,
-                                             cache_gib=payload.weights_cache_gib)
+                                             cache_gib=payload.weights_cache_gib, shape=shape)
     if train.finetune == "qlora":  # bitsandbytes quantizes real weights: the (ddp-only) base is whole first
         fill(model, ctx.device, source, weights_info, whole=True)
         torch.manual_seed(train.seed)  # PEFT's adapter init then draws the same numbers on every rank
@@ -259,6 +289,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     limits.apply_memory_limit(config.resources.memory_limit_gib, int(held_gib * GIB))
     # A collective stuck past the trial's budget fails on its own too, not only by the launcher's kill.
     ctx = init_distributed(config, timeout_s=config.resources.timeout_s)
+    t_start += warm_up(payload, ctx)  # not part of the trial's setup: time_to_first_step_s leaves it out
     shape = model_shape(config)
     hostnames = [None] * ctx.world_size
     dist.all_gather_object(hostnames, fingerprint.hardware(ctx.device)["hostname"])

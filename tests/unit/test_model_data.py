@@ -9,7 +9,7 @@ import torch
 
 from raybench import data
 from raybench.config import ModelSpec
-from raybench.model import build_model, count_params, decoder_blocks
+from raybench.model import build_meta, build_model, count_params, decoder_blocks
 
 
 @pytest.mark.parametrize("preset, billions", [("llama-3.2-1b", 1.236), ("llama-3-8b", 8.03), ("qwen2.5-14b", 14.77)])
@@ -173,3 +173,19 @@ def test_a_tied_output_head_stays_the_embedding_after_materializing():
     materialize(model, torch.device("cpu"), seed=0)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert len(list(model.parameters())) == len(list(model.named_parameters(remove_duplicate=False))) - 1
+
+
+@pytest.mark.parametrize("preset, tp_size", [("qwen2.5-72b", 1), ("qwen2.5-72b", 8), ("llama-3.2-1b", 4)])
+def test_warm_up_miniature_keeps_the_architecture_and_divides_by_tp(preset, tp_size):
+    """Every executor warms up on a miniature of the trial's architecture (worker.warm_up): same transformers
+    class and tying, two blocks, heads a TP wrap can split."""
+    from raybench.presets import PRESETS
+    from raybench.worker import miniature_shape
+
+    shape = PRESETS[preset]
+    mini = miniature_shape(shape, tp_size)
+    model, _, _ = build_meta(ModelSpec(preset=preset), seed=0, shape=mini)
+    assert type(model).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[shape.model_type]
+    assert len(decoder_blocks(model)) == 2 and mini.tie_word_embeddings == shape.tie_word_embeddings
+    assert mini.num_key_value_heads % tp_size == 0 and mini.num_attention_heads % tp_size == 0
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000  # a few MB at most
