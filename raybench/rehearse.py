@@ -8,11 +8,14 @@ group is torch's fake backend (every collective returns at once). A dispatch mod
 - bytes per step by collective (each c10d or functional collective the step issues),
 - FLOPs and bytes per operator, turned into a roofline step time with the hardware table's peak FLOP/s
   and memory bandwidth, and communication time from a bus bandwidth (see `predict_step_time`).
+For fully checkpointed FSDP2 trials it also records one decoder block's operators with torch's SAC
+estimator (timed by the same roofline), from which `op_policy` derives an op-level checkpointing policy
+with torch's SAC ILP.
 
 This module is the one place that touches private torch APIs (torch.distributed._tools, the fake process
 group, FakeTensorMode, DTensor's sharding propagator, the runtime-estimation op lists): a torch upgrade that
-moves them breaks here, and tests/unit/test_rehearse.py pins each one. docs/rehearse.md describes the method,
-what it cannot see, and its measured accuracy.
+moves them breaks here, and tests/unit/test_rehearse.py pins each one (the SAC estimator's and ILP's too).
+docs/rehearse.md describes the method, what it cannot see, and its measured accuracy.
 
 Known correction: under an active FakeTensorMode, DTensor's sharding propagation runs each op once more on
 fake tensors of the *global* shape, in the same fake mode, so torch's trackers count those phantom tensors as
@@ -576,7 +579,10 @@ def _solve(stats, kept_fraction: float) -> list[int]:
     block's output bytes while recomputing the least time."""
     from torch.distributed._tools.sac_ilp import get_optimal_checkpointing_policy_per_module
 
-    decisions = get_optimal_checkpointing_policy_per_module(stats, kept_fraction)
+    # In KiB (rounded up): with byte counts (~1e9 per block at 1B scale) CBC reported the 1B block's problem
+    # at a kept fraction of 1.0 infeasible, which it is not (saving nothing always fits).
+    in_kib = dataclasses.replace(stats, memory=[-(-nbytes // 1024) for nbytes in stats.memory])
+    decisions = get_optimal_checkpointing_policy_per_module(in_kib, kept_fraction)
     if not decisions:
         raise RuntimeError(f"torch's SAC ILP found no policy for a kept fraction of {kept_fraction:.3f}")
     return decisions
