@@ -7,7 +7,8 @@ the rows ran on) and joins each to its measured row by config id. Prints a Markd
 JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
 (raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE) are printed with the results. Then, for the sAC
 sweep, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the estimate's memory
-limit and margin for an H100) against the measured best.
+limit and margin for an H100) against the measured best, and the op-level policy torch's SAC ILP picks within
+the same limit (from the ratio-1 rehearsal) against the same measured best.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def best_ratios(name: str, store: Path) -> list[dict]:
     trials = plan(sweep_for_gpu(name), store_path=store)
     by_id = {t.config_id: t for t in trials}
     out = []
-    for result in predicted_best(trials):
+    for result in predicted_best(trials, rehearsals=calibration.rehearsals(store)):
         ids = [t.config_id for t in trials if all(str(t.axis_values.get(k)) == v for k, v in result["group"].items())]
         rows = measured.loc[[i for i in ids if i in measured.index]]
         best_row = rows.loc[rows.tok_per_s_per_device.idxmax()] if len(rows) else None
@@ -94,12 +95,39 @@ def best_ratios(name: str, store: Path) -> list[dict]:
                     "predicted_tok_s": result["best"] and result["best"]["tok_per_s_per_device"],
                     "measured": None if best_row is None else by_id[best_row.name].axis_values["train.ac_ratio"],
                     "measured_tok_s": None if best_row is None else best_row.tok_per_s_per_device,
-                    "values": result["values"], "limit_gib": result["memory_gib"] - result["margin_gib"]})
+                    "values": result["values"], "limit_gib": result["memory_gib"] - result["margin_gib"],
+                    "op_policy": result["op_policy"]})
     return out
 
 
-def _err(predicted: float | None, measured: float) -> float | None:
-    return None if predicted is None else predicted / measured - 1
+def _group(b: dict) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in b["group"].items())
+
+
+def _op_policy_markdown(best: list[dict]) -> str:
+    """The op-level policy's predictions per group next to the predicted best ratio and the measured best."""
+    headers = ["group", "op-level tok/s/GPU (pred)", "vs predicted best ratio", "vs measured best",
+               "reserved + context GiB (pred)", "kept", "saved per block", "recomputed per block"]
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for b in best:
+        found = b["op_policy"]
+        policy = found.get("policy")
+        if policy is None:
+            out.append(f"| {_group(b)} | {found.get('why', 'none fits')} |" + " - |" * (len(headers) - 2))
+            continue
+        tok_s = found["tok_per_s_per_device"]
+        out.append(f"| {_group(b)} | {tok_s:.0f} | {_pct(_err(tok_s, b['predicted_tok_s']))} | "
+                   f"{_pct(_err(tok_s, b['measured_tok_s']))} | {found['peak_gib']:.1f} | "
+                   f"{policy['kept_fraction']:.2f} | {_ops(policy['saved'])} | {_ops(policy['recomputed'])} |")
+    return "\n".join(out)
+
+
+def _ops(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(counts.items())) or "-"
+
+
+def _err(predicted: float | None, measured: float | None) -> float | None:
+    return None if predicted is None or measured is None else predicted / measured - 1
 
 
 def _median(values: pd.Series) -> list[float] | None:
@@ -144,10 +172,13 @@ def main() -> None:
         print("\n### Best sAC ratio per group on an H100 (predicted before running vs measured)\n")
         print("| group | predicted best | predicted tok/s/GPU | measured best | measured tok/s/GPU | every ratio: "
               "reserved GiB (pred) / fits |\n|---|---|---|---|---|---|")
-        for b in best_ratios("gpu-sac-1b", Path(store)):
+        best = best_ratios("gpu-sac-1b", Path(store))
+        for b in best:
             every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'no'}" for v in b["values"])
-            print(f"| {', '.join(f'{k.split(chr(46))[-1]}={v}' for k, v in b['group'].items())} | {b['predicted']} | "
+            print(f"| {_group(b)} | {b['predicted']} | "
                   f"{_f(b['predicted_tok_s'], 0)} | {b['measured']} | {_f(b['measured_tok_s'], 0)} | {every} |")
+        print("\n### Op-level policy per group on an H100 (torch's SAC ILP within the same limit) vs measured best\n")
+        print(_op_policy_markdown(best))
     for summary in summaries:
         print(json.dumps({"bench": "rehearse_validate", **summary}))
 

@@ -156,6 +156,7 @@ def _report(args) -> int:
 
 
 def _best(args) -> int:
+    from raybench import calibration
     from raybench.best import best_report, predicted_best_report, read_rows, resolve_source
 
     if args.predict:
@@ -166,8 +167,9 @@ def _best(args) -> int:
         spec = load_sweep(args.source)
         if args.gpu:  # the GPU whose memory the rehearsals must fit in (estimate.gpu; not part of trial ids)
             spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
-        trials = plan(spec, source=args.source, store_path=args.store or spec.store)
-        print(predicted_best_report(trials, args.axis or "train.ac_ratio"))
+        store_path = args.store or spec.store
+        trials = plan(spec, source=args.source, store_path=store_path)
+        print(predicted_best_report(trials, args.axis or "train.ac_ratio", calibration.rehearsals(store_path)))
         return EXIT_OK
 
     store_path, sweep = resolve_source(args.source, args.sweep)

@@ -8,11 +8,14 @@ group is torch's fake backend (every collective returns at once). A dispatch mod
 - bytes per step by collective (each c10d or functional collective the step issues),
 - FLOPs and bytes per operator, turned into a roofline step time with the hardware table's peak FLOP/s
   and memory bandwidth, and communication time from a bus bandwidth (see `predict_step_time`).
+For fully checkpointed FSDP2 trials it also records one decoder block's operators with torch's SAC
+estimator (timed by the same roofline), from which `op_policy` derives an op-level checkpointing policy
+with torch's SAC ILP.
 
 This module is the one place that touches private torch APIs (torch.distributed._tools, the fake process
 group, FakeTensorMode, DTensor's sharding propagator, the runtime-estimation op lists): a torch upgrade that
-moves them breaks here, and tests/unit/test_rehearse.py pins each one. docs/rehearse.md describes the method,
-what it cannot see, and its measured accuracy.
+moves them breaks here, and tests/unit/test_rehearse.py pins each one (the SAC estimator's and ILP's too).
+docs/rehearse.md describes the method, what it cannot see, and its measured accuracy.
 
 Known correction: under an active FakeTensorMode, DTensor's sharding propagation runs each op once more on
 fake tensors of the *global* shape, in the same fake mode, so torch's trackers count those phantom tensors as
@@ -71,6 +74,8 @@ class StepTrace:
     # Roofline seconds of the FLOP-less (elementwise, reduction, copy) operators run inside decoder blocks, in
     # forward, backward or recomputation: what torch.compile fuses into its generated kernels.
     block_memory_bound_s: float = 0.0
+    # One decoder block's operators (`block_ops`), for op-level policies: fully checkpointed FSDP2 GPU trials.
+    block_ops: dict | None = None
 
     @property
     def peak_gib(self) -> float:
@@ -172,6 +177,41 @@ def _not_memory_traffic() -> set:
     return set(_IGNORE_OPS) | set(_VIEW_OPS) | allocations
 
 
+class _Roofline:
+    """One operator's roofline cost on a GPU: FLOPs / peak FLOP/s of its output dtype and bytes moved / memory
+    bandwidth (the step tracker sums them; the SAC estimator takes them per operator)."""
+
+    def __init__(self, peaks: dict, bandwidth: float | None):
+        self.peaks, self.bandwidth = peaks, bandwidth  # FLOP/s by dtype; bytes/s
+        self.formulas, self.skip_traffic = _flop_formulas(), _not_memory_traffic()
+
+    def cost(self, func, args, kwargs, out) -> tuple[float, float, float]:
+        """(FLOPs, seconds at peak FLOP/s, seconds at the memory bandwidth)."""
+        packet = func._overloadpacket
+        flops = 0.0
+        if packet in self.formulas:
+            flops = float(self.formulas[packet](*args, **kwargs, out_val=out))
+            if kwargs.get("is_causal") or (len(args) > 4 and args[4] is True):
+                flops /= 2  # causal kernels skip the masked half of the score matrix
+        moved = 0
+        # An operator that neither returns a tensor nor writes one (prim.device, size queries) reads metadata.
+        writes = func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
+        if packet not in self.skip_traffic and writes:
+            moved = sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size()
+                        for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        dtype = next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+        peak = self.peaks.get(dtype)
+        return flops, flops / peak if peak else 0.0, moved / self.bandwidth if self.bandwidth else 0.0
+
+
+def _gpu_roofline(gpu: str | None) -> _Roofline:
+    """The roofline of raybench's hardware table for `gpu` (no GPU: every operator costs 0 s)."""
+    peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 for dtype, name in
+             ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))} if gpu else {}
+    bandwidth = (memory_bandwidth_tb_per_s(gpu) or 0) * 1e12 or None
+    return _Roofline(peaks, bandwidth)
+
+
 def _tracker(model: nn.Module, optimizer, fsdp: bool):
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -182,12 +222,11 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
         """torch's tracker, plus: skip DTensor's global-shape propagation runs, count collectives and the
         roofline cost of every operator this rank runs."""
 
-        def __init__(self, peaks: dict, bandwidth: float | None):
+        def __init__(self, roofline: _Roofline):
             super().__init__(*((model, optimizer) if fsdp else ()))
             self.propagation = _Propagation()
             self.collectives, self.overlapped = _collective_ops()
-            self.formulas, self.skip_traffic = _flop_formulas(), _not_memory_traffic()
-            self.peaks, self.bandwidth = peaks, bandwidth
+            self.roofline = roofline
             self.comm_bytes: dict[str, int] = defaultdict(int)
             self.comm_calls: dict[str, int] = defaultdict(int)
             self.overlapped_names: set[str] = set()
@@ -212,27 +251,12 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             return out
 
         def _cost(self, func, args, kwargs, out) -> None:
-            packet = func._overloadpacket
-            flops = 0.0
-            if packet in self.formulas:
-                flops = float(self.formulas[packet](*args, **kwargs, out_val=out))
-                if kwargs.get("is_causal") or (len(args) > 4 and args[4] is True):
-                    flops /= 2  # causal kernels skip the masked half of the score matrix
-            moved = 0
-            # An operator that neither returns a tensor nor writes one (prim.device, size queries) reads metadata.
-            writes = func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
-            if packet not in self.skip_traffic and writes:
-                moved = sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size()
-                            for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
-            dtype = next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
-            peak = self.peaks.get(dtype)
-            compute_s = flops / peak if peak else 0.0
-            memory_s = moved / self.bandwidth if self.bandwidth else 0.0
+            flops, compute_s, memory_s = self.roofline.cost(func, args, kwargs, out)
             self.flops += flops
             self.compute_s += compute_s
             self.memory_s += memory_s
             self.roofline_s += max(compute_s, memory_s)
-            self.op_s[packet.__name__] += max(compute_s, memory_s)
+            self.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
             if not flops and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
                 self.block_memory_bound_s += memory_s
 
@@ -355,14 +379,11 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
 
     trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
     fsdp = train.strategy in ("fsdp2", "tp_fsdp2")
-    peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 for dtype, name in
-             ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))} if gpu else {}
-    bandwidth = (memory_bandwidth_tb_per_s(gpu) or 0) * 1e12 or None
     tracker_cls = _tracker(trainable.model, trainable.optimizer, fsdp)
     with mode:
         _create_optimizer_state(trainable)
         batches = fake_batches(train, shape.vocab_size, ctx.device)
-        tracker = tracker_cls(peaks, bandwidth)
+        tracker = tracker_cls(_gpu_roofline(gpu))
         if not fsdp:
             tracker.track_external(trainable.model, trainable.optimizer)
         marking = _marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
@@ -462,6 +483,60 @@ def compiled_block_saving_gib(config: TrialConfig, shape: ModelShape) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# A decoder block's operators, for an op-level checkpointing policy (torch's SAC estimator and ILP)
+
+
+def _sac_estimator(roofline: _Roofline):
+    """torch's SACEstimator, timing each operator with raybench's roofline.
+
+    Its own modes cannot run here: "operator-level-cost-model" (RuntimeEstimator._roofline_estimate) asserts
+    torch.cuda.is_available() to read the device's peak FLOP/s and bandwidth, and "operator-level-benchmark"
+    runs real CUDA kernels. The estimator calls the runtime function it holds on the instance
+    (`_estimate_runtime`, set by __init__ and __call__), so this instance gets raybench's roofline for the GPU
+    the trial will run on, and nothing global changes.
+    """
+    from torch.distributed._tools.sac_estimator import SACEstimator
+
+    def estimate_ms(func, args, kwargs):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        _, compute_s, memory_s = roofline.cost(func, args, kwargs, out)
+        return out, max(compute_s, memory_s) * 1e3  # SACStats keep milliseconds
+
+    estimator = SACEstimator()
+    estimator._estimate_runtime = estimate_ms
+    return estimator
+
+
+def block_ops(config: TrialConfig, shape: ModelShape, gpu: str) -> dict:
+    """One decoder block's operators in forward, as torch's SACStats (plain data): each operator's name, output
+    bytes, roofline milliseconds on `gpu`, and the estimator's constraints (views, random and in-place ops).
+
+    One forward of the trial's model (its techniques applied, no checkpointing) on fake tensors, not wrapped:
+    FSDP2 would run its all-gathers and parameter casts inside each block and they would count as the block's
+    operators. FSDP2's bf16 mixed-precision policy computes in bf16 (parameters cast before each forward),
+    which casting the whole model reproduces. Every block runs the same operators; the first one's are taken.
+    """
+    train = config.train.model_copy(update={"ac_ratio": "0", "compile": False})
+    model, _, _ = build_meta(config.model, train.seed)
+    model = prepare_model(model, train)
+    if train.precision == "bf16":
+        model.to(torch.bfloat16)  # on the meta device: fake storage cannot be swapped in place afterwards
+    estimator = _sac_estimator(_gpu_roofline(gpu))
+    with _fake_mode():
+        model.to_empty(device="cpu")
+        batch = next(fake_batches(train, shape.vocab_size, torch.device("cpu")))
+        with estimator:
+            model(input_ids=batch["input_ids"], use_cache=False)
+    first = next(name for name in estimator.sac_mod_stats if _FIRST_BLOCK.search(name))
+    return dataclasses.asdict(estimator.sac_mod_stats[first])
+
+
+# The first decoder block's name as torch's module tracker reports it (LlamaForCausalLM.model.layers.0).
+_FIRST_BLOCK = re.compile(r"\.layers\.0$")
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Step time
 
 
@@ -549,6 +624,103 @@ def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | Non
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Op-level policy: which operators of every decoder block to save, by torch's ILP, within a memory limit
+
+
+@dataclass
+class OpPolicy:
+    """The op-level checkpointing policy for every decoder block, and what the step would be with it."""
+
+    saved: dict[str, int]  # operator -> how many of one block's run are saved in forward (not recomputed)
+    recomputed: dict[str, int]  # operator -> how many backward recomputes (views, free, left out)
+    kept_fraction: float  # the ILP's budget: share of the block's recomputable output bytes it may keep
+    saved_gib_per_block: float
+    peak_gib: float  # tensor peak
+    reserved_gib: float  # x ALLOCATOR_RESERVE, as rehearsals report for GPUs
+    compute_s: float
+    step_time_s: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _recomputable(ops: dict):
+    """The block's operators as torch's SACStats, cut after the last one whose output autograd saves.
+
+    Non-reentrant checkpointing stops recomputing once backward has every tensor it saved (early stop, torch's
+    default), so the operators after that one (a Llama block's down projection and residual add) are never
+    recomputed: saving them would cost memory for nothing, and the full-AC trace the policy starts from did
+    not recompute them either.
+    """
+    from torch.distributed._tools.sac_estimator import SACStats
+
+    end = max(ops["saved_autograd_ops"]) + 1
+    return SACStats(
+        func_names=ops["func_names"][:end], runtimes=ops["runtimes"][:end], memory=ops["memory"][:end],
+        view_like_ops=[i for i in ops["view_like_ops"] if i < end], rand_ops=[i for i in ops["rand_ops"] if i < end],
+        saved_autograd_ops=[i for i in ops["saved_autograd_ops"] if i < end],
+        inplace_ops=[tuple(pair) for pair in ops["inplace_ops"] if max(pair) < end],
+        force_store_random=ops["force_store_random"])
+
+
+def _solve(stats, kept_fraction: float) -> list[int]:
+    """torch's ILP (PuLP's CBC): per operator 1 = save, 0 = recompute, keeping at most kept_fraction of the
+    block's output bytes while recomputing the least time."""
+    from torch.distributed._tools.sac_ilp import get_optimal_checkpointing_policy_per_module
+
+    # In KiB (rounded up): with byte counts (~1e9 per block at 1B scale) CBC reported the 1B block's problem
+    # at a kept fraction of 1.0 infeasible, which it is not (saving nothing always fits).
+    in_kib = dataclasses.replace(stats, memory=[-(-nbytes // 1024) for nbytes in stats.memory])
+    decisions = get_optimal_checkpointing_policy_per_module(in_kib, kept_fraction)
+    if not decisions:
+        raise RuntimeError(f"torch's SAC ILP found no policy for a kept fraction of {kept_fraction:.3f}")
+    return decisions
+
+
+def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float, compiled: bool = False,
+              efficiency: float = ROOFLINE_EFFICIENCY) -> OpPolicy | None:
+    """The op-level policy torch's ILP picks for every decoder block so that the GPU's reserved peak stays
+    within `reserved_limit_gib`, from the rehearsal of the same trial with every block checkpointed whole
+    (`full_ac`: a Rehearsal as a dict, with block_ops). None when even full AC does not fit.
+
+    With every block checkpointed, each keeps only its input; a policy that saves S bytes of a block's
+    operator outputs adds layers x S to that peak, and takes the saved operators' time off the recomputation
+    the full-AC step pays. Both come from the trace (the same roofline, `block_ops`), nothing is fitted here.
+    """
+    stats = _recomputable(full_ac["block_ops"])
+    room_gib = reserved_limit_gib / ALLOCATOR_RESERVE - full_ac["peak_gib"]
+    if room_gib < 0:
+        return None
+    kept_fraction = min(1.0, room_gib * GIB / layers / sum(stats.memory))
+    decisions = _solve(stats, kept_fraction)
+    views = set(stats.view_like_ops)
+    saved = [i for i, keep in enumerate(decisions) if keep]
+    flop_ops = {packet.__name__ for packet in _flop_formulas()}
+    saved_s = sum(stats.runtimes[i] for i in saved) / 1e3
+    saved_memory_bound_s = sum(stats.runtimes[i] for i in saved if stats.func_names[i] not in flop_ops) / 1e3
+    saved_bytes = sum(stats.memory[i] for i in saved)
+    trace = StepTrace(memory_gib={}, resident_gib={}, comm_bytes=full_ac["comm_bytes"], comm_calls={},
+                      overlapped_comm=tuple(full_ac["overlapped_comm"]), flops=0.0,
+                      roofline_s=full_ac["roofline_s"] - layers * saved_s, compute_s=0.0, memory_s=0.0,
+                      block_memory_bound_s=full_ac["block_memory_bound_s"] - layers * saved_memory_bound_s)
+    timing = predict_step_time(trace, full_ac["world_size"], full_ac["busbw_gbps"], full_ac["busbw_source"],
+                               efficiency, compiled)
+    peak = full_ac["peak_gib"] + layers * saved_bytes / GIB
+    return OpPolicy(
+        saved=_counts(stats.func_names, saved), kept_fraction=kept_fraction,
+        recomputed=_counts(stats.func_names, [i for i, keep in enumerate(decisions) if not keep and i not in views]),
+        saved_gib_per_block=saved_bytes / GIB, peak_gib=peak, reserved_gib=peak * ALLOCATOR_RESERVE,
+        compute_s=timing.compute_s, step_time_s=timing.step_time_s)
+
+
+def _counts(names: list[str], indices: list[int]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for i in indices:
+        counts[names[i]] += 1
+    return dict(counts)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # One trial
 
 
@@ -576,6 +748,8 @@ class Rehearsal:
     roofline_s: float | None = None  # the trace's roofline before efficiency (what the constants are fitted on)
     block_memory_bound_s: float | None = None  # its memory-bound part inside decoder blocks (compile fuses it)
     trace_s: float | None = None  # seconds this process spent tracing (0 when an identical trace was reused)
+    overlapped_comm: list[str] = field(default_factory=list)  # collectives issued beside compute (op_policy)
+    block_ops: dict | None = None  # one decoder block's operators, when op_policy can start from this trial
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -623,6 +797,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         try:
             ctx = RankContext(rank, world, rank, torch.device("cpu"))
             traces[key] = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None)
+            if on_gpu and gpu and is_policy_base(config):
+                traces[key].block_ops = block_ops(config, shape, gpu)
         except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
             return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
         finally:
@@ -650,4 +826,12 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,
         step_time_s=timing.step_time_s if has_time else None, busbw_gbps=busbw, busbw_source=timing.busbw_source,
         overlap=timing.overlap, roofline_s=trace.roofline_s if has_time else None,
-        block_memory_bound_s=trace.block_memory_bound_s if has_time else None, trace_s=time.perf_counter() - t0)
+        block_memory_bound_s=trace.block_memory_bound_s if has_time else None, trace_s=time.perf_counter() - t0,
+        overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None)
+
+
+def is_policy_base(config: TrialConfig) -> bool:
+    """Whether an op-level policy (op_policy) starts from this trial's rehearsal: every decoder block
+    checkpointed whole, under FSDP2, whose ranks run whole blocks (TP shards each block's operators)."""
+    train = config.train
+    return train.strategy == "fsdp2" and train.ac_mode == "block" and Fraction(train.ac_ratio) == 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raybench import rehearse
+from raybench import calibration, rehearse
 from raybench.best import predicted_best
 from raybench.cli import main
 from raybench.config import load_sweep, parse_sweep
@@ -127,7 +127,7 @@ def test_tracker_counts_dtensor_propagation_without_the_correction():
             for corrected in (False, True):
                 DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
                 ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
-                tracker = rehearse._tracker(None, None, fsdp=False)({}, None)
+                tracker = rehearse._tracker(None, None, fsdp=False)(rehearse._gpu_roofline(None))
                 marking = rehearse._marking_propagation(tracker.propagation) if corrected else contextlib.nullcontext()
                 with marking, tracker:
                     ys = torch._foreach_mul(xs, 2.0)
@@ -282,10 +282,18 @@ def test_best_predict_picks_the_fastest_ratio_that_fits(tmp_path, capsys):
     # Recomputing the checkpointed blocks costs time, so with room to spare the fastest ratio is 0.
     assert result["best"]["value"] == "0"
     assert [v["value"] for v in result["values"]] == ["0", "1"]
+    assert result["op_policy"] is None  # not asked for (no stored rehearsals given)
+    # The op-level policy starts from ratio 1's rehearsal; with room to spare it keeps every block's outputs.
+    (result,) = predicted_best(plan(load_sweep(sweep(80.0)), store_path=tmp_path / "store"),
+                               rehearsals=calibration.rehearsals(tmp_path / "store"))
+    assert result["op_policy"]["policy"]["kept_fraction"] == 1.0
     assert main(["best", sweep(80.0), "--predict"]) == 0
-    assert "best ac_ratio" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "best ac_ratio" in out
+    assert "op-level policy" in out and "_scaled_dot_product_flash_attention_for_cpu" in out
     assert main(["best", sweep(1.0), "--predict"]) == 0  # 1 GiB: the CUDA context alone takes it
-    assert "none fits" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count("none fits") == 2  # no ratio, and no op-level policy either
     assert main(["best", str(tmp_path), "--predict"]) == 2
 
 
@@ -308,3 +316,68 @@ def test_a_trial_the_trace_cannot_run_falls_back_and_says_why(tmp_path):
     assert "trace failed (ValueError" in result.notes[0] and "layers" in result.notes[0]
     assert result.peak_gib == trial.estimate["measured_part_gib"]
     assert not dist.is_initialized()  # the fake world is gone, so the next trial can make its own
+
+
+def test_sac_estimator_times_operators_with_the_hardware_tables_roofline():
+    """Pins the SAC estimator hook: torch's SACEstimator takes each operator's time from the instance's
+    `_estimate_runtime`, here raybench's roofline for an H100 SXM (no CUDA needed), in milliseconds."""
+    from torch.distributed._tools.runtime_estimator import RuntimeEstimator
+    from torch.distributed._tools.sac_estimator import SACEstimator
+
+    from raybench.hardware import memory_bandwidth_tb_per_s, peak_tflops
+
+    assert SACEstimator()._estimate_runtime == RuntimeEstimator._roofline_estimate  # what the hook replaces
+    tokens, d_in, d_out = 4096, 2048, 8192
+    with rehearse._fake_mode():
+        block = torch.nn.Sequential(torch.nn.Linear(d_in, d_out, bias=False, dtype=torch.bfloat16), torch.nn.SiLU())
+        x = torch.empty(tokens, d_in, dtype=torch.bfloat16, requires_grad=True)
+        estimator = rehearse._sac_estimator(rehearse._gpu_roofline("H100 SXM"))
+        with estimator:
+            block(x)
+    stats = estimator.sac_mod_stats["Sequential"]
+    runtime = dict(zip(stats.func_names, stats.runtimes))
+    # The matmul is compute-bound: 2 x M x N x K FLOPs at the bf16 dense peak; SiLU reads and writes its tensor.
+    assert runtime["mm"] == pytest.approx(2 * tokens * d_in * d_out / (peak_tflops("H100 SXM", "bf16") * 1e12) * 1e3)
+    assert runtime["silu"] == pytest.approx(2 * tokens * d_out * 2 / (memory_bandwidth_tb_per_s("H100 SXM") * 1e12)
+                                            * 1e3)
+
+
+@pytest.fixture(scope="module")
+def full_ac() -> tuple[dict, int, dict]:
+    """The tiny preset's FSDP2 GPU rehearsal with every block checkpointed (with one block's operators), its
+    layer count, and the same trial's rehearsal without checkpointing."""
+    trials = {ratio: tiny_trial(2, gpus=1, strategy="fsdp2", ac_ratio=ratio) for ratio in ("0", "1")}
+    got = {ratio: rehearse.rehearse(t.config, t.shape, "H100 SXM").as_dict() for ratio, t in trials.items()}
+    assert got["0"]["block_ops"] is None and got["1"]["block_ops"]  # only full AC is a policy's starting point
+    return got["1"], trials["1"].shape.num_hidden_layers, got["0"]
+
+
+def test_op_policy_fits_the_limit_and_a_tighter_limit_recomputes_more(full_ac):
+    rehearsal, layers, no_ac = full_ac
+    full_ac_reserved = rehearsal["peak_gib"] * rehearse.ALLOCATOR_RESERVE
+    block_gib = sum(rehearse._recomputable(rehearsal["block_ops"]).memory) / 2**30
+    policies = []
+    for share in (0.2, 0.6):  # of the room every block's outputs would take on top of full AC
+        limit = full_ac_reserved + share * layers * block_gib * rehearse.ALLOCATOR_RESERVE
+        policy = rehearse.op_policy(rehearsal, layers, limit)
+        assert policy.reserved_gib <= limit
+        assert 0 < policy.kept_fraction < 1
+        policies.append(policy)
+    tight, loose = policies
+    assert sum(tight.recomputed.values()) > sum(loose.recomputed.values())
+    assert tight.saved_gib_per_block < loose.saved_gib_per_block
+    # Recomputing more costs time: between no checkpointing and full AC.
+    assert no_ac["step_time_s"] <= loose.step_time_s < tight.step_time_s <= rehearsal["step_time_s"]
+    assert rehearse.op_policy(rehearsal, layers, 0.9 * full_ac_reserved) is None  # not even full AC fits
+
+
+def test_op_policy_with_room_for_everything_is_the_step_without_checkpointing(full_ac):
+    """Saving every operator a block's backward needs (plus what it may keep for free) predicts what the
+    trace of the same trial without checkpointing measures: the memory and time models close the loop."""
+    rehearsal, layers, no_ac = full_ac
+    policy = rehearse.op_policy(rehearsal, layers, 100.0)
+    assert policy.kept_fraction == 1.0 and sum(policy.recomputed.values()) <= 2  # only free scalar ops, if any
+    assert policy.step_time_s == pytest.approx(no_ac["step_time_s"], rel=0.02)
+    ops = rehearse._recomputable(rehearsal["block_ops"])
+    autograd_gib = sum(ops.memory[i] for i in ops.saved_autograd_ops) / 2**30
+    assert rehearsal["peak_gib"] + layers * autograd_gib == pytest.approx(no_ac["peak_gib"], rel=0.02)
