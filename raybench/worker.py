@@ -198,7 +198,7 @@ def warm_up(payload: TrialPayload, ctx: RankContext) -> float:
     Libraries set things up on first use and keep them: submodules imported on demand, ABC and regex caches,
     the source lines of warnings, PEFT's conversion tables, the math libraries' workspaces, communication
     buffers. A warm actor's later trial finds them ready, and a fresh process would build them inside its
-    build, wrap and first step, and count them in its host peak (7-9 MiB in the tiny fidelity benchmark). After
+    build, wrap and first step, and count them in its host peak (docs/results/warm-fidelity-2026-11-25.md). After
     the warm-up both start from the same state. Then the heap that exists is frozen out of the garbage
     collector's scans, so collections during the trial cost the same, and the global random generators are
     seeded with the trial's seed (dropout draws from them; a warm actor's would be wherever earlier trials left
