@@ -56,8 +56,10 @@ DESCRIPTIONS = {
     "loss_final": "Training loss of the last step, averaged over ranks.",
     "peak_rss_gib": ("Peak resident host memory of a rank during training (max over ranks), net of host_held_gib "
                      "and of library code first run in the window (docs/metrics.md)."),
-    "peak_alloc_gib": "Peak CUDA memory allocated by tensors (max over ranks); null on CPU.",
-    "peak_reserved_gib": "Peak CUDA memory reserved by the caching allocator (max over ranks); null on CPU.",
+    "peak_alloc_gib": ("Peak CUDA memory allocated by tensors (max over ranks), net of tensors still allocated "
+                       "before the build (left by a warm pool actor's earlier trials; 0 fresh); null on CPU."),
+    "peak_reserved_gib": ("Peak CUDA memory reserved by the caching allocator (max over ranks), net of the same; "
+                          "null on CPU."),
     "peak_rss_gib_by_rank": "peak_rss_gib of every rank, in rank order.",
     "build_peak_rss_gib": ("Peak resident host memory of a rank during the model build (meta model, techniques, wrap, "
                            "its own values), max over ranks; peak_rss_gib covers training only."),

@@ -112,16 +112,21 @@ def _reset_peaks(device: torch.device) -> tuple[float, float]:
     return _peak_host_memory_gib() or 0.0, _proc_status_gib("RssFile") or 0.0
 
 
-def _peaks(device: torch.device, held_gib: float, file_at_reset_gib: float) -> Peaks:
+def _peaks(device: torch.device, held_gib: float, file_at_reset_gib: float, gpu_held_gib: float = 0.0) -> Peaks:
     """This rank's peaks since the last reset. Host: net of `held_gib` (kept from earlier trials) and of the
     file-backed pages first touched in the window: library code that a fresh process faults in when it first
     runs it and a warm actor has resident already. Those pages are the shared
-    library file's, one copy per node however many ranks run it."""
+    library file's, one copy per node however many ranks run it. GPU: net of `gpu_held_gib`, the tensors
+    still allocated before this trial's build (what earlier trials of a warm actor left; 0 in a fresh process)."""
     on_gpu = device.type == "cuda"
     code_gib = max(0.0, (_proc_status_gib("RssFile") or 0.0) - file_at_reset_gib)
     return Peaks(rss_gib=(_peak_host_memory_gib() or 0.0) - held_gib - code_gib,
-                 alloc_gib=torch.cuda.max_memory_allocated(device) / GIB if on_gpu else None,
-                 reserved_gib=torch.cuda.max_memory_reserved(device) / GIB if on_gpu else None)
+                 alloc_gib=torch.cuda.max_memory_allocated(device) / GIB - gpu_held_gib if on_gpu else None,
+                 reserved_gib=torch.cuda.max_memory_reserved(device) / GIB - gpu_held_gib if on_gpu else None)
+
+
+def _gpu_allocated_gib(device: torch.device) -> float:
+    return torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else 0.0
 
 
 def _peak_host_memory_gib() -> float | None:
@@ -300,13 +305,14 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
         busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload.cache_dir)
     rss_at_reset_gib, file_at_reset_gib = _reset_peaks(ctx.device)
     rss_before_build_gib = rss_at_reset_gib - held_gib
+    gpu_held_gib = _gpu_allocated_gib(ctx.device)
     cache_before_build_gib = _cache_gib()
 
     built = build_and_wrap(payload, ctx)
     trainable = built.trainable
     # The build's peaks are its own columns; the peaks a trial reports (and the estimate is checked against)
     # are those of training, from here on.
-    build_peaks = _peaks(ctx.device, held_gib, file_at_reset_gib)
+    build_peaks = _peaks(ctx.device, held_gib, file_at_reset_gib, gpu_held_gib)
     _, file_at_reset_gib = _reset_peaks(ctx.device)
     # The build of a warm actor's first trial on a model fills its weights cache: held for later trials.
     held_gib += _cache_gib() - cache_before_build_gib
@@ -321,7 +327,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     comm_exposed_p50_s = _exposed_comm(trainable, batches, train, ctx)
     measured = RankMeasurement(
         loop=record, sampled=sampler.means(since=record.step_starts[train.warmup_steps]),
-        peaks=_peaks(ctx.device, held_gib, file_at_reset_gib), build_peaks=build_peaks,
+        peaks=_peaks(ctx.device, held_gib, file_at_reset_gib, gpu_held_gib), build_peaks=build_peaks,
         rss_before_build_gib=rss_before_build_gib, host_held_gib=held_gib,
         model_build_s=built.model_build_s, wrap_s=built.wrap_s,
         time_to_first_step_s=t_loop - t_start + record.step_times_s[0])
