@@ -83,6 +83,7 @@ axes: {train.seed: [0, 1, 2]}
 """
 
 
+@pytest.mark.slow  # ~45 s; resume after a dead driver stays in the default run (kill -9 below)
 def test_sigterm_flushes_rows_then_resume_completes(tmp_path):
     sweep = _write(tmp_path, TORCHRUN_SWEEP)
     proc = _start(sweep)
@@ -119,6 +120,7 @@ def test_kill_driver_then_resume_completes_without_duplicates(tmp_path):
     assert not alive, alive  # ... and no process of the killed run survives (Ray agents, torchrun, ranks)
 
 
+@pytest.mark.slow  # ~55 s; the timeout path stays in the default run through torchrun (test_faults_torchrun)
 def test_timeout_ray_train_trial_frees_its_workers(tmp_path):
     # Each trial needs both CPUs: the second can only start once the timed-out one gave its workers back.
     sweep = _write(tmp_path, """executor: train

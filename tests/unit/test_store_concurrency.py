@@ -38,10 +38,10 @@ def _reader(root: str, stop, report) -> None:
     report.put((len(seen), bad))
 
 
-@pytest.mark.parametrize("rows", [pytest.param(250, id="8x250"),
+@pytest.mark.parametrize("rows", [pytest.param(100, id="8x100"),
                                   pytest.param(ROWS, id="8x1000", marks=pytest.mark.slow)])
 def test_concurrent_writers_lose_and_tear_nothing(tmp_path, rows):
-    # 8 x 1,000 (the figure) takes 1.5-4 minutes on 2 cores, so the default suite runs 8 x 250.
+    # 8 x 1,000 (the figure) takes 1.5-4 minutes on 2 cores, so the default suite runs 8 x 100.
     ctx = mp.get_context("spawn")
     stop, report = ctx.Event(), ctx.Queue()
     reader = ctx.Process(target=_reader, args=(str(tmp_path), stop, report))
