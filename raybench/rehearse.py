@@ -410,15 +410,24 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata  # views share their base's storage: one key per allocation
 
 
+def _unwrapped_model(config: TrialConfig) -> tuple[nn.Module, TrainSpec]:
+    """The trial's model with its techniques (no checkpointing, no compile) on the meta device, in the dtype
+    FSDP2's mixed-precision policy computes in (bf16 casts parameters before each forward, fsdp2.shard), and
+    the TrainSpec it was built with. Cast on meta: fake storage cannot be swapped in place afterwards."""
+    train = config.train.model_copy(update={"ac_ratio": "0", "compile": False})
+    model, _, _ = build_meta(config.model, train.seed)
+    model = prepare_model(model, train)
+    if train.precision == "bf16":
+        model.to(torch.bfloat16)
+    return model, train
+
+
 def _block_and_inputs(config: TrialConfig, shape: ModelShape, mode) -> tuple[nn.Module, torch.Tensor, dict]:
     """One decoder block of the trial's model (its techniques applied, unsharded, in its compute dtype) with
     its storage created under `mode` (a FakeTensorMode: shapes only), and inputs as the model passes them:
     hidden states of micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have none)."""
-    train = config.train.model_copy(update={"compile": False, "ac_ratio": "0"})
-    model, _, _ = build_meta(config.model, train.seed)
-    model = prepare_model(model, train)
-    dtype = torch.bfloat16 if train.precision == "bf16" else torch.float32  # FSDP2's param_dtype (fsdp2.shard)
-    model.to(dtype)
+    model, train = _unwrapped_model(config)
+    dtype = next(model.parameters()).dtype
     block = decoder_blocks(model)[-1]
     rotary = next(m for name, m in model.named_modules() if name.endswith("rotary_emb"))
     with mode:
@@ -517,11 +526,7 @@ def block_ops(config: TrialConfig, shape: ModelShape, gpu: str) -> dict:
     operators. FSDP2's bf16 mixed-precision policy computes in bf16 (parameters cast before each forward),
     which casting the whole model reproduces. Every block runs the same operators; the first one's are taken.
     """
-    train = config.train.model_copy(update={"ac_ratio": "0", "compile": False})
-    model, _, _ = build_meta(config.model, train.seed)
-    model = prepare_model(model, train)
-    if train.precision == "bf16":
-        model.to(torch.bfloat16)  # on the meta device: fake storage cannot be swapped in place afterwards
+    model, train = _unwrapped_model(config)
     estimator = _sac_estimator(_gpu_roofline(gpu))
     with _fake_mode():
         model.to_empty(device="cpu")
