@@ -53,3 +53,30 @@ def test_liger_and_zero3_patches_are_restored():
     changed = isolation.restore(before)
     assert F.linear is linear and modeling_llama.LlamaRMSNorm is rms_norm
     assert "transformers.models.llama.modeling_llama.LlamaRMSNorm" in changed
+
+
+def test_gpu_memory_an_earlier_trial_left_is_not_in_the_next_peak(tmp_path):
+    """Below the 0.25 GiB recycle limit a leftover stays in the actor: the next trial's GPU peaks are net of it,
+    so the same trial reports the same peak as before the leftover (as a fresh process would)."""
+    def hold_gpu_tensor(actor_self, gib: float) -> None:
+        # Runs inside the pool actor (a local function: cloudpickle sends it by value): keep a CUDA tensor alive
+        # after its trial, as a leak in some library would.
+        actor_self.leftover = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+
+    def sweep(lr: float):
+        return parse_sweep({"name": "gpu-leftover", "model": {"preset": "tiny"}, "executor": "pool",
+                            "train": {"steps": 4, "warmup_steps": 1, "seq_len": 64, "precision": "bf16",
+                                      "strategy": "fsdp2", "lr": lr},
+                            "resources": {"workers": 1, "gpus_per_worker": 1}})
+
+    with ray_cluster(None):
+        first = sweep(1e-4)
+        run_planned(plan(first), first.name, str(tmp_path), "pool", progress=lambda line: None)
+        (group,) = ray.get(manager().groups_info.remote())
+        ray.get(group["actors"][0].__ray_call__.remote(hold_gpu_tensor, 0.1))
+        second = sweep(2e-4)
+        run_planned(plan(second), second.name, str(tmp_path), "pool", progress=lambda line: None)
+    rows = store.read_results(tmp_path, "gpu-leftover").sort_values("ended_at")
+    assert list(rows.status) == ["ok", "ok"] and list(rows.process_trial_index) == [0, 1]
+    before, after = rows.peak_alloc_gib.tolist()
+    assert after == pytest.approx(before, abs=0.02)  # the 0.1 GiB leftover is not counted
