@@ -810,12 +810,14 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
             dist.destroy_process_group()
     trace = traces[key]
     memory = dict(trace.memory_gib)
-    if config.train.compile and config.train.strategy in COMPILE_INSPECTED_STRATEGIES:
-        saving_key = ("compiled block saving", *key)
+    plain_blocks = shape.num_hidden_layers - len(
+        checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
+    if config.train.compile and config.train.strategy in COMPILE_INSPECTED_STRATEGIES and plain_blocks:
+        # One block's saving does not depend on how many blocks are checkpointed: the sAC ratios of a sweep share it.
+        unchecked = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
+        saving_key = ("compiled block saving", config_id(traced_config(unchecked)), rank)
         if saving_key not in traces:
             traces[saving_key] = compiled_block_saving_gib(config, shape)
-        plain_blocks = shape.num_hidden_layers - len(
-            checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
         memory["activations"] -= plain_blocks * traces[saving_key]
         notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
     peak_gib = sum(memory.values())

@@ -184,6 +184,9 @@ def prepare_process(config: TrialConfig) -> None:
         torch.empty(1, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))))
 
 
+WARM_UP_TOKENS = 16
+
+
 def miniature_shape(shape: ModelShape, tp_size: int) -> ModelShape:
     """The trial's architecture at two blocks and a width of a few heads, still divisible by its TP size."""
     kv_heads = max(2, tp_size)
@@ -193,10 +196,7 @@ def miniature_shape(shape: ModelShape, tp_size: int) -> ModelShape:
                                max_position_embeddings=WARM_UP_TOKENS)
 
 
-WARM_UP_TOKENS = 16
-
-
-def warm_up(payload: TrialPayload, ctx: RankContext) -> float:
+def warm_up(payload: TrialPayload, ctx: RankContext, shape: ModelShape) -> float:
     """One training step of the trial's own path — its techniques, its strategy's wrap, forward, backward and
     optimizer step — on a miniature of its architecture, before any clock or memory baseline; returns seconds.
 
@@ -212,10 +212,10 @@ def warm_up(payload: TrialPayload, ctx: RankContext) -> float:
     t0 = time.perf_counter()
     train = payload.config.train.model_copy(update={"compile": False, "seq_len": WARM_UP_TOKENS, "micro_batch": 1,
                                                     "grad_accum": 1})
-    shape = miniature_shape(model_shape(payload.config), train.tp_size)
+    mini = miniature_shape(shape, train.tp_size)
     config = payload.config.model_copy(update={"train": train})
-    trainable = build_and_wrap(payload.replace(config=config, weights_cache_gib=0.0), ctx, shape).trainable
-    ids = torch.randint(0, shape.vocab_size, (1, WARM_UP_TOKENS), generator=torch.Generator().manual_seed(0))
+    trainable = build_and_wrap(payload.replace(config=config, weights_cache_gib=0.0), ctx, mini).trainable
+    ids = torch.randint(0, mini.vocab_size, (1, WARM_UP_TOKENS), generator=torch.Generator().manual_seed(0))
     bench.train_step(trainable, iter([{"input_ids": ids, "labels": ids}]), train, ctx.device,
                      bench.PhaseClock(ctx.device))
     del trainable
@@ -294,8 +294,8 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     limits.apply_memory_limit(config.resources.memory_limit_gib, int(held_gib * GIB))
     # A collective stuck past the trial's budget fails on its own too, not only by the launcher's kill.
     ctx = init_distributed(config, timeout_s=config.resources.timeout_s)
-    t_start += warm_up(payload, ctx)  # not part of the trial's setup: time_to_first_step_s leaves it out
     shape = model_shape(config)
+    t_start += warm_up(payload, ctx, shape)  # not part of the trial's setup: time_to_first_step_s leaves it out
     hostnames = [None] * ctx.world_size
     dist.all_gather_object(hostnames, fingerprint.hardware(ctx.device)["hostname"])
     # Measured before the model exists, so its buffers neither compete for memory nor count in the peaks.
