@@ -6,6 +6,7 @@ model instance (not the transformers classes) keeps other trials in a reused pro
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from raybench.config import TrainSpec
@@ -18,8 +19,9 @@ def wanted(train: TrainSpec) -> bool:
 
 
 def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
-    device = next(model.parameters()).device
-    if device.type != "cuda":
+    # The model is still on the meta device here (worker.build_and_wrap materializes it after the techniques):
+    # ask for CUDA, not for the parameters' device.
+    if not torch.cuda.is_available():
         raise ValueError("train.liger=true needs CUDA GPUs (Triton kernels); on CPU set train.liger: false")
     model_type = model.config.model_type
     if model_type not in PATCHERS:
