@@ -48,6 +48,7 @@ from raybench.plan import checkpointed_blocks, config_id
 from raybench.presets import ModelShape
 from raybench.schema import GIB
 from raybench.strategies import RankContext
+from raybench.techniques import liger_reference
 from raybench.worker import prepare_model
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
@@ -128,6 +129,22 @@ def _marking_propagation(propagation: _Propagation) -> Iterator[None]:
         ShardingPropagator._fake_mode_lock = saved
 
 
+@contextlib.contextmanager
+def _one_sequence_per_row() -> Iterator[None]:
+    """transformers reads the position ids' values to tell packed rows (several sequences, a block-causal mask)
+    from one sequence per row (no mask: SDPA's is_causal kernels). Fake tensors have no values, so it would
+    assume packing and build a mask; the traced batches hold one sequence per row, as the worker's do (they
+    pass no position ids), so say so."""
+    from transformers import masking_utils
+
+    saved = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = saved
+
+
 def _collective_ops() -> tuple[set, set]:
     """(every collective op, the c10d ones that FSDP2 and DDP issue beside compute)."""
     from torch.distributed._tools.fake_collectives import collective_ops, sync_ops
@@ -196,7 +213,7 @@ class _Roofline:
         moved = 0
         # An operator that neither returns a tensor nor writes one (prim.device, size queries) reads metadata.
         writes = func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
-        if packet not in self.skip_traffic and writes:
+        if packet not in self.skip_traffic and not func.is_view and writes:
             moved = sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size()
                         for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
         dtype = next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
@@ -257,7 +274,9 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.memory_s += memory_s
             self.roofline_s += max(compute_s, memory_s)
             self.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
-            if not flops and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
+            # Liger's kernels are fused already (and opaque to compile, like matmuls and attention).
+            if not flops and func.namespace != liger_reference.NAMESPACE and any(
+                    _BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
                 self.block_memory_bound_s += memory_s
 
         def category_gib(self) -> dict[str, float]:
@@ -304,6 +323,7 @@ def traced_config(config: TrialConfig) -> TrialConfig:
 
 
 COMPILE_NOTE = "compile traced eager"
+LIGER_NOTE = "liger traced with reference operators, one per Triton kernel"
 COMPILED_ACTIVATIONS_NOTE = "compile traced eager, its blocks' saved activations from torch.compile's partitioner"
 
 
@@ -313,12 +333,15 @@ def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
     The trace runs on CPU fake tensors, so it runs the GPU worker's choices explicitly: AdamW's fused kernel
     (what "adamw" picks on CUDA). torch.compile is not traced (its graphs would be compiled for CPU): compiled
     trials are traced eager; their step time accounts for fusion (predict_step_time) and, under fsdp2, their
-    activations for what compiled blocks keep (compiled_block_saving_gib).
+    activations for what compiled blocks keep (compiled_block_saving_gib). Liger's Triton kernels are traced
+    as reference operators with the same inputs, outputs and saved tensors (`_build_traced`).
     """
     changes = {}
     notes = []
     if on_gpu and train.optimizer == "adamw":
         changes["optimizer"] = "adamw_fused"
+    if train.liger:
+        notes.append(LIGER_NOTE)
     if train.compile:
         changes["compile"] = False
         notes.append(COMPILE_NOTE)
@@ -355,6 +378,23 @@ def fake_batches(train: TrainSpec, vocab_size: int, device: torch.device) -> Ite
         yield {"input_ids": ids, "labels": ids}
 
 
+def _build_traced(config: TrialConfig, train: TrainSpec) -> tuple[nn.Module, str, dict]:
+    """build_meta and the techniques of `train` (a traced TrainSpec), with Liger's reference operators where
+    the trial asks for Liger: they come first, as Liger does in worker.TECHNIQUES."""
+    model, source, info = build_meta(config.model, train.seed)
+    if train.liger:
+        model = liger_reference.apply(model)
+        train = train.model_copy(update={"liger": False})  # the reference operators stand in for the kernels
+    return prepare_model(model, train), source, info
+
+
+def _liger_rope(config: TrialConfig, shape: ModelShape):
+    """The context a Liger trial's forward runs in: Liger's rotary kernel in place of transformers' function."""
+    if not config.train.liger:
+        return contextlib.nullcontext()
+    return liger_reference.rope_patched(shape.model_type)
+
+
 def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
                gpu: str | None = None, skip_propagation: bool = True) -> StepTrace:
     """Build, wrap and run one training step of `config` on this rank under the step tracker.
@@ -365,8 +405,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
     """
     on_gpu = config.resources.gpus_per_worker > 0
     train, _ = traced_train(config.train, on_gpu)
-    model, source, info = build_meta(config.model, train.seed)
-    model = prepare_model(model, train)
+    model, source, info = _build_traced(config, train)
     mode = _fake_mode() if fake else contextlib.nullcontext()
 
     def materialize(whole: bool) -> None:
@@ -387,7 +426,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         if not fsdp:
             tracker.track_external(trainable.model, trainable.optimizer)
         marking = _marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
-        with marking, tracker:
+        with marking, tracker, _liger_rope(config, shape), _one_sequence_per_row():
             bench.train_step(trainable, batches, train, ctx.device, bench.PhaseClock(ctx.device))
     return StepTrace(
         memory_gib=tracker.category_gib(), resident_gib=_resident_gib(trainable.model, trainable.optimizer),
@@ -415,8 +454,7 @@ def _unwrapped_model(config: TrialConfig) -> tuple[nn.Module, TrainSpec]:
     FSDP2's mixed-precision policy computes in (bf16 casts parameters before each forward, fsdp2.shard), and
     the TrainSpec it was built with. Cast on meta: fake storage cannot be swapped in place afterwards."""
     train = config.train.model_copy(update={"ac_ratio": "0", "compile": False})
-    model, _, _ = build_meta(config.model, train.seed)
-    model = prepare_model(model, train)
+    model, _, _ = _build_traced(config, train)
     if train.precision == "bf16":
         model.to(torch.bfloat16)
     return model, train
@@ -481,11 +519,13 @@ def compiled_block_saving_gib(config: TrialConfig, shape: ModelShape) -> float:
     """
     mode = _fake_mode()
     block, hidden, kwargs = _block_and_inputs(config, shape, mode)
-    eager = _saved_bytes(lambda: block(hidden, **kwargs), block, mode)
+    with _liger_rope(config, shape):
+        eager = _saved_bytes(lambda: block(hidden, **kwargs), block, mode)
     torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
     try:
         compiled = _partitioned_like_inductor(block)
-        kept = _saved_bytes(lambda: compiled(hidden, **kwargs), block, mode)
+        with _liger_rope(config, shape):
+            kept = _saved_bytes(lambda: compiled(hidden, **kwargs), block, mode)
     finally:
         torch._dynamo.reset()
     return (eager - kept) / GIB
@@ -506,9 +546,16 @@ def _sac_estimator(roofline: _Roofline):
     """
     from torch.distributed._tools.sac_estimator import SACEstimator
 
+    # The estimator matches what autograd saves to operators by hash(storage), which is the storage object's
+    # id: once an operator's output is freed, a tensor saved later may get its id and mark that operator as
+    # saved too (it happened at random, 1 run in ~5). Holding every output while the estimator lives keeps each
+    # id unique; they are fake tensors, so this holds no memory.
+    outputs = []
+
     def estimate_ms(func, args, kwargs):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        outputs.append(out)
         _, compute_s, memory_s = roofline.cost(func, args, kwargs, out)
         return out, max(compute_s, memory_s) * 1e3  # SACStats keep milliseconds
 
@@ -531,7 +578,7 @@ def block_ops(config: TrialConfig, shape: ModelShape, gpu: str) -> dict:
     with _fake_mode():
         model.to_empty(device="cpu")
         batch = next(fake_batches(train, shape.vocab_size, torch.device("cpu")))
-        with estimator:
+        with estimator, _liger_rope(config, shape), _one_sequence_per_row():
             model(input_ids=batch["input_ids"], use_cache=False)
     first = next(name for name in estimator.sac_mod_stats if _FIRST_BLOCK.search(name))
     return dataclasses.asdict(estimator.sac_mod_stats[first])
@@ -547,9 +594,9 @@ _FIRST_BLOCK = re.compile(r"\.layers\.0$")
 
 # The one constant fitted on measurements: achieved fraction of the per-operator roofline (peak FLOP/s and
 # memory bandwidth) on an H100 SXM, the median of roofline / measured step time over the 10 eager rows of the
-# committed 1B sAC sweep (docs/results/gpu-2026-11-22/gpu-sac-1b.parquet): 0.7285, range 0.69-0.74
+# committed 1B sAC sweep (docs/results/gpu-2026-11-22/gpu-sac-1b.parquet): 0.7048, range 0.67-0.72
 # (docs/results/rehearse-2026-11-25.md). Every other figure of the prediction comes from the trace.
-ROOFLINE_EFFICIENCY = 0.73
+ROOFLINE_EFFICIENCY = 0.70
 # The caching allocator reserves more than the tensors it holds (block rounding, fragmentation), and GPU rows
 # report the reserved peak. Fitted the same way: median peak_reserved_gib / peak_alloc_gib over the same 10
 # rows, 1.159 (range 1.12-1.23). A GPU rehearsal's reserved_gib is its tensor peak times this.
@@ -557,8 +604,8 @@ ALLOCATOR_RESERVE = 1.16
 # torch.compile (not traced: compiled trials trace eager) fuses the elementwise, reduction and copy operators
 # of each compiled decoder block into generated kernels, which still read their inputs and write their outputs
 # once. Fitted like the two above on the 10 compiled rows of the same sweep: the share of those operators'
-# roofline time that fusion saves, median 0.60 (docs/results/rehearse-2026-11-25.md).
-COMPILE_FUSED_FRACTION = 0.60
+# roofline time that fusion saves, median 0.6422, range 0.21-0.71 (docs/results/rehearse-2026-11-25.md).
+COMPILE_FUSED_FRACTION = 0.64
 
 
 @dataclass(frozen=True)
@@ -668,14 +715,19 @@ def _recomputable(ops: dict):
         force_store_random=ops["force_store_random"])
 
 
+def _kib(memory: list[int]) -> list[int]:
+    """Byte counts in KiB, rounded up, as the ILP takes them: with byte counts (~1e9 per block at 1B scale) CBC
+    reported the 1B block's problem at a kept fraction of 1.0 infeasible, which it is not (saving nothing always
+    fits). Rounded up, what a fraction of the KiB total admits also fits that fraction of the byte room."""
+    return [-(-nbytes // 1024) for nbytes in memory]
+
+
 def _solve(stats, kept_fraction: float) -> list[int]:
     """torch's ILP (PuLP's CBC): per operator 1 = save, 0 = recompute, keeping at most kept_fraction of the
     block's output bytes while recomputing the least time."""
     from torch.distributed._tools.sac_ilp import get_optimal_checkpointing_policy_per_module
 
-    # In KiB (rounded up): with byte counts (~1e9 per block at 1B scale) CBC reported the 1B block's problem
-    # at a kept fraction of 1.0 infeasible, which it is not (saving nothing always fits).
-    in_kib = dataclasses.replace(stats, memory=[-(-nbytes // 1024) for nbytes in stats.memory])
+    in_kib = dataclasses.replace(stats, memory=_kib(stats.memory))
     decisions = get_optimal_checkpointing_policy_per_module(in_kib, kept_fraction)
     if not decisions:
         raise RuntimeError(f"torch's SAC ILP found no policy for a kept fraction of {kept_fraction:.3f}")
@@ -696,7 +748,7 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float, compiled: b
     room_gib = reserved_limit_gib / ALLOCATOR_RESERVE - full_ac["peak_gib"]
     if room_gib < 0:
         return None
-    kept_fraction = min(1.0, room_gib * GIB / layers / sum(stats.memory))
+    kept_fraction = min(1.0, room_gib * GIB / 1024 / layers / sum(_kib(stats.memory)))
     decisions = _solve(stats, kept_fraction)
     views = set(stats.view_like_ops)
     saved = [i for i, keep in enumerate(decisions) if keep]
@@ -775,8 +827,9 @@ def why_not_traceable(config: TrialConfig) -> str | None:
         return f"strategy {train.strategy} is not traced (it needs real storage or communication)"
     if train.finetune == "qlora":
         return "qlora is not traced (bitsandbytes quantizes real weights on CUDA)"
-    if train.liger:
-        return "liger is not traced (Triton kernels need CUDA)"
+    if train.liger and train.strategy != "fsdp2":
+        return (f"liger is traced under fsdp2 only (its reference operators take plain tensors, {train.strategy} "
+                "DTensors)")
     return None
 
 
