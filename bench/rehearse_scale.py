@@ -3,6 +3,7 @@
     .venv/bin/python bench/rehearse_scale.py            # one trial: Qwen2.5-72B, 64 ranks, sAC 1 (goal: <= 120 s,
                                                         # <= 8 GiB peak RSS)
     .venv/bin/python bench/rehearse_scale.py --sweep    # the whole sweeps/seed001-idris-sac.yaml (goal: <= 30 min)
+    ... --store DIR   # keep the rehearsals there (then `raybench best SWEEP --predict --store DIR`)
 
 Each run is a fresh `raybench rehearse` process (as a user would start it); its wall time and peak RSS (the
 child's ru_maxrss) are measured from outside. Prints the rehearsal table, then one JSON line.
@@ -27,9 +28,11 @@ GPU = "H100 SXM"
 TRIAL_72B = "28"
 
 
-def run(extra: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS GiB, stdout) of one `raybench rehearse` process."""
-    with tempfile.TemporaryDirectory() as store:
+def run(extra: list[str], keep: str | None) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS GiB, stdout) of one `raybench rehearse` process; `keep`: its store, else a
+    temporary one."""
+    with tempfile.TemporaryDirectory() as temporary:
+        store = keep or temporary
         cmd = [sys.executable, "-m", "raybench", "rehearse", str(SWEEP), "--gpu", GPU, "--store", store, *extra]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         t0 = time.perf_counter()
@@ -42,8 +45,9 @@ def run(extra: list[str]) -> tuple[float, float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true", help="the whole seed-001 sweep instead of one 72B trial")
+    parser.add_argument("--store", help="keep the rehearsals in this store")
     args = parser.parse_args()
-    wall_s, rss_gib, out = run([] if args.sweep else ["--trial", TRIAL_72B])
+    wall_s, rss_gib, out = run([] if args.sweep else ["--trial", TRIAL_72B], args.store)
     print(out)
     if args.sweep:
         result = {"bench": "rehearse_scale", "metric": "seconds to rehearse sweeps/seed001-idris-sac.yaml",
