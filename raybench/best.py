@@ -294,8 +294,12 @@ def _op_policy_report(results: list[dict]) -> str:
         rows.append([_group_name(r), f"{found['tok_per_s_per_device']:.0f}", versus, f"{found['peak_gib']:.1f}",
                      _limit(r), f"{policy['kept_fraction']:.2f}", _op_counts(policy["saved"]),
                      _op_counts(policy["recomputed"])])
+    runs = [f"  {_group_name(r)}: {{ac_ratio: '1', ac_mode: op, ac_saved_ops: "
+            f"[{', '.join(r['op_policy']['policy']['ac_saved_ops'])}]}}"
+            for r in results if r["op_policy"].get("policy")]
     return ("op-level policy (torch's SAC ILP per decoder block, from the ac_ratio 1 rehearsal; kept = share of "
-            "a block's output bytes it may keep):\n" + render(headers, rows))
+            "a block's output bytes it may keep):\n" + render(headers, rows)
+            + ("\nto run a group's policy, set in its train section:\n" + "\n".join(runs) if runs else ""))
 
 
 def _op_counts(counts: dict[str, int]) -> str:

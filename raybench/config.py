@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_serializer)
 
 from raybench.axes import axis_assignments, copy_trial, set_path
 from raybench.hardware import gpu_labels, gpu_memory_gib, known_gpu
@@ -168,6 +169,17 @@ class LoraSpec(_Spec):
     )
 
 
+_SAVED_OP = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(#[0-9]+)?")
+
+
+def _check_saved_ops(value: Any) -> Any:
+    if isinstance(value, list):
+        bad = [entry for entry in value if not (isinstance(entry, str) and _SAVED_OP.fullmatch(entry))]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an operator name or name#call (e.g. mm, sdpa, mul#2)")
+    return value
+
+
 class TrainSpec(_Spec):
     strategy: Literal["ddp", "fsdp2", "deepspeed", "tp", "tp_fsdp2"] = Field("ddp", description=(
         "How ranks share the model: ddp replicas; fsdp2 sharding; deepspeed ZeRO (train.zero_stage); tp tensor "
@@ -194,6 +206,10 @@ class TrainSpec(_Spec):
     ac_mode: Literal["block", "op"] = Field("block", description=(
         "How a checkpointed block saves memory: block recomputes it whole (ac_ratio 1 = full AC); op keeps "
         "matmul and attention outputs and recomputes the rest (torchtitan's op-level selective AC)."))
+    ac_saved_ops: Annotated[list[str] | None, BeforeValidator(_check_saved_ops)] = Field(None, description=(
+        "ac_mode op: the operator outputs each checkpointed block keeps, the rest recomputed, as `raybench best "
+        "--predict` prints an op-level policy: a name keeps every call (mm, sdpa for attention), name#k the k-th "
+        "call from 0 in the block's forward (mul#2); null: torchtitan's policy."))
     compile: bool = Field(False, description="torch.compile each decoder block.")
     compile_cache_dir: str | None = Field(None, description=(
         "TORCHINDUCTOR_CACHE_DIR for this trial's workers (a warm cache skips recompiling); null: inductor's default."))
@@ -210,6 +226,15 @@ class TrainSpec(_Spec):
         "Environment variables of this trial's worker processes, set when they start (warm pool: a group of "
         "actors per distinct environment), e.g. {NCCL_SOCKET_NTHREADS: '4'}; names must start with one of "
         f"{', '.join(ENV_PREFIXES)}."))
+
+    @model_serializer(mode="wrap")
+    def _dump_without_unset_saved_ops(self, handler) -> dict:
+        # Trial ids hash the dumped config (plan.config_id): ac_saved_ops came after ids were issued, so it is
+        # left out while unset and every earlier trial keeps its id (stored rows, resumes).
+        data = handler(self)
+        if self.ac_saved_ops is None:
+            data.pop("ac_saved_ops", None)
+        return data
 
 
 class ResourcesSpec(_Spec):

@@ -155,6 +155,8 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
                          "set train.liger: false on CPU"))
     if config.model.attn_implementation == "flash_attention_2" and gpus == 0:
         problems.append(("model.attn_implementation", "flash_attention_2 needs CUDA; use sdpa on CPU"))
+    if train.ac_saved_ops is not None and train.ac_mode != "op":
+        problems.append(("train.ac_saved_ops", "lists what op-level AC keeps; set train.ac_mode: op"))
     if train.ac_mode == "op" and Fraction(train.ac_ratio) == 0:
         problems.append(("train.ac_mode", "op-level AC applies to the blocks ac_ratio selects and ac_ratio is 0; "
                          "set train.ac_ratio (1 = every block)"))

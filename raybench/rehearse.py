@@ -48,7 +48,7 @@ from raybench.plan import checkpointed_blocks, config_id
 from raybench.presets import ModelShape
 from raybench.schema import GIB
 from raybench.strategies import RankContext
-from raybench.techniques import liger_reference
+from raybench.techniques import activation_checkpointing, liger_reference
 from raybench.worker import prepare_model
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
@@ -685,6 +685,7 @@ class OpPolicy:
 
     saved: dict[str, int]  # operator -> how many of one block's run are saved in forward (not recomputed)
     recomputed: dict[str, int]  # operator -> how many backward recomputes (views, free, left out)
+    ac_saved_ops: list[str]  # the policy as train.ac_saved_ops, to run it (ac_mode op)
     kept_fraction: float  # the ILP's budget: share of the block's recomputable output bytes it may keep
     saved_gib_per_block: float
     peak_gib: float  # tensor peak
@@ -765,9 +766,26 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float, compiled: b
     peak = full_ac["peak_gib"] + layers * saved_bytes / GIB
     return OpPolicy(
         saved=_counts(stats.func_names, saved), kept_fraction=kept_fraction,
+        ac_saved_ops=_as_saved_ops(full_ac["block_ops"]["func_names"], [i for i in saved if i not in views]),
         recomputed=_counts(stats.func_names, [i for i, keep in enumerate(decisions) if not keep and i not in views]),
         saved_gib_per_block=saved_bytes / GIB, peak_gib=peak, reserved_gib=peak * ALLOCATOR_RESERVE,
         compute_s=timing.compute_s, step_time_s=timing.step_time_s)
+
+
+def _as_saved_ops(names: list[str], saved: list[int]) -> list[str]:
+    """Saved operators (indices into one block's `names`, in forward order) as train.ac_saved_ops spells them:
+    a name when every call of it in the block is saved, else name#k for its k-th call."""
+    names = [activation_checkpointing.policy_name(name) for name in names]
+    calls = [names[:i].count(name) for i, name in enumerate(names)]
+    kept = set(saved)
+    spelled = []
+    for name in dict.fromkeys(names):
+        indices = [i for i, n in enumerate(names) if n == name]
+        if all(i in kept for i in indices):
+            spelled.append(name)
+        else:
+            spelled += [f"{name}#{calls[i]}" for i in indices if i in kept]
+    return spelled
 
 
 def _counts(names: list[str], indices: list[int]) -> dict[str, int]:

@@ -44,6 +44,8 @@ def _arrow_type(annotation) -> pa.DataType:
         return _arrow_type(args[0])
     if origin is typing.Literal or origin is typing.Annotated or annotation is str:
         return pa.string()
+    if origin is list:
+        return pa.list_(_arrow_type(args[0]))
     return {bool: pa.bool_(), int: pa.int64(), float: pa.float64()}[annotation]
 
 
@@ -90,8 +92,8 @@ def flatten_config(config: dict) -> dict:
     row = {}
     for col, path, _ in CONFIG_COLUMNS:
         node = config
-        for part in path:
-            node = node[part]
+        for part in path:  # a field the config dump leaves out while unset (train.ac_saved_ops) is null
+            node = node.get(part) if node is not None else None
         row[col] = json.dumps(node, sort_keys=True) if isinstance(node, dict) else node
     return row
 

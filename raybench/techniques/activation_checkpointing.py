@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from collections import defaultdict
 from fractions import Fraction
 
@@ -26,7 +28,10 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     checkpointing. ac_mode "block" recomputes a whole block in backward; "op" recomputes only what
     `op_policy_contexts` does not save."""
     blocks = decoder_blocks(model)
-    extra = {"context_fn": op_policy_contexts} if train.ac_mode == "op" else {}
+    extra = {}
+    if train.ac_mode == "op":
+        extra["context_fn"] = (functools.partial(listed_policy_contexts, train.ac_saved_ops) if train.ac_saved_ops
+                               else op_policy_contexts)
     for i in checkpointed_blocks(Fraction(train.ac_ratio), len(blocks)):
         # Non-reentrant checkpointing composes with FSDP2, DDP and torch.compile; the reentrant variant does not.
         blocks[i] = checkpoint_wrapper(blocks[i], **extra)
@@ -66,5 +71,33 @@ def op_policy_contexts():
             if mm_counts[key] % 2 == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE if func in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+# SDPA's kernels differ by device and backend (flash, efficient, cuDNN, the CPU one); a policy names them as one.
+_SDPA = re.compile(r"_scaled_dot_product_\w*attention(_for_cpu)?")
+
+
+def policy_name(op_name: str) -> str:
+    """An operator's name in `train.ac_saved_ops`: its overload packet's name, "sdpa" for attention kernels."""
+    return "sdpa" if _SDPA.fullmatch(op_name) else op_name
+
+
+def listed_policy_contexts(saved_ops: list[str]):
+    """Fresh (forward, recompute) contexts for one checkpointed call that keep the outputs `saved_ops` lists
+    (`train.ac_saved_ops`: "mm" keeps every matmul of the block, "mul#2" its third multiplication) and
+    recompute the rest. Calls are counted per operator, per call and pass, so the recompute decides alike."""
+    every = {name for name in saved_ops if "#" not in name}
+    calls = {(name, int(k)) for name, k in (entry.split("#") for entry in saved_ops if "#" in entry)}
+    counts: dict[bool, dict[str, int]] = {False: defaultdict(int), True: defaultdict(int)}
+
+    def policy(ctx, func, *args, **kwargs):
+        name = policy_name(func._overloadpacket.__name__)
+        seen = counts[ctx.is_recompute]
+        k = seen[name]
+        seen[name] += 1
+        keep = name in every or (name, k) in calls
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)

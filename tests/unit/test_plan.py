@@ -56,6 +56,17 @@ def test_ids_depend_on_config_not_on_order_or_name():
     assert not {t.trial_id for t in a} & {t.trial_id for t in c}
 
 
+def test_committed_gpu_rows_keep_their_ids():
+    """Trial ids hash the config: a field added later (train.ac_saved_ops) must not change the ids of configs
+    that leave it unset, or stored rows would no longer match their trials (resume, rehearse validation)."""
+    import pandas as pd
+
+    for sweep in ("gpu-sac-1b", "gpu-seed000-1gpu"):
+        rows = pd.read_parquet(REPO / "docs" / "results" / "gpu-2026-11-22" / f"{sweep}.parquet")
+        planned = {t.config_id for t in plan(load_sweep(REPO / "sweeps" / f"{sweep}.yaml"))}
+        assert planned <= set(rows.config_id), sweep
+
+
 def test_plan_output_identical_across_processes():
     cmd = [sys.executable, "-m", "raybench.cli", "plan", str(REPO / "sweeps" / "smoke-cpu.yaml")]
     first = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout

@@ -390,3 +390,25 @@ def test_op_policy_with_room_for_everything_is_the_step_without_checkpointing(fu
     ops = rehearse._recomputable(rehearsal["block_ops"])
     autograd_gib = sum(ops.memory[i] for i in ops.saved_autograd_ops) / 2**30
     assert rehearsal["peak_gib"] + layers * autograd_gib == pytest.approx(no_ac["peak_gib"], rel=0.02)
+
+
+def test_the_op_level_policy_runs_and_keeps_what_the_ilp_predicted(tmp_path):
+    """The ILP's policy, run as train.ac_saved_ops (ac_mode op): its tensor peak traced on fake tensors and
+    measured for real on a gloo rank equals the peak op_policy predicted from the full-AC rehearsal."""
+    base = tiny_trial(1, gpus=1, strategy="fsdp2", ac_ratio="1", seq_len=256)
+    full = rehearse.rehearse(base.config, base.shape, "H100 SXM").as_dict()
+    layers = base.shape.num_hidden_layers
+    block_gib = sum(rehearse._recomputable(full["block_ops"]).memory) / 2**30
+    limit = (full["peak_gib"] + 0.3 * layers * block_gib) * rehearse.ALLOCATOR_RESERVE
+    policy = rehearse.op_policy(full, layers, limit)
+    assert 0 < policy.kept_fraction < 1 and any("#" in op for op in policy.ac_saved_ops)
+    trial = tiny_trial(1, gpus=1, strategy="fsdp2", ac_ratio="1", seq_len=256, ac_mode="op",
+                       ac_saved_ops=policy.ac_saved_ops)
+    assert_close(fake_trace(trial).peak_gib, policy.peak_gib, "traced")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/init", rank=0, world_size=1)
+    try:
+        real = rehearse.trace_step(trial.config, trial.shape, RankContext(0, 1, 0, torch.device("cpu")), fake=False)
+    finally:
+        dist.destroy_process_group()
+    assert_close(real.peak_gib, policy.peak_gib, "real")
+    assert policy.peak_gib > full["peak_gib"]  # it keeps more than full AC, within the limit

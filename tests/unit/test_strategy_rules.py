@@ -41,6 +41,7 @@ def rule_problems(train: dict = None, resources: dict = None, data: dict = None,
     ({"strategy": "deepspeed", "offload": "optimizer"}, {}, "train.offload", "needs GPUs"),
     ({"strategy": "ddp", "offload": "optimizer"}, {}, "train.offload", "DeepSpeed ZeRO option"),
     ({"ac_mode": "op"}, {}, "train.ac_mode", "set train.ac_ratio"),
+    ({"ac_ratio": "1", "ac_saved_ops": ["mm"]}, {}, "train.ac_saved_ops", "set train.ac_mode: op"),
     ({"optimizer": "adafactor", "strategy": "fsdp2"}, {}, "train.optimizer", "DTensor"),
 ])
 def test_incompatible_combinations_are_rejected_with_the_field(train, resources, field, words):
