@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
-#   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env overhead validate seed000 sac tests
+#   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env overhead validate seed000 sac rehearse tests
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -41,6 +41,7 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     validate) run_sweep sweeps/gpu-validate.yaml 360 ;;
     seed000) run_sweep sweeps/gpu-seed000-1gpu.yaml 190 ;;
     sac) run_sweep sweeps/gpu-sac-1b.yaml ${RAYBENCH_GPU_SAC_S:-540} ;;
+    rehearse) run_sweep sweeps/gpu-rehearse-check.yaml 540 ;;
     tests) timeout -k 10 150 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -x --timeout=140 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"

@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_serializer)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 
 from raybench.axes import axis_assignments, copy_trial, set_path
 from raybench.hardware import gpu_labels, gpu_memory_gib, known_gpu
@@ -205,7 +213,8 @@ class TrainSpec(_Spec):
     ac_ratio: Ratio = Field("0", description="Fraction of decoder blocks activation-checkpointed, e.g. '1/2'.")
     ac_mode: Literal["block", "op"] = Field("block", description=(
         "How a checkpointed block saves memory: block recomputes it whole (ac_ratio 1 = full AC); op keeps "
-        "matmul and attention outputs and recomputes the rest (torchtitan's op-level selective AC)."))
+        "matmul and attention outputs and recomputes the rest (torchtitan's op-level selective AC), or keeps what "
+        "train.ac_saved_ops lists."))
     ac_saved_ops: Annotated[list[str] | None, BeforeValidator(_check_saved_ops)] = Field(None, description=(
         "ac_mode op: the operator outputs each checkpointed block keeps, the rest recomputed, as `raybench best "
         "--predict` prints an op-level policy: a name keeps every call (mm, sdpa for attention), name#k the k-th "

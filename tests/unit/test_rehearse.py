@@ -404,11 +404,11 @@ def test_the_op_level_policy_runs_and_keeps_what_the_ilp_predicted(tmp_path):
     assert 0 < policy.kept_fraction < 1 and any("#" in op for op in policy.ac_saved_ops)
     trial = tiny_trial(1, gpus=1, strategy="fsdp2", ac_ratio="1", seq_len=256, ac_mode="op",
                        ac_saved_ops=policy.ac_saved_ops)
-    assert_close(fake_trace(trial).peak_gib, policy.peak_gib, "traced")
+    assert fake_trace(trial).peak_gib == pytest.approx(policy.peak_gib, rel=0.01)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/init", rank=0, world_size=1)
     try:
         real = rehearse.trace_step(trial.config, trial.shape, RankContext(0, 1, 0, torch.device("cpu")), fake=False)
     finally:
         dist.destroy_process_group()
-    assert_close(real.peak_gib, policy.peak_gib, "real")
+    assert real.peak_gib == pytest.approx(policy.peak_gib, rel=0.01)
     assert policy.peak_gib > full["peak_gib"]  # it keeps more than full AC, within the limit
