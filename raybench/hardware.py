@@ -25,8 +25,8 @@ class Gpu:
 # Vendor data sheets (dense tensor-core figures; fp16 equals bf16 on every part listed). Memory sizes are what
 # nvidia-smi reports (MiB / 1024); the H100 row was checked against one H100 80GB HBM3 (docs/results/).
 GPUS: tuple[Gpu, ...] = (
-    Gpu(("GB200",), None, {"bf16": 2500.0, "fp16": 2500.0}, 8.0),
-    Gpu(("B200",), None, {"bf16": 2250.0, "fp16": 2250.0}, 8.0),
+    Gpu(("GB200",), 189471 / 1024, {"bf16": 2500.0, "fp16": 2500.0}, 8.0),
+    Gpu(("B200",), 183359 / 1024, {"bf16": 2250.0, "fp16": 2250.0}, 8.0),
     Gpu(("H200",), 143771 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 4.8),
     Gpu(("H100", "NVL"), 95830 / 1024, {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0}, 3.9),
     Gpu(("H100", "PCIe"), 81559 / 1024, {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0}, 2.0),

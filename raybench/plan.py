@@ -157,10 +157,24 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         problems.append(("model.attn_implementation", "flash_attention_2 needs CUDA; use sdpa on CPU"))
     if train.ac_saved_ops is not None and train.ac_mode != "op":
         problems.append(("train.ac_saved_ops", "lists what op-level AC keeps; set train.ac_mode: op"))
+    unknown = _unknown_operators(train.ac_saved_ops or [])
+    if unknown:
+        problems.append(("train.ac_saved_ops", f"{unknown[0]!r} is not an aten operator, so nothing would be kept "
+                         "for it; use the names `raybench best --predict` prints (mm, sdpa, mul#2, ...)"))
     if train.ac_mode == "op" and Fraction(train.ac_ratio) == 0:
         problems.append(("train.ac_mode", "op-level AC applies to the blocks ac_ratio selects and ac_ratio is 0; "
                          "set train.ac_ratio (1 = every block)"))
     return problems
+
+
+def _unknown_operators(saved_ops: list[str]) -> list[str]:
+    """Entries of train.ac_saved_ops that name no aten operator ("sdpa" stands for every attention kernel)."""
+    if not saved_ops:
+        return []
+    import torch  # only for sweeps that list operators: planning stays torch-free otherwise
+
+    names = {entry.split("#")[0] for entry in saved_ops} - {"sdpa"}
+    return sorted(name for name in names if not hasattr(torch.ops.aten, name))
 
 
 def _grid(spec: SweepSpec):

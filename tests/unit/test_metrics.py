@@ -41,6 +41,7 @@ def test_peak_table_and_mfu():
     for name in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "AMD Instinct MI300X", "NVIDIA L40S"):
         assert hardware.peak_tflops(name, "fp16") == hardware.peak_tflops(name, "bf16") is not None
     assert hardware.gpu_memory_gib("NVIDIA L40S") == pytest.approx(45.0, abs=0.1)
+    assert hardware.gpu_memory_gib("NVIDIA GB200") == pytest.approx(185.0, abs=0.1)  # not B200's 179.1
     assert hardware.gpu_memory_gib("NVIDIA A100-SXM4") is None  # 40 or 80 GB: ambiguous
     assert metrics.mfu(1000.0, 6e9, None) is None
     assert metrics.mfu(10_000.0, 6e9, 989.0) == pytest.approx(10_000 * 6e9 / 989e12)

@@ -206,6 +206,19 @@ def test_step_time_overlaps_fsdp_collectives_and_serializes_the_rest():
     assert t.comm_s == pytest.approx(gather_s + reduce_s)
 
 
+def test_nominal_links_are_nvlink_within_its_domain_and_the_domains_nics_beyond():
+    # An HGX node's NVLink spans 8 GPUs: beyond, its 8 NICs (50 GB/s each) carry the rings, under NVLink's 450.
+    assert rehearse.link_busbw_gbps("NVIDIA H100 80GB HBM3", 8) == 450.0
+    assert rehearse.link_busbw_gbps("NVIDIA H100 80GB HBM3", 64) == 400.0
+    assert rehearse.link_busbw_gbps("NVIDIA A100-SXM4-80GB", 16) == 200.0
+    # GB200 NVL72's NVLink spans the rack's 72 GPUs, so 64 ranks stay on it; beyond, 72 NICs outrun NVLink.
+    assert rehearse.link_busbw_gbps("NVIDIA GB200", 64) == 900.0
+    assert rehearse.link_busbw_gbps("NVIDIA GB200", 144) == 900.0
+    assert rehearse.link_busbw_gbps("NVIDIA B200", 64) == 400.0  # not GB200's row: HGX B200 has 8 per domain
+    assert rehearse.link_busbw_gbps("NVIDIA GB200", 1) is None
+    assert rehearse.link_busbw_gbps("Some GPU", 8) is None
+
+
 def test_compiled_step_saves_part_of_the_blocks_memory_bound_time():
     trace = rehearse.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={}, comm_calls={}, overlapped_comm=(),
                                flops=0, roofline_s=1.0, compute_s=0.5, memory_s=0.5, block_memory_bound_s=0.4)
