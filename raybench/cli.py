@@ -77,15 +77,23 @@ def _rehearse(args) -> int:
             print(f"{args.sweep}: no trial with id or index {args.trial!r} (--trial); see `raybench plan "
                   f"{args.sweep}`", file=sys.stderr)
             return EXIT_BAD_INPUT
+    if args.busbw is not None and not 0 < args.busbw <= 100_000:
+        print(f"--busbw {args.busbw}: a bus bandwidth in GB/s, above 0 and at most 100000 (e.g. nccl-tests' "
+              "all_reduce busbw of the cluster)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    set_busbw = args.busbw or spec.estimate.busbw_gbps
     seen, traced, rows = set(), {}, []
     for t in trials:
         if t.config_id in seen:  # repeats of one configuration rehearse once
             continue
         seen.add(t.config_id)
         gpu = (args.gpu or spec.estimate.gpu) if t.config.resources.gpus_per_worker > 0 else None
-        busbw = calibration.probe_busbw_gbps(store_path, t.world_size, gpu)
+        busbw, source = set_busbw, "set"
+        if not busbw:
+            busbw, source = calibration.probe_busbw_gbps(store_path, t.world_size, gpu), "probe"
         # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
-        result = rehearse.rehearse(t.config, t.shape, gpu, busbw, analytic=t.estimate, traces=traced).as_dict()
+        result = rehearse.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.estimate,
+                                   traces=traced).as_dict()
         calibration.save_rehearsal(store_path, t.config_id, result)
         row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
                "gpu": gpu, **result}
@@ -293,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="result store: its all-reduce probes give the bus bandwidth, and the rehearsals "
                    "are kept there for `raybench estimate` (default: the sweep's)")
     p.add_argument("--gpu", help="GPU to predict step times for (default: the sweep's estimate.gpu), e.g. 'H100 SXM'")
+    p.add_argument("--busbw", type=float, metavar="GBPS", help="bus bandwidth of the cluster's collectives, GB/s "
+                   "(nccl-tests' busbw; default: the sweep's estimate.busbw_gbps, else the store's probe, else "
+                   "nominal links)")
     p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
     p.set_defaults(func=_rehearse)
 

@@ -307,6 +307,10 @@ class EstimateSpec(_Spec):
         "Share of device memory kept free of the estimate; null: 0.1 unless margin_gib is set."))
     margin_gib: float | None = Field(None, ge=0, le=65536, description="Memory kept free, in GiB (instead of "
                                      "margin_fraction).")
+    busbw_gbps: float | None = Field(None, gt=0, le=100_000, description=(
+        "Bus bandwidth (GB/s, as nccl-tests reports busbw) the trials' collectives reach on the cluster they will "
+        "run on, for `raybench rehearse` step times; it overrides the store's all-reduce probe and the nominal "
+        "links of estimate.gpu (docs/rehearse.md). null: the probe, else the links."))
     prune: bool = Field(True, description=(
         "Mark trials whose estimated peak (calibrated by stored measurements) plus margin exceeds the device "
         "memory as skipped, with the estimate in their row, instead of running them."))

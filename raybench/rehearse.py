@@ -655,7 +655,8 @@ class StepTime:
     exposed_comm_s: float  # the part of comm_s not hidden behind compute
     step_time_s: float
     busbw_gbps: float | None
-    busbw_source: str  # "probe" (stored all-reduce measurement of the cluster), "links" (nominal), "none"
+    busbw_source: str  # "set" (estimate.busbw_gbps, --busbw), "probe" (the store's all-reduce measurement of
+    # the cluster), "links" (nominal), "none"
     overlap: str  # the assumption, in words
 
 
@@ -861,8 +862,8 @@ def why_not_traceable(config: TrialConfig) -> str | None:
 
 
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
-             analytic: dict | None = None, efficiency: float = ROOFLINE_EFFICIENCY, rank: int = 0,
-             traces: dict | None = None) -> Rehearsal:
+             busbw_source: str = "probe", analytic: dict | None = None, efficiency: float = ROOFLINE_EFFICIENCY,
+             rank: int = 0, traces: dict | None = None) -> Rehearsal:
     """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
 
     `traces` (a dict the caller keeps) reuses the trace of a trial whose traced step is identical: compiled
@@ -901,7 +902,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         memory["activations"] -= plain_blocks * traces[saving_key]
         notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
     peak_gib = sum(memory.values())
-    source = "probe" if busbw_gbps else "links"
+    source = busbw_source if busbw_gbps else "links"
     busbw = busbw_gbps or link_busbw_gbps(gpu, world)
     timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency, config.train.compile)
     has_time = on_gpu and trace.roofline_s > 0

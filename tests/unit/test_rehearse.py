@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
+import shutil
 from datetime import timedelta
 
 import pytest
@@ -284,6 +285,29 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     assert estimates[0]["rehearsed_peak_gib"] == pytest.approx(rows[0]["peak_gib"] * rehearse.ALLOCATOR_RESERVE + 1.0)
     assert main(["rehearse", str(sweep), "--trial", "nope"]) == 2
     assert "--trial" in capsys.readouterr().err
+
+
+def test_a_set_bus_bandwidth_prices_the_collectives(tmp_path, capsys):
+    """estimate.busbw_gbps, or --busbw over it, replaces the nominal links; a bad --busbw rehearses nothing."""
+    def rehearsed(estimate: dict, *flags: str) -> dict:
+        sweep = tmp_path / "s.yaml"
+        sweep.write_text(json.dumps({
+            "name": "r", "model": {"preset": "tiny"}, "train": {**TINY_TRAIN, "strategy": "fsdp2"},
+            "resources": {"workers": 8, "gpus_per_worker": 1}, "estimate": {"gpu": "H100 SXM", **estimate},
+            "store": str(tmp_path / "store")}))
+        assert main(["rehearse", str(sweep), "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    links = rehearsed({})
+    assert (links["busbw_gbps"], links["busbw_source"]) == (450.0, "links")
+    slow = rehearsed({"busbw_gbps": 4.5})
+    assert (slow["busbw_gbps"], slow["busbw_source"]) == (4.5, "set")
+    assert slow["comm_s"] == pytest.approx(100 * links["comm_s"])
+    assert rehearsed({"busbw_gbps": 4.5}, "--busbw", "45")["comm_s"] == pytest.approx(10 * links["comm_s"])
+    shutil.rmtree(tmp_path / "store")
+    assert main(["rehearse", str(tmp_path / "s.yaml"), "--busbw", "0"]) == 2
+    assert "--busbw 0.0" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
 
 
 def test_best_predict_picks_the_fastest_ratio_that_fits(tmp_path, capsys):
