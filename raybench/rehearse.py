@@ -593,9 +593,10 @@ _FIRST_BLOCK = re.compile(r"\.layers\.0$")
 
 
 # The three constants fitted on measurements; every other figure of the prediction comes from the trace.
-# Achieved fraction of the per-operator roofline (peak FLOP/s and memory bandwidth) on an H100 SXM, the median of roofline / measured step time over the 10 eager rows of the
-# committed 1B sAC sweep (docs/results/gpu-2026-11-22/gpu-sac-1b.parquet): 0.7048, range 0.67-0.72
-# (docs/results/rehearse-2026-11-25.md). Other GPUs get the same fraction of their own peaks.
+# Achieved fraction of the per-operator roofline (peak FLOP/s and memory bandwidth) on an H100 SXM, the median
+# of roofline / measured step time over the 10 eager rows of the committed 1B sAC sweep
+# (docs/results/gpu-2026-11-22/gpu-sac-1b.parquet): 0.7048, range 0.67-0.72 (docs/results/rehearse-2026-11-25.md).
+# Other GPUs get the same fraction of their own peaks.
 ROOFLINE_EFFICIENCY = 0.70
 # The caching allocator reserves more than the tensors it holds (block rounding, fragmentation), and GPU rows
 # report the reserved peak. Fitted the same way: median peak_reserved_gib / peak_alloc_gib over the same 10
