@@ -189,7 +189,6 @@ def test_a_ray_train_trial_leaves_no_controller_behind(tmp_path):
                         "resources": {"workers": 2, "timeout_s": 150}})
     (trial,) = plan(spec)
     temp = Path(TEMP_ROOT) / f"raybench-test-{os.getpid()}"  # short: Ray's socket paths have a length limit
-    environ = dict(os.environ)  # ray.init sets RAY_AUTH_MODE and others here, for later tests to inherit
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp))
     try:
         assert train.execute(trial.as_payload().replace(cache_dir=str(tmp_path / "_cache")))
@@ -200,8 +199,6 @@ def test_a_ray_train_trial_leaves_no_controller_behind(tmp_path):
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
-        os.environ.clear()
-        os.environ.update(environ)
 
 
 def _ray_process_names() -> set[str]:
