@@ -10,7 +10,9 @@ dies with its owner, the training workers die with the controller, and their pla
 
 from __future__ import annotations
 
+import signal
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -53,7 +55,14 @@ def _fit(payload: TrialPayload) -> dict:
             worker_runtime_env={"env_vars": {**payload.worker_env(), **RAY_WORKER_ENV}},
         ),
     )
-    result = trainer.fit()
+    # fit() on a main thread (a Ray task's is one) installs a SIGINT handler holding its Train controller's
+    # handle, which kept the controller actor alive after the trial, one per trial; restore the handler.
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        result = trainer.fit()
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
     if result.error is not None:
         raise result.error
     if not isinstance(result.return_value, dict):

@@ -173,3 +173,15 @@ def _safe_name(p: psutil.Process) -> str:
         return p.name() if p.name().startswith("ray::") else " ".join(p.cmdline())
     except psutil.Error:
         return ""
+
+
+def test_a_ray_train_trial_leaves_no_controller_behind(tmp_path):
+    """Each trial's Train controller ends with its trial: fit() used to keep it, and its DatasetManager, alive
+    in the fit task's worker, one pair per trial, for as long as the cluster ran."""
+    script = Path(__file__).with_name("train_leftovers.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "_cache")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    left = done.stdout.split()
+    assert "ray::TrainController" not in left and "ray::DatasetManager" not in left, left
