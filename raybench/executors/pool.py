@@ -100,8 +100,11 @@ class PoolWorker:
         import torch
         import torch.distributed as dist
 
-        from raybench import isolation, worker  # torch: imported in the actors, never by the pool's callers
+        from raybench import isolation, strategies, worker  # torch: imported in the actors only
 
+        # The first DeepSpeed trial of an actor must not count DeepSpeed's import as its own change (which would
+        # replace the group after every such trial): import it first, as a fresh process would anyway.
+        strategies.import_libraries(payload.config.train.strategy)
         before = isolation.snapshot()
         # Compiled code of earlier trials must not serve this one: it compiles as a fresh process would (its
         # kernels may still come from the shared on-disk cache, as a fresh process's do).

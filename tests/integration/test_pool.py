@@ -129,6 +129,8 @@ def test_deepspeed_zero3_after_zero2_in_one_warm_group(cluster, tmp_path):
                         "resources": {"workers": 2}, "axes": {"train.zero_stage": [2, 3]}})
     rows = run(spec, tmp_path)
     assert list(rows.status) == ["ok", "ok"], list(rows.message)
+    # ... in the same processes: importing DeepSpeed is not the ZeRO-2 trial's change, so its group stays.
+    assert list(rows.process_trial_index) == [rows.process_trial_index.iloc[0], rows.process_trial_index.iloc[0] + 1]
 
 
 def test_train_env_starts_its_own_group(cluster, tmp_path):
