@@ -21,6 +21,12 @@ WATCHED_MODULES = ("torch", "torch.nn.functional", "transformers.models.llama.mo
                    "transformers.models.qwen2.modeling_qwen2")
 
 
+# Environment variables a library sets for its own use, carrying no setting of the trial: put back like the
+# others, but no reason to replace the group. Inductor sets this one (an address inside this process) before it
+# loads each compiled CPU kernel; counting it made every compiled trial the last of its group.
+PRIVATE_ENVIRON = ("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",)
+
+
 # Global torch switches that change numerics or kernels, as (object, attribute). fp32 precision is read through
 # torch's fp32_precision API only: reading the legacy allow_tf32 / float32_matmul_precision after a model set
 # the new one raises.
@@ -72,7 +78,8 @@ def snapshot() -> ProcessState:
 
 
 def restore(before: ProcessState) -> list[str]:
-    """Put back everything that differs from `before`; returns what had changed (empty: nothing)."""
+    """Put back everything that differs from `before`; returns what had changed (empty: nothing), leaving out
+    the PRIVATE_ENVIRON variables."""
     changed = []
     for module_name, names in before.attributes.items():
         module = sys.modules[module_name]
@@ -87,7 +94,8 @@ def restore(before: ProcessState) -> list[str]:
             _set_flag(name, value)
     for name in set(os.environ) | set(before.environ):
         if os.environ.get(name) != before.environ.get(name):
-            changed.append(f"os.environ[{name}]")
+            if name not in PRIVATE_ENVIRON:
+                changed.append(f"os.environ[{name}]")
             if name in before.environ:
                 os.environ[name] = before.environ[name]
             else:

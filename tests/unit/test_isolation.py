@@ -31,3 +31,13 @@ def test_nothing_changed_reports_nothing():
     before = isolation.snapshot()
     torch.ones(3) @ torch.ones(3)  # ordinary work touches no process-wide state
     assert isolation.restore(before) == []
+
+
+def test_a_compiled_cpu_kernel_changes_nothing_that_counts():
+    os.environ.pop("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", None)  # as in a process that compiled nothing yet
+    before = isolation.snapshot()
+    # Loading the kernel sets inductor's own pointer variable: put back, not a reason to replace a warm group.
+    torch.compile(lambda x: x.sin() + 1)(torch.ones(4))
+    assert "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR" in os.environ
+    assert isolation.restore(before) == []
+    assert "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR" not in os.environ
