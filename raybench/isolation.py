@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -77,9 +78,9 @@ def snapshot() -> ProcessState:
     return ProcessState(attributes, _flags(), dict(os.environ))
 
 
-def restore(before: ProcessState) -> list[str]:
+def restore(before: ProcessState, set_for_trial: Collection[str] = ()) -> list[str]:
     """Put back everything that differs from `before`; returns what had changed (empty: nothing), leaving out
-    the PRIVATE_ENVIRON variables."""
+    the PRIVATE_ENVIRON variables and those the caller set for the trial (`set_for_trial`)."""
     changed = []
     for module_name, names in before.attributes.items():
         module = sys.modules[module_name]
@@ -94,7 +95,7 @@ def restore(before: ProcessState) -> list[str]:
             _set_flag(name, value)
     for name in set(os.environ) | set(before.environ):
         if os.environ.get(name) != before.environ.get(name):
-            if name not in PRIVATE_ENVIRON:
+            if name not in PRIVATE_ENVIRON and name not in set_for_trial:
                 changed.append(f"os.environ[{name}]")
             if name in before.environ:
                 os.environ[name] = before.environ[name]

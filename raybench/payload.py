@@ -76,6 +76,10 @@ class TrialPayload:
         Launchers set them when they start the workers (torchrun's subprocess env, Ray Train's worker runtime
         env), before any process group or communicator exists, so NCCL_* settings take effect for this trial.
         """
+        return {**self.start_env(), **self.compile_cache_env()}
+
+    def start_env(self) -> dict[str, str]:
+        """The part of worker_env that must be in place when a worker process starts (libraries read it once)."""
         env = dict(self.config.train.env)
         on_cpu = self.config.resources.gpus_per_worker == 0
         if on_cpu:
@@ -87,8 +91,12 @@ class TrialPayload:
             env["MALLOC_MMAP_THRESHOLD_"] = str(MALLOC_MMAP_THRESHOLD_BYTES)
         if self.config.train.strategy == "deepspeed" and on_cpu:
             env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed picks its accelerator once, at its first import
-        cache_dir = self.compile_cache_dir()
-        if cache_dir:
-            env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-            env["TRITON_CACHE_DIR"] = str(Path(cache_dir) / "triton")
         return env
+
+    def compile_cache_env(self) -> dict[str, str]:
+        """The compile cache's variables: inductor and Triton read them whenever they compile, not at start, so a
+        warm pool actor sets them for the trial alone and serves eager and compiled trials alike."""
+        cache_dir = self.compile_cache_dir()
+        if not cache_dir:
+            return {}
+        return {"TORCHINDUCTOR_CACHE_DIR": cache_dir, "TRITON_CACHE_DIR": str(Path(cache_dir) / "triton")}

@@ -106,6 +106,9 @@ class PoolWorker:
         # replace the group after every such trial): import it first, as a fresh process would anyway.
         strategies.import_libraries(payload.config.train.strategy)
         before = isolation.snapshot()
+        # Read when compiling, not at start: this trial's alone (put back after it), not part of the group's shape.
+        cache_env = payload.compile_cache_env()
+        os.environ.update(cache_env)
         # Compiled code of earlier trials must not serve this one: it compiles as a fresh process would (its
         # kernels may still come from the shared on-disk cache, as a fresh process's do).
         torch.compiler.reset()
@@ -125,7 +128,7 @@ class PoolWorker:
             _destroy_world_group()
             torch.compiler.reset()
             resource.setrlimit(resource.RLIMIT_DATA, saved_rlimit)
-            self.changed = isolation.restore(before)
+            self.changed = isolation.restore(before, set_for_trial=cache_env)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -248,7 +251,7 @@ def execute(payload: TrialPayload) -> dict:
     res = payload.config.resources
     # Variables read at process start (NCCL_*, OMP_*, TORCHINDUCTOR_*, DS_ACCELERATOR, ...) take effect only
     # when the actors start with them: each distinct environment gets its own group.
-    env = tuple(sorted(payload.worker_env().items()))
+    env = tuple(sorted(payload.start_env().items()))
     shape = (res.workers, res.cpus_per_worker, res.gpus_per_worker, _code_version(), env)
     pool = manager()
     group_id, actors = ray.get(pool.acquire.remote(shape))

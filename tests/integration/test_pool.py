@@ -144,6 +144,18 @@ def test_train_env_starts_its_own_group(cluster, tmp_path):
     assert any(dict(shape[-1]).get("NCCL_BUFFSIZE") == "4194304" for shape in shapes)
 
 
+def test_compiled_and_eager_trials_share_a_group(cluster, tmp_path):
+    setups = [{"train.compile": True}, {"train.compile": False}, {"train.compile": True, "train.micro_batch": 2}]
+    rows = run(pool_sweep("pool-compile", {"setup": setups}), tmp_path)
+    assert list(rows.status) == ["ok"] * 3
+    # One group ran all three: neither the compile cache's variables nor what compiling sets ended it.
+    assert sorted(rows.process_trial_index) == [min(rows.process_trial_index) + i for i in range(3)]
+    # Each trial had the environment a fresh process would have had: the store's compile cache when compiling,
+    # else inductor's default (importing inductor sets it in any process).
+    cache_dirs = {r.train_compile: json.loads(r.env_json).get("TORCHINDUCTOR_CACHE_DIR") for r in rows.itertuples()}
+    assert cache_dirs[True] == str(tmp_path / "_cache" / "compile") and cache_dirs[False] != cache_dirs[True]
+
+
 def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(cluster, tmp_path):
     # DeepSpeed ZeRO-3 replaces torch.nn.functional.linear for its whole process; a plain trial changes nothing.
     plain = run(pool_sweep("pool-plain", {"train.micro_batch": [1, 2]}), tmp_path)
