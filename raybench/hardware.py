@@ -1,4 +1,5 @@
-"""Facts about accelerators, in one table: device memory, dense peak FLOP/s by compute dtype, memory bandwidth.
+"""Facts about accelerators, in one table: device memory, dense peak FLOP/s by compute dtype, memory bandwidth,
+measured matmul efficiency.
 
 Data only (no torch, no I/O). A GPU is found by name fragments that must all appear in its name, first match
 first, so the more specific rows come first. Whatever a row leaves out is unknown, never guessed: MFU is null
@@ -16,6 +17,10 @@ class Gpu:
     memory_gib: float | None = None  # memory.total as nvidia-smi (or torch) reports it
     peak_tflops: dict[str, float] = field(default_factory=dict)  # dense (no sparsity), per compute dtype
     memory_bandwidth_tb_per_s: float | None = None  # HBM/GDDR bandwidth from the vendor's data sheet
+    # Best bf16 matmul throughput measured on the part over its dense bf16 peak ("maximum achievable matmul
+    # FLOPS", the public MAMF table of Stas Bekman's ML Engineering book, measured with mamf-finder.py: A100 SXM
+    # 271.2/312, H100 SXM 794.5/989, H200 "the same", B200 1745/2250, GB200 1822/2500). None: not measured.
+    matmul_efficiency: float | None = None
 
     @property
     def label(self) -> str:
@@ -25,13 +30,13 @@ class Gpu:
 # Vendor data sheets (dense tensor-core figures; fp16 equals bf16 on every part listed). Memory sizes are what
 # nvidia-smi reports (MiB / 1024); the H100 row was checked against one H100 80GB HBM3 (docs/results/).
 GPUS: tuple[Gpu, ...] = (
-    Gpu(("GB200",), 189471 / 1024, {"bf16": 2500.0, "fp16": 2500.0}, 8.0),
-    Gpu(("B200",), 183359 / 1024, {"bf16": 2250.0, "fp16": 2250.0}, 8.0),
-    Gpu(("H200",), 143771 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 4.8),
+    Gpu(("GB200",), 189471 / 1024, {"bf16": 2500.0, "fp16": 2500.0}, 8.0, 0.729),
+    Gpu(("B200",), 183359 / 1024, {"bf16": 2250.0, "fp16": 2250.0}, 8.0, 0.776),
+    Gpu(("H200",), 143771 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 4.8, 0.803),
     Gpu(("H100", "NVL"), 95830 / 1024, {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0}, 3.9),
     Gpu(("H100", "PCIe"), 81559 / 1024, {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0}, 2.0),
-    Gpu(("H100",), 81559 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 3.35),  # SXM: "H100 80GB HBM3"
-    Gpu(("A100", "80GB"), 81920 / 1024, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, 2.039),
+    Gpu(("H100",), 81559 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 3.35, 0.803),  # SXM: "H100 80GB HBM3"
+    Gpu(("A100", "80GB"), 81920 / 1024, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, 2.039, 0.869),  # SXM
     Gpu(("A100", "40GB"), 40536 / 1024, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, 1.555),
     Gpu(("A100",), None, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, None),  # 40 or 80 GB: memory ambiguous
     Gpu(("MI300X",), 192.0, {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4}, 5.3),
@@ -62,6 +67,11 @@ def gpu_memory_gib(gpu_name: str | None) -> float | None:
 def memory_bandwidth_tb_per_s(gpu_name: str | None) -> float | None:
     gpu = find_gpu(gpu_name)
     return gpu.memory_bandwidth_tb_per_s if gpu else None
+
+
+def matmul_efficiency(gpu_name: str | None) -> float | None:
+    gpu = find_gpu(gpu_name)
+    return gpu.matmul_efficiency if gpu else None
 
 
 def known_gpu(gpu_name: str) -> bool:

@@ -42,7 +42,7 @@ from torch import nn
 
 from raybench import bench, strategies
 from raybench.config import TrainSpec, TrialConfig
-from raybench.hardware import memory_bandwidth_tb_per_s, peak_tflops
+from raybench.hardware import matmul_efficiency, memory_bandwidth_tb_per_s, peak_tflops
 from raybench.model import build_meta, decoder_blocks
 from raybench.plan import checkpointed_blocks, config_id
 from raybench.presets import ModelShape
@@ -222,11 +222,21 @@ class _Roofline:
 
 
 def _gpu_roofline(gpu: str | None) -> _Roofline:
-    """The roofline of raybench's hardware table for `gpu` (no GPU: every operator costs 0 s)."""
-    peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 for dtype, name in
+    """The roofline of raybench's hardware table for `gpu` (no GPU: every operator costs 0 s). Its tensor-core
+    peaks are scaled by the GPU's measured matmul efficiency relative to the GPU ROOFLINE_EFFICIENCY was fitted
+    on (`matmul_efficiency_ratio`)."""
+    ratio = matmul_efficiency_ratio(gpu)
+    peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 * (ratio if name != "fp32" else 1.0) for dtype, name in
              ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))} if gpu else {}
     bandwidth = (memory_bandwidth_tb_per_s(gpu) or 0) * 1e12 or None
     return _Roofline(peaks, bandwidth)
+
+
+def matmul_efficiency_ratio(gpu: str | None) -> float:
+    """How much more of its bf16 peak a GPU's matmuls reach than the H100 SXM's (1 when either is unmeasured):
+    ROOFLINE_EFFICIENCY holds for the H100, and a GB200 reaches 0.729 of its peak where an H100 reaches 0.803."""
+    own, reference = matmul_efficiency(gpu), matmul_efficiency(ROOFLINE_REFERENCE_GPU)
+    return own / reference if own and reference else 1.0
 
 
 def _tracker(model: nn.Module, optimizer, fsdp: bool):
@@ -596,8 +606,10 @@ _FIRST_BLOCK = re.compile(r"\.layers\.0$")
 # Achieved fraction of the per-operator roofline (peak FLOP/s and memory bandwidth) on an H100 SXM, the median
 # of roofline / measured step time over the 10 eager rows of the committed 1B sAC sweep
 # (docs/results/gpu-2026-11-22/gpu-sac-1b.parquet): 0.7048, range 0.67-0.72 (docs/results/rehearse-2026-11-25.md).
-# Other GPUs get the same fraction of their own peaks.
+# Other GPUs get the same fraction of their own roofline, with tensor-core peaks scaled by their measured matmul
+# efficiency relative to this GPU's (`matmul_efficiency_ratio`; the hardware table's public MAMF figures).
 ROOFLINE_EFFICIENCY = 0.70
+ROOFLINE_REFERENCE_GPU = "H100 SXM"
 # The caching allocator reserves more than the tensors it holds (block rounding, fragmentation), and GPU rows
 # report the reserved peak. Fitted the same way: median peak_reserved_gib / peak_alloc_gib over the same 10
 # rows, 1.159 (range 1.12-1.23). A GPU rehearsal's reserved_gib is its tensor peak times this.

@@ -220,6 +220,17 @@ def test_nominal_links_are_nvlink_within_its_domain_and_the_domains_nics_beyond(
     assert rehearse.link_busbw_gbps("Some GPU", 8) is None
 
 
+def test_tensor_core_peaks_scale_with_measured_matmul_efficiency_relative_to_the_h100():
+    def bf16(gpu: str) -> float:
+        return rehearse._gpu_roofline(gpu).peaks[torch.bfloat16]
+
+    assert bf16("NVIDIA H100 80GB HBM3") == 989e12  # the GPU ROOFLINE_EFFICIENCY was fitted on
+    assert bf16("NVIDIA GB200") == pytest.approx(2500e12 * 0.729 / 0.803)
+    assert bf16("NVIDIA A100-SXM4-80GB") == pytest.approx(312e12 * 0.869 / 0.803)
+    assert bf16("NVIDIA L40S") == 362.05e12  # not measured: the H100's fraction
+    assert rehearse._gpu_roofline("NVIDIA A100-SXM4-80GB").peaks[torch.float32] == 19.5e12  # no tensor cores
+
+
 def test_compiled_step_saves_part_of_the_blocks_memory_bound_time():
     trace = rehearse.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={}, comm_calls={}, overlapped_comm=(),
                                flops=0, roofline_s=1.0, compute_s=0.5, memory_s=0.5, block_memory_bound_s=0.4)
