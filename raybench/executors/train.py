@@ -85,15 +85,31 @@ def execute(payload: TrialPayload) -> dict:
            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(int(timeout_s))}
     fit = ray.remote(num_cpus=0, max_retries=0, runtime_env={"env_vars": env})(_fit)
     ref = fit.remote(payload)
-    ready = []
+    ready, waiting = [], ""
     try:
         ready, _ = ray.wait([ref], timeout=timeout_s)
+        if not ready:
+            waiting = _waiting_for_resources()  # before the cancel frees what this trial holds
     finally:
         if not ready:  # timed out, or interrupted (Tune stopping): the trainer must not outlive its trial
             _cancel(ref)
     if not ready:
-        raise TimeoutError(f"trial exceeded resources.timeout_s={timeout_s:g} s; its Ray Train run was killed")
+        raise TimeoutError(f"trial exceeded resources.timeout_s={timeout_s:g} s; its Ray Train run was "
+                           f"killed{waiting}")
     return _unwrap(ref)
+
+
+def _waiting_for_resources() -> str:
+    """Whether the cluster still had placement groups waiting for resources at a timeout (a trial queued behind
+    resources something else holds, not one that hung), as a note for the row's message; "" when none."""
+    import ray
+
+    pending = [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "PENDING"]
+    if not pending:
+        return ""
+    free, total = ray.available_resources(), ray.cluster_resources()
+    held = ", ".join(f"{name} {free.get(name, 0):g} of {total[name]:g}" for name in ("CPU", "GPU") if name in total)
+    return f" while {len(pending)} placement group(s) still waited for resources (free: {held})"
 
 
 def _cancel(ref) -> None:
