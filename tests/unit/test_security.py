@@ -36,6 +36,7 @@ def test_failed_trial_detail_keeps_the_traceback_and_drops_secret_values(tmp_pat
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # every embedded run sets it: a setting, whose value is no secret
 
     def failing_execute(payload):
         try:
