@@ -28,7 +28,7 @@ import psutil
 
 from raybench import executors, store
 from raybench.config import SweepSpec
-from raybench.executors import RAY_WORKER_ENV
+from raybench.executors import RAY_WORKER_ENV, train
 from raybench.payload import TrialPayload
 from raybench.plan import PlannedTrial, plan
 from raybench.progress import SweepProgress, as_progress, peak_gib
@@ -260,14 +260,16 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
         in_flight = min(max_concurrent(trials, cluster), max_in_flight or math.inf)
 
         def fit(name: str, space: dict, **sampling) -> None:
+            callbacks = [tune_callback(reporter)]
+            if executor == "train":  # Ray Train can leave an ended trial's placement group reserved
+                callbacks.append(train.orphan_reaper())
             tune.Tuner(
                 tune.with_resources(_trial_driver, _driver_resources(cluster)),
                 param_space={"job": job, **space},
                 # A warm pool's trial drivers are as reusable as its workers.
                 tune_config=tune.TuneConfig(max_concurrent_trials=in_flight, reuse_actors=executor == "pool",
                                             **sampling),
-                run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=0,
-                                          callbacks=[tune_callback(reporter)]),
+                run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=0, callbacks=callbacks),
             ).fit()
 
         if search is None:

@@ -34,8 +34,12 @@ def one_line_message(text: str, limit: int = 500) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return ""
-    exc_lines = [line for line in lines if EXCEPTION_LINE.match(line)]
-    return (exc_lines[-1] if exc_lines else lines[0])[:limit]
+    picked = max((i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)), default=0)
+    message = lines[picked]
+    if message.endswith(":"):  # a heading ("Training failed due to worker errors:"): the reason comes next
+        reason = next((line for line in lines[picked + 1:] if not line.endswith(":")), "")
+        message = f"{message} {reason}".strip()
+    return message[:limit]
 
 
 def classify(exc: BaseException) -> tuple[str, str]:

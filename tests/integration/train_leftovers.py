@@ -1,11 +1,19 @@
-"""Run by test_faults_ray.py in a process of its own (starting Ray changes its process's environment): one Ray
-Train trial through the train executor on an embedded Ray, then print, one per line, the Ray processes that
-outlived it; last, the executor's timeout note while a placement group larger than the machine waits."""
+"""Run by test_faults_ray.py in a process of its own (starting Ray changes its process's environment): on an
+embedded Ray started as `raybench run` starts it,
+1. one Ray Train trial through the train executor, then the Ray processes that outlived it, one per line;
+2. a trial ended (interrupted) while its placement group waits behind an actor holding every CPU: once that
+   actor is gone, the dead trial's group takes the CPUs, until release_orphaned_placement_groups removes it.
+Last line, JSON: what a timeout's message would have said while the group waited, whether the dead trial's group
+took the CPUs, what the reaper removed, the CPUs free after it, and the state of a placement group the driver
+holds (which the reaper must not touch)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
+import threading
 import time
 
 import psutil
@@ -13,9 +21,10 @@ import psutil
 from raybench.config import parse_sweep
 from raybench.executors import train
 from raybench.plan import plan
-from raybench.sweep import ray_cluster
+from raybench.sweep import DRIVER_RESOURCE, ray_cluster
 
 GRACE_S = 30  # an actor whose owner let go of it is reaped within seconds
+PER_TRIAL = ("ray::TrainController", "ray::DatasetManager")  # actors each Train run starts
 
 
 def actor_names() -> list[str]:
@@ -29,22 +38,76 @@ def actor_names() -> list[str]:
     return names
 
 
-def main(cache_dir: str) -> None:
+def payload(timeout_s: float, cache_dir: str):
     spec = parse_sweep({"name": "leftovers", "model": {"preset": "tiny"}, "executor": "train",
                         "train": {"steps": 2, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"},
-                        "resources": {"workers": 2, "timeout_s": 150}})
+                        "resources": {"workers": 2, "timeout_s": timeout_s}})
     (trial,) = plan(spec)
-    with ray_cluster(None):  # before `import ray`: the embedded Ray starts as `raybench run` starts it
-        import ray
+    return trial.as_payload().replace(cache_dir=cache_dir)
 
-        assert train.execute(trial.as_payload().replace(cache_dir=cache_dir))
+
+def main(cache_dir: str) -> None:
+    with ray_cluster(None):  # before `import ray`
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        assert train.execute(payload(150, cache_dir))
         deadline = time.time() + GRACE_S
-        while time.time() < deadline and any("Controller" in n for n in actor_names()):
+        while time.time() < deadline and set(PER_TRIAL) & set(actor_names()):
             time.sleep(0.5)
         print("\n".join(actor_names()), flush=True)
-        pending = ray.util.placement_group([{"CPU": 1}] * (os.cpu_count() + 1))
-        print(train._waiting_for_resources(), flush=True)
-        ray.util.remove_placement_group(pending)
+
+        driver_group = placement_group([{DRIVER_RESOURCE: 1}])
+        ray.get(driver_group.ready())
+        total_cpu = ray.cluster_resources()["CPU"]
+        holder = ray.remote(num_cpus=total_cpu)(Holder).remote()
+        ray.get(holder.ready.remote())
+        # End the queued trial once its group waits, as an interrupt (Tune ending a trial) does: the same path
+        # as a timeout, which could fall before the controller asked for the group.
+        note = []
+        threading.Thread(target=interrupt_when_queued, args=(note,), daemon=True).start()
+        try:
+            train.execute(payload(150, cache_dir))
+            raise AssertionError("the queued trial was not interrupted")
+        except KeyboardInterrupt:
+            pass
+        ray.kill(holder)
+        leaked = wait_for(lambda: cpu_groups("CREATED"))  # the dead trial's group takes the freed CPUs
+        removed, deadline = 0, time.time() + GRACE_S
+        while time.time() < deadline and ray.available_resources().get("CPU", 0) < total_cpu:
+            removed += train.release_orphaned_placement_groups()
+            time.sleep(0.5)
+        print(json.dumps({"note": note[0], "leaked": leaked, "removed": removed, "total_cpu": total_cpu,
+                          "free_cpu": ray.available_resources().get("CPU", 0),
+                          "driver_group": placement_group_table(driver_group)["state"]}), flush=True)
+
+
+def cpu_groups(state: str) -> list:
+    from ray.util.placement_group import placement_group_table
+
+    return [g for g in placement_group_table().values()
+            if g["state"] == state and any("CPU" in bundle for bundle in g["bundles"].values())]
+
+
+def interrupt_when_queued(note: list) -> None:
+    """Once a trial's placement group waits for CPUs: note what a timeout would say then, and interrupt."""
+    assert wait_for(lambda: cpu_groups("PENDING"), limit_s=120), "no trial's group waited for CPUs"
+    note.append(train._waiting_for_resources())
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def wait_for(condition, limit_s: float = GRACE_S) -> bool:
+    deadline = time.time() + limit_s
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+class Holder:
+    def ready(self) -> bool:
+        return True
 
 
 if __name__ == "__main__":

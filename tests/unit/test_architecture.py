@@ -22,6 +22,14 @@ def test_import_raybench_loads_no_pyarrow_torch_or_ray():
     assert out.split() == ["raybench.config", "raybench.api"]
 
 
+# Private Ray APIs raybench relies on (Ray is pinned): each behind one function, and pinned by a test of its own.
+ALLOWED_PRIVATE = {
+    # The GCS placement-group table with each group's creator, which no public API returns
+    # (release_orphaned_placement_groups; test_faults_ray.py::test_ended_ray_train_trials_leave_...).
+    "train.py: ray._private.state",
+}
+
+
 def test_no_module_imports_another_modules_private_names():
     offenders = []
     for path in PACKAGE.rglob("*.py"):
@@ -30,4 +38,4 @@ def test_no_module_imports_another_modules_private_names():
                 offenders += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ray._private"):
                 offenders.append(f"{path.name}: {node.module}")
-    assert offenders == []
+    assert sorted(set(offenders) - ALLOWED_PRIVATE) == []
