@@ -16,7 +16,7 @@ def without_secrets(text: str, environ: dict[str, str] | None = None) -> str:
     """`text` with the value of every secret-looking environment variable (TOKEN, KEY, ...) replaced."""
     environ = os.environ if environ is None else environ
     for name, value in environ.items():
-        # (shorter values would match ordinary text)
+        # values shorter than 4 characters would match ordinary text
         if SECRET_PATTERN.search(name) and name not in NOT_SECRET and len(value) >= 4:
             text = text.replace(value, f"<{name} redacted>")
     return text

@@ -149,7 +149,7 @@ def release_orphaned_placement_groups() -> int:
     sweep's job lives as long as its driver. So a group that a Ray Train controller still held when it ended
     stays reserved, and every later trial waits for CPUs and GPUs that nobody uses. Ray Train 2.60 leaves one
     behind (1) when a worker dies after its worker group counts as started but before the controller holds
-    the group, and (2) when a trial is cancelled at its timeout while its group waits for resources: the
+    the group, and (2) when a trial is ended (timeout, interrupt) while its group waits for resources: the
     group is reserved once they free up (docs/reliability.md). The sweep's own groups (Tune's, the pool's)
     are created by the driver or by a live actor and are never touched.
     """
