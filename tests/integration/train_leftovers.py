@@ -38,10 +38,10 @@ def actor_names() -> list[str]:
     return names
 
 
-def payload(timeout_s: float, cache_dir: str):
+def payload(cache_dir: str):
     spec = parse_sweep({"name": "leftovers", "model": {"preset": "tiny"}, "executor": "train",
                         "train": {"steps": 2, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"},
-                        "resources": {"workers": 2, "timeout_s": timeout_s}})
+                        "resources": {"workers": 2, "timeout_s": 150}})
     (trial,) = plan(spec)
     return trial.as_payload().replace(cache_dir=cache_dir)
 
@@ -51,10 +51,8 @@ def main(cache_dir: str) -> None:
         import ray
         from ray.util.placement_group import placement_group, placement_group_table
 
-        assert train.execute(payload(150, cache_dir))
-        deadline = time.time() + GRACE_S
-        while time.time() < deadline and set(PER_TRIAL) & set(actor_names()):
-            time.sleep(0.5)
+        assert train.execute(payload(cache_dir))
+        wait_for(lambda: not set(PER_TRIAL) & set(actor_names()))
         print("\n".join(actor_names()), flush=True)
 
         driver_group = placement_group([{DRIVER_RESOURCE: 1}])
@@ -67,7 +65,7 @@ def main(cache_dir: str) -> None:
         note = []
         threading.Thread(target=interrupt_when_queued, args=(note,), daemon=True).start()
         try:
-            train.execute(payload(150, cache_dir))
+            train.execute(payload(cache_dir))
             raise AssertionError("the queued trial was not interrupted")
         except KeyboardInterrupt:
             pass
