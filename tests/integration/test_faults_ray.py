@@ -182,9 +182,9 @@ def _safe_name(p: psutil.Process) -> str:
 
 def test_ended_ray_train_trials_leave_no_controller_and_no_reserved_resources(tmp_path):
     """Each trial's Train controller ends with its trial: fit() used to keep it, and its DatasetManager, alive
-    in the fit task's worker, one pair per trial, for as long as the cluster ran. A trial that timed out while
-    its placement group waited left that group to take the CPUs once they freed up, for the rest of the sweep:
-    the reaper releases it, and only it."""
+    in the fit task's worker, one pair per trial, for as long as the cluster ran. A trial ended (timed out,
+    interrupted) while its placement group waited left that group to take the CPUs once they freed up, for the
+    rest of the sweep: the reaper releases it, and only it."""
     script = Path(__file__).with_name("train_leftovers.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "_cache")], cwd=REPO, env=env,
