@@ -26,6 +26,14 @@ from raybench.payload import TrialPayload
 CANCEL_WAIT_S = 30
 # How often the sweep driver looks for placement groups that dead Train controllers left reserved.
 REAP_INTERVAL_S = 2.0
+# Ray Train settings for every trial's controller, against what its defaults cost a short trial
+# (docs/results/train-timeline-2026-11-25.md):
+# - the controller learns that training ended at its next poll of the workers: every 2 s by default, 1 s lost on
+#   average. A poll still pending is awaited at the next one, not failed (a worker counts as dead only after
+#   10 minutes without an answer), so polling more often puts no busy worker at risk;
+# - the preemption watcher, one more process per trial, only logs node drains: a raybench trial is never
+#   retried, so a drain's notice would change nothing.
+TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +97,7 @@ def execute(payload: TrialPayload) -> dict:
     # Train's own 60 s limit on waiting for workers would fail a trial that is merely queued behind one being
     # torn down; resources.timeout_s already bounds start-up.
     env = {"RAY_ADDRESS": ray.get_runtime_context().gcs_address,
-           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(int(timeout_s))}
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(int(timeout_s)), **TRAIN_ENV}
     fit = ray.remote(num_cpus=0, max_retries=0, runtime_env={"env_vars": env})(_fit)
     ref = fit.remote(payload)
     ready, waiting = [], ""

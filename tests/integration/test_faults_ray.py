@@ -80,7 +80,7 @@ def _assert_complete_once(tmp_path, planned: int):
 TORCHRUN_SWEEP = """executor: torchrun
 train: {steps: 4, warmup_steps: 1, seq_len: 32, precision: fp32}
 resources: {workers: 2, timeout_s: 120}
-axes: {train.seed: [0, 1, 2]}
+axes: {train.seed: [0, 1]}
 """
 
 
@@ -88,7 +88,7 @@ axes: {train.seed: [0, 1, 2]}
 def test_sigterm_flushes_rows_then_resume_completes(tmp_path):
     sweep = _write(tmp_path, TORCHRUN_SWEEP)
     proc = _start(sweep)
-    _wait_for_line(proc, "[1/3]")
+    _wait_for_line(proc, "[1/2]")
     assert len(_temp_dirs_of(proc.pid)) == 1
     t0 = time.perf_counter()
     proc.send_signal(signal.SIGTERM)
@@ -96,18 +96,18 @@ def test_sigterm_flushes_rows_then_resume_completes(tmp_path):
     assert code == 130 and "run the same command again" in out, out[-2000:]
     assert time.perf_counter() - t0 < 30  # prompt
     stored = _rows(tmp_path)
-    assert 1 <= len(stored) < 3 and set(stored.status) == {"ok"}  # finished rows kept, nothing half-made
+    assert list(stored.status) == ["ok"]  # the finished row kept, nothing half-made
     assert not _temp_dirs_of(proc.pid)  # its embedded Ray was shut down and its temp dir removed
     code, out = _finish(_start(sweep))
     assert code == 0, out[-3000:]
     assert f"{len(stored)} trial(s) already stored as ok" in out
-    _assert_complete_once(tmp_path, 3)
+    _assert_complete_once(tmp_path, 2)
 
 
 def test_kill_driver_then_resume_completes_without_duplicates(tmp_path):
     sweep = _write(tmp_path, TORCHRUN_SWEEP)
     proc = _start(sweep)
-    _wait_for_line(proc, "[1/3]")
+    _wait_for_line(proc, "[1/2]")
     tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     proc.kill()  # kill -9: no handler, no finally
     proc.wait()
@@ -115,7 +115,7 @@ def test_kill_driver_then_resume_completes_without_duplicates(tmp_path):
     assert len(orphaned) == 1  # the dead driver's embedded Ray left its temp dir behind
     code, out = _finish(_start(sweep))
     assert code == 0, out[-3000:]
-    _assert_complete_once(tmp_path, 3)
+    _assert_complete_once(tmp_path, 2)
     assert not any(d.exists() for d in orphaned)  # the next run reaped it ...
     _, alive = psutil.wait_procs(tree, timeout=10)
     assert not alive, alive  # ... and no process of the killed run survives (Ray agents, torchrun, ranks)
@@ -139,9 +139,8 @@ exclude: [{train.steps: 1000000, resources.timeout_s: 150}, {train.steps: 4, res
     assert time.perf_counter() - t0 < 200
 
 
-# Out of the default run until fixed: in 2 of about 6 full default runs (2026-11-24/25) the 4-step trial after the
-# killed one waited until its 150 s timeout, and no isolated run reproduced it (a kill at the worker's start-up
-# passed too). A timed-out row now says whether placement groups were still waiting for resources.
+# Slow (~60 s). It once failed under load: a worker killed while Train started its group leaked the group's
+# placement group, and the next trial waited for CPUs until its timeout (fixed: executors.train.orphan_reaper).
 @pytest.mark.slow
 def test_kill_ray_train_worker_gives_error_row_and_sweep_continues(tmp_path):
     sweep = _write(tmp_path, """executor: train

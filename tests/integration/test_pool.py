@@ -1,4 +1,4 @@
-"""The warm pool executor on a real local Ray: reuse, failure isolation, recycling."""
+"""The warm pool executor on a real local Ray: reuse, failure isolation, recycling, live progress."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from raybench import store
 from raybench.config import parse_sweep
 from raybench.executors.pool import manager
 from raybench.plan import plan
+from raybench.progress import SweepProgress
 from raybench.sweep import ray_cluster, run_planned
 
 pytestmark = pytest.mark.integration
@@ -51,6 +52,21 @@ def test_pool_reuses_one_group_across_trials_and_sweeps(cluster, tmp_path):
     rows = run(pool_sweep("pool-b", {"train.micro_batch": [3]}), tmp_path)  # a second sweep: same warm actors
     assert list(rows.status) == ["ok"]
     assert [(g["id"], g["trials_run"]) for g in groups()] == [(first[0]["id"], 5)]
+
+
+def test_tune_callback_reports_dashboard_starts_and_results(cluster, tmp_path):
+    spec = pool_sweep("progress", {"train.micro_batch": [1, 2]})
+    trials = plan(spec)
+    lines: list[str] = []
+    progress = SweepProgress("lines", write=lines.append)
+    run_planned(trials, spec.name, str(tmp_path), "pool", progress=progress)
+    assert lines[0].startswith("Ray dashboard: http://127.0.0.1:")
+    assert sorted(line.split()[0] for line in lines[1:]) == ["[1/2]", "[2/2]"]
+    assert set(progress.states) == {t.trial_id for t in trials}
+    for state in progress.states.values():
+        assert state.status == "ok" and state.label.startswith("micro_batch=")
+        assert state.tok_per_s_per_device > 0 and state.peak_gib > 0  # host RSS on CPU
+        assert state.ended_s > state.started_s  # on_trial_start was seen before the result
 
 
 def test_failed_trial_keeps_group_usable(cluster, tmp_path, model_dir):
@@ -145,7 +161,7 @@ def test_train_env_starts_its_own_group(cluster, tmp_path):
 
 
 def test_compiled_and_eager_trials_share_a_group(cluster, tmp_path):
-    setups = [{"train.compile": True}, {"train.compile": False}, {"train.compile": True, "train.micro_batch": 2}]
+    setups = [{"train.compile": True}, {"train.compile": False}, {"train.compile": True, "train.lr": 1e-4}]
     rows = run(pool_sweep("pool-compile", {"setup": setups}), tmp_path)
     assert list(rows.status) == ["ok"] * 3
     # One group ran all three: neither the compile cache's variables nor what compiling sets ended it.
@@ -174,7 +190,8 @@ def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
     base = {"steps": 6, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"}
     # LoRA dropout draws from the global generator, which a warm actor's earlier trials have advanced.
     target = {"strategy": "fsdp2", "ac_ratio": "1/2", "finetune": "lora", "lora.dropout": 0.1}
-    before = [{"compile": True}, {"strategy": "deepspeed", "zero_stage": 3}, {"finetune": "lora"}, {"micro_batch": 2}]
+    # Kinds that share the target's group (a DeepSpeed trial would run in a group of its own: another shape).
+    before = [{"compile": True}, {"finetune": "lora"}, {"micro_batch": 2}]
     spec = parse_sweep({"name": "warm-fresh", "model": {"preset": "tiny"}, "executor": "pool", "train": base,
                         "resources": {"workers": 2},
                         "axes": {"setup": [{f"train.{k}": v for k, v in t.items()} for t in [*before, target]]}})
@@ -184,7 +201,9 @@ def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
     run_planned(trials[-1:], spec.name, str(tmp_path / "fresh"), "torchrun", progress=lambda line: None)
     fresh = store.read_results(tmp_path / "fresh", spec.name).iloc[0]
     assert warm.status == fresh.status == "ok"
-    assert warm.process_trial_index >= 1 and fresh.process_trial_index == 0
+    # The target ran in the processes that had just run every earlier trial.
+    first = store.read_results(tmp_path / "warm", spec.name).process_trial_index.min()
+    assert warm.process_trial_index == first + len(before) and fresh.process_trial_index == 0
     for column in ("loss_first", "loss_final", "params_total", "flops_per_token"):
         assert warm[column] == fresh[column], column
     # Training's own host memory: the peak above the RSS just before the build, per rank.

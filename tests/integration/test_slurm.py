@@ -57,10 +57,11 @@ def _free_port_block(size: int = 1000) -> int:
     raise RuntimeError("no free port block")
 
 
-def _sweep(path: Path, strategies: list[str]) -> Path:
+def _sweep(path: Path, strategies: list[str], executor: str = "train") -> Path:
     """The shipped smoke sweep cut down to one trial per strategy (ac_ratio 0) to keep the test short."""
     spec = yaml.safe_load((REPO / "sweeps" / "smoke-cpu.yaml").read_text())
     spec["axes"] = {"train.strategy": strategies}
+    spec["executor"] = executor
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -116,12 +117,12 @@ def test_cluster_whose_ray_cannot_start_reports_the_job_log(slurm):
 
 
 def test_submit_runs_the_sweep_and_lands_ok_rows(slurm, tmp_path):
-    sweep, store = _sweep(tmp_path / "smoke2.yaml", ["ddp", "fsdp2"]), tmp_path / "store"
+    sweep, store = _sweep(tmp_path / "smoke1.yaml", ["fsdp2"]), tmp_path / "store"
     done = _raybench(slurm, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_slurm_options())
     assert done.returncode == 0, done.stderr
     job_id = re.search(r"submitted job (\d+)", done.stdout).group(1)
     rows = read_results(str(store), "smoke-cpu")
-    assert len(rows) == 2 and set(rows.status) == {"ok"} and set(rows.train_strategy) == {"ddp", "fsdp2"}
+    assert list(rows.status) == ["ok"] and list(rows.executor) == ["train"] and list(rows.train_strategy) == ["fsdp2"]
     assert _job_processes(job_id) == []
     assert not list(Path("/tmp").glob(f"rbs-{job_id}-*"))
 
@@ -143,12 +144,15 @@ def test_warm_cluster_takes_two_runs_then_goes_down_leaving_nothing(slurm, tmp_p
     live = [line for line in _squeue(slurm).splitlines() if line.split()[4] in ("R", "PD", "CF")]
     assert len(live) == 1  # earlier tests' ended jobs may still be listed (CD, F)
     store = tmp_path / "store"
-    for strategy in ("ddp", "fsdp2"):  # two sweeps, one after the other, on the same warm cluster
-        sweep = _sweep(tmp_path / f"{strategy}.yaml", [strategy])
+    # Two sweeps, one after the other, on the same warm cluster and its warm pool (detached actors, which
+    # `down` must take down too).
+    for strategy in ("ddp", "fsdp2"):
+        sweep = _sweep(tmp_path / f"{strategy}.yaml", [strategy], executor="pool")
         done = _raybench(slurm, "run", str(sweep), "--cluster", "warm", "--store", str(store), "--quiet")
         assert done.returncode == 0, done.stderr
-    rows = read_results(str(store), "smoke-cpu")
-    assert sorted(rows.train_strategy) == ["ddp", "fsdp2"] and set(rows.status) == {"ok"}
+    rows = read_results(str(store), "smoke-cpu").sort_values("ended_at")
+    assert list(rows.train_strategy) == ["ddp", "fsdp2"] and set(rows.status) == {"ok"}
+    assert list(rows.process_trial_index) == [0, 1]  # the second sweep's trial ran in the first one's actors
 
     done = _raybench(slurm, "cluster", "down", "warm")
     assert done.returncode == 0, done.stderr

@@ -127,16 +127,18 @@ with ray_cluster(None):
     address = ray.get_runtime_context().gcs_address
     probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print('JOINED')" % address
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    # Two connection attempts, not Ray's default twenty (~1 s each): a refused token is refused on the first.
     outsider = subprocess.run([sys.executable, "-c", probe], env={**env, "RAY_AUTH_MODE": "token",
-                              "RAY_AUTH_TOKEN": "0" * 64}, capture_output=True, text=True, timeout=120)
+                              "RAY_AUTH_TOKEN": "0" * 64, "RAY_gcs_server_port_wait_time_s": "2"},
+                              capture_output=True, text=True, timeout=120)
     insider = subprocess.run([sys.executable, "-c", probe], env={**env, "RAY_AUTH_MODE": "token",
                              "RAY_AUTH_TOKEN": os.environ["RAY_AUTH_TOKEN"]}, capture_output=True, text=True,
                              timeout=120)
-    print("OUTSIDER", outsider.returncode, "JOINED" in outsider.stdout)
+    print("OUTSIDER", outsider.returncode, "JOINED" in outsider.stdout, "token-auth" in outsider.stderr)
     print("INSIDER", insider.returncode, "JOINED" in insider.stdout)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)
     assert "OUTSIDER" in proc.stdout, proc.stderr[-3000:]
-    assert "OUTSIDER 0 True" not in proc.stdout  # wrong token: refused
+    assert "OUTSIDER 1 False True" in proc.stdout  # wrong token: refused, and Ray says it was the token
     assert "INSIDER 0 True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
