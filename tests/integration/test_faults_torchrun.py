@@ -68,12 +68,12 @@ def test_timeout_ends_stuck_rank_and_kills_every_process(tmp_path):
     # SIGSTOP on rank 1 is a real hang: rank 0 blocks in its next collective and never returns.
     signaller = RankSignaller(signal.SIGSTOP, after_s=2)
     signaller.start()
-    code, wall = _run_trial(_sweep(tmp_path, "timeout_s: 20"))
+    code, wall = _run_trial(_sweep(tmp_path, "timeout_s: 15"))
     signaller.stop.set()
     assert signaller.sent.is_set() and code == 1
     row = store.read_results(tmp_path / "store").iloc[0]
-    assert row.status == "timeout" and "timeout_s=20" in row.message
-    assert wall < 20 + 15  # the kill is prompt: SIGTERM, a grace period, SIGKILL
+    assert row.status == "timeout" and "timeout_s=15" in row.message
+    assert wall < 15 + 15  # the kill is prompt: SIGTERM, a grace period, SIGKILL
     assert _gone(signaller.seen.values())  # the stopped rank too: its resources are free
 
 

@@ -89,8 +89,9 @@ def test_failed_trial_keeps_group_usable(cluster, tmp_path, model_dir):
 
 def test_killed_actor_gives_error_row_and_group_is_rebuilt(cluster, tmp_path):
     before = {g["id"] for g in groups()}
-    spec = pool_sweep("pool-kill", {"train.lr": [1e-4, 2e-4]}, train={"steps": 400, "warmup_steps": 1,
-                                                                       "seq_len": 32, "precision": "fp32"})
+    # A long trial, whose rank 1 is killed, then a short one on the rebuilt group.
+    spec = pool_sweep("pool-kill", {"train.steps": [400, 6]}, train={"warmup_steps": 1, "seq_len": 32,
+                                                                    "precision": "fp32"})
     killed = []
 
     def kill_rank_one():
