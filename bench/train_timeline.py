@@ -1,13 +1,14 @@
 """Where a Ray Train trial's overhead goes: its steps, timed from Ray Train's own logs, on one embedded Ray.
 
-    .venv/bin/python bench/train_timeline.py [--trials 2] [--against-ray-defaults]
+    .venv/bin/python bench/train_timeline.py [--trials 2] [--steps 4] [--against-ray-defaults]
 
-Runs `executors.train.execute` on one tiny trial (2 gloo workers, 4 steps) `--trials` times in a row and reads
+Runs `executors.train.execute` on one tiny trial (2 gloo workers, `--steps` steps) `--trials` times in a row and reads
 each run's Train controller log (`logs/train/ray-train-sys-controller-*.log`, timestamped JSON lines) for the
 moments it starts its workers, their context and the training function, and shuts the workers down. Prints
 one JSON line per trial: seconds from the `execute` call to each moment, the call's wall time and
 `worker_wall_s` (the part the worker measures itself). `--against-ray-defaults` runs every other trial without
-raybench's Ray Train settings (`executors.train.TRAIN_ENV`), to compare both in one run.
+raybench's Ray Train settings (`executors.train.TRAIN_ENV`), to compare both in one run; each line also has
+the trial's `step_time_p50_s`, to see whether the settings touch what the trial measures.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ def own_ray_dir() -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--against-ray-defaults", action="store_true")
     args = parser.parse_args()
     settings = [("raybench", dict(train.TRAIN_ENV))]
     if args.against_ray_defaults:
         settings.append(("ray-defaults", {}))
     spec = parse_sweep({"name": "train-timeline", "model": {"preset": "tiny"}, "executor": "train",
-                        "train": {"steps": 4, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"},
+                        "train": {"steps": args.steps, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"},
                         "resources": {"workers": 2, "timeout_s": 600}})
     (trial,) = plan(spec)
     with tempfile.TemporaryDirectory() as cache, ray_cluster(None):
@@ -81,7 +83,8 @@ def main() -> None:
             moments = {name: round(at - start, 2) for name, at in controller_moments(Path(log)).items()}
             print(json.dumps({"bench": "train_timeline", "trial": index, "settings": setting,
                               "wall_s": round(wall, 2),
-                              "worker_wall_s": round(metrics["worker_wall_s"], 2), **moments}), flush=True)
+                              "worker_wall_s": round(metrics["worker_wall_s"], 2),
+                              "step_time_p50_s": round(metrics["step_time_p50_s"], 4), **moments}), flush=True)
 
 
 if __name__ == "__main__":
