@@ -1,9 +1,10 @@
 """Rehearsed vs measured, per row, on the committed H100 results (docs/results/gpu-2026-11-22/*.parquet).
 
-    .venv/bin/python bench/rehearse_validate.py
+    .venv/bin/python bench/rehearse_validate.py [--sweep NAME ...]
 
-Rehearses every configuration of sweeps/gpu-sac-1b.yaml and sweeps/gpu-seed000-1gpu.yaml for an H100 SXM (what
-the rows ran on) and joins each to its measured row by config id. Prints a Markdown table per sweep, then one
+Rehearses every configuration of sweeps/gpu-sac-1b.yaml and sweeps/gpu-seed000-1gpu.yaml (or of the sweeps
+named: gpu-validate adds one row per strategy and technique) for an H100 SXM (what the rows ran on) and joins
+each to its measured row by config id. Prints a Markdown table per sweep, then one
 JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
 (raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE) are printed with the results. Then, for the sAC
 sweep, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the estimate's memory
@@ -13,6 +14,7 @@ the same limit (from the ratio-1 rehearsal) against the same measured best.
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 from pathlib import Path
@@ -27,6 +29,7 @@ from raybench.plan import plan
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results" / "gpu-2026-11-22"
 SWEEPS = ("gpu-sac-1b", "gpu-seed000-1gpu")
+OTHER_SWEEPS = ("gpu-validate",)  # one row per strategy and technique, 1B at seq 1024
 GPU = "H100 SXM"
 
 
@@ -36,15 +39,23 @@ def sweep_for_gpu(name: str):
     return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": GPU})})
 
 
-def validate(name: str, store: Path) -> tuple[pd.DataFrame, dict]:
+def measured_rows(name: str) -> pd.DataFrame:
+    """The sweep's ok rows by config id. The warm pool of that day kept a failed trial's GPU memory in the
+    peaks of the trials after it (fixed since, docs/results/gpu-2026-11-22.md): rows that ended after a failed
+    trial of their sweep are left out (gpu-validate's after its first ZeRO-3 attempt)."""
     measured = pd.read_parquet(RESULTS / f"{name}.parquet")
-    measured = measured[measured.status == "ok"].set_index("config_id")
+    first_failure = measured.loc[measured.status != "ok", "ended_at"].min()
+    return measured[(measured.status == "ok") & ~(measured.ended_at > first_failure)].set_index("config_id")
+
+
+def validate(name: str, store: Path) -> tuple[pd.DataFrame, dict]:
+    measured = measured_rows(name)
     lines, traces = [], {}
     for trial in plan(sweep_for_gpu(name)):
-        r = rehearse.rehearse(trial.config, trial.shape, GPU, analytic=trial.estimate, traces=traces)
-        calibration.save_rehearsal(store, trial.config_id, r.as_dict())
         if trial.config_id not in measured.index:
             continue
+        r = rehearse.rehearse(trial.config, trial.shape, GPU, analytic=trial.estimate, traces=traces)
+        calibration.save_rehearsal(store, trial.config_id, r.as_dict())
         row = measured.loc[trial.config_id]
         reserved = None if r.peak_gib is None else r.peak_gib * rehearse.ALLOCATOR_RESERVE
         lines.append({
@@ -82,8 +93,7 @@ def validate(name: str, store: Path) -> tuple[pd.DataFrame, dict]:
 def best_ratios(name: str, store: Path) -> list[dict]:
     """Per group (micro-batch x compile): the sAC ratio the rehearsals predict best within the H100's memory
     (estimate margin included), and the measured best among the ok rows."""
-    measured = pd.read_parquet(RESULTS / f"{name}.parquet")
-    measured = measured[measured.status == "ok"].set_index("config_id")
+    measured = measured_rows(name)
     trials = plan(sweep_for_gpu(name), store_path=store)
     by_id = {t.config_id: t for t in trials}
     out = []
@@ -162,23 +172,32 @@ def _pct(value) -> str:
     return "-" if value is None or pd.isna(value) else f"{value:+.1%}"
 
 
+def print_best_ratios(store: Path) -> None:
+    print("\n### Best sAC ratio per group on an H100 (predicted before running vs measured)\n")
+    print("| group | predicted best | predicted tok/s/GPU | measured best | measured tok/s/GPU | every ratio: "
+          "reserved GiB (pred) / fits |\n|---|---|---|---|---|---|")
+    best = best_ratios("gpu-sac-1b", store)
+    for b in best:
+        every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'no'}" for v in b["values"])
+        print(f"| {_group(b)} | {b['predicted']} | "
+              f"{_f(b['predicted_tok_s'], 0)} | {b['measured']} | {_f(b['measured_tok_s'], 0)} | {every} |")
+    print("\n### Op-level policy per group on an H100 (torch's SAC ILP within the same limit) vs measured best\n")
+    print(_op_policy_markdown(best))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description="Rehearsed vs measured on the committed H100 rows.")
+    parser.add_argument("--sweep", action="append", choices=[*SWEEPS, *OTHER_SWEEPS],
+                        help=f"a sweep to validate (repeatable; default: {', '.join(SWEEPS)})")
+    names = parser.parse_args().sweep or SWEEPS
     summaries = []
     with tempfile.TemporaryDirectory() as store:
-        for name in SWEEPS:
+        for name in names:
             table, summary = validate(name, Path(store))
             print(f"\n### {name}\n\n{_markdown(table)}\n")
             summaries.append(summary)
-        print("\n### Best sAC ratio per group on an H100 (predicted before running vs measured)\n")
-        print("| group | predicted best | predicted tok/s/GPU | measured best | measured tok/s/GPU | every ratio: "
-              "reserved GiB (pred) / fits |\n|---|---|---|---|---|---|")
-        best = best_ratios("gpu-sac-1b", Path(store))
-        for b in best:
-            every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'no'}" for v in b["values"])
-            print(f"| {_group(b)} | {b['predicted']} | "
-                  f"{_f(b['predicted_tok_s'], 0)} | {b['measured']} | {_f(b['measured_tok_s'], 0)} | {every} |")
-        print("\n### Op-level policy per group on an H100 (torch's SAC ILP within the same limit) vs measured best\n")
-        print(_op_policy_markdown(best))
+        if "gpu-sac-1b" in names:
+            print_best_ratios(Path(store))
     for summary in summaries:
         print(json.dumps({"bench": "rehearse_validate", **summary}))
 

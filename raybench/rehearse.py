@@ -53,9 +53,8 @@ from raybench.worker import prepare_model
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 # Strategies the fake process group can drive. DeepSpeed's engine needs real communication and storage at
-# initialize; DDP's C++ reducer fails on fake gradients (its bucket hook returns no tensor). Both fall back to
-# the analytic estimate, and say so.
-TRACEABLE_STRATEGIES = ("fsdp2", "tp", "tp_fsdp2")
+# initialize: it falls back to the analytic estimate, and says so.
+TRACEABLE_STRATEGIES = ("ddp", "fsdp2", "tp", "tp_fsdp2")
 
 
 @dataclass
@@ -143,6 +142,20 @@ def _one_sequence_per_row() -> Iterator[None]:
         yield
     finally:
         masking_utils.find_packed_sequence_indices = saved
+
+
+def _fake_allreduce_hook(_state, bucket):  # no return annotation: DDP checks it as an object, not a string
+    """DDP's bucket all-reduce on the fake group. DDP's built-in hook hands back the value of the collective's
+    future, which the fake group leaves empty; this one runs the all-reduce and hands back the bucket itself.
+
+    It does not divide by the world size as the built-in path does: there the reducer scales each gradient
+    while copying it into its bucket, one pass the trace already counts as the copy. And it must not write
+    into the bucket: the reducer allocated it outside the fake mode, as real host memory never touched."""
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
 
 
 def _collective_ops() -> tuple[set, set]:
@@ -289,10 +302,25 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
                     _BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
                 self.block_memory_bound_s += memory_s
 
+        def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True):
+            # torch's MemTracker hooks every parameter's gradient and fails on frozen ones (LoRA's base weights,
+            # which have none): a handle that removes nothing marks those as hooked already.
+            for param in module.parameters():
+                if not param.requires_grad:
+                    self._param_to_grad_hook_handles.setdefault(param, (_NoHook(), _NoHook()))
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
         def category_gib(self) -> dict[str, float]:
             return _categories(self.get_tracker_snapshot("peak"))
 
     return StepTracker
+
+
+class _NoHook:
+    """The hook handle of a parameter that got no hook."""
+
+    def remove(self) -> None:
+        pass
 
 
 # A decoder block's module name as torch's module tracker reports it (model.model.layers.7, or inside wrappers).
@@ -427,6 +455,8 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
             fill(model, ctx.device, source, info, whole)
 
     trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
+    if train.strategy == "ddp" and fake:
+        trainable.model.register_comm_hook(None, _fake_allreduce_hook)
     fsdp = train.strategy in ("fsdp2", "tp_fsdp2")
     tracker_cls = _tracker(trainable.model, trainable.optimizer, fsdp)
     with mode:

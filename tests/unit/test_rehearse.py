@@ -52,6 +52,7 @@ def fake_trace(trial, skip_propagation: bool = True) -> rehearse.StepTrace:
 # tokens the activations peak, which would be 17% over the real ones if the trace built an attention mask
 # (rehearse._one_sequence_per_row).
 REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size": 2},
+              "ddp": {"strategy": "ddp"}, "ddp-lora": {"strategy": "ddp", "finetune": "lora"},
               "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256}}
 
 
@@ -117,6 +118,41 @@ def test_fake_world_sizes_shard_as_real_ranks_do(world, real):
         for category in ("parameters", "optimizer_state"):
             assert_close(fake[category], measured[category] * real_world / world,
                          f"world {world} vs real {real_world}: {category}")
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_ddp_ranks_hold_a_whole_replica_at_every_world_size(world, real):
+    """DDP replicates: a fake rank of any world holds what a real rank of 2 holds, and its step all-reduces
+    every trainable gradient once (fp32 gradients: autocast keeps fp32 parameters)."""
+    for case in ("ddp", "ddp-lora"):
+        trial = tiny_trial(world, **REAL_CASES[case])
+        fake = fake_trace(trial)
+        for category, real_gib in real[2][case]["resident_gib"].items():
+            assert_close(fake.resident_gib[category], real_gib, f"{case} world {world}: resident {category}")
+        assert_close(fake.peak_gib, sum(real[2][case]["memory_gib"].values()), f"{case} world {world}: peak")
+        assert fake.comm_bytes["allreduce"] == 4 * trial.estimate["params_trainable"]
+        assert fake.overlapped_comm == ("allreduce",)
+
+
+def test_ddp_hook_leaves_the_real_bucket_untouched():
+    """DDP's reducer allocates its buckets outside the fake mode (real host memory, a copy of every trainable
+    gradient): the trace's hook must not write them, or a 1B trial's rehearsal holds 5 GiB more for real."""
+
+    class Bucket:
+        def __init__(self):
+            self.tensor = torch.full((1024,), 3.0)
+
+        def buffer(self):
+            return self.tensor
+
+    bucket = Bucket()
+    rehearse.init_fake_world(0, 8)
+    try:
+        with rehearse._fake_mode():
+            assert rehearse._fake_allreduce_hook(None, bucket).wait() is bucket.tensor
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(bucket.tensor, torch.full((1024,), 3.0))
 
 
 def test_tracker_counts_dtensor_propagation_without_the_correction():
@@ -284,11 +320,11 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     sweep.write_text(json.dumps({
         "name": "r", "model": {"preset": "tiny"}, "train": {**TINY_TRAIN, "strategy": "fsdp2"},
         "resources": {"workers": 8, "gpus_per_worker": 1}, "estimate": {"gpu": "H100 SXM"},
-        "store": str(tmp_path / "store"), "axes": {"train.strategy": ["fsdp2", "ddp"]}}))
+        "store": str(tmp_path / "store"), "axes": {"train.strategy": ["fsdp2", "deepspeed"]}}))
     assert main(["rehearse", str(sweep), "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["method"] for r in rows] == ["traced", "analytic"]
-    assert "strategy ddp is not traced" in rows[1]["notes"][0]
+    assert "strategy deepspeed is not traced" in rows[1]["notes"][0]
     assert main(["estimate", str(sweep), "--json"]) == 0
     estimates = [json.loads(line)["estimate"] for line in capsys.readouterr().out.splitlines()]
     assert [e["peak_basis"] for e in estimates] == ["rehearsed", "analytic"]
