@@ -5,6 +5,11 @@ Host memory: `resources.memory_limit_gib` becomes RLIMIT_DATA on each worker pro
 RLIMIT_AS would also count Ray's shared object-store mapping and reserved-but-unused address space. An
 allocation past the cap fails inside the process (torch: "DefaultCPUAllocator: can't allocate memory",
 Python: MemoryError) and the trial is classified oom; nothing else on the host is touched.
+
+Past the cap every allocation fails, in every thread; one in a thread that cannot raise (Ray's, gloo's) ends
+the process instead of failing the trial. A cap the process is already over would start that race with the
+first allocation of any thread, so such a trial fails at once, in Python, with a MemoryError (oom) that says
+by how much.
 """
 
 from __future__ import annotations
@@ -23,5 +28,18 @@ def apply_memory_limit(gib: float | None, held_bytes: int = 0) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
+    held_now = private_data_bytes()
+    if held_now >= soft:
+        kept = f" + {held_bytes / GIB:.2f} GiB kept from earlier trials" if held_bytes else ""
+        raise MemoryError(f"this worker process holds {held_now / GIB:.2f} GiB of private memory before the trial "
+                          f"starts, over its cap of {soft / GIB:.2f} GiB (resources.memory_limit_gib={gib:g}{kept}): "
+                          "raise resources.memory_limit_gib")
     resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def private_data_bytes() -> int:
+    """What RLIMIT_DATA counts for this process now: its private writable mappings (VmData)."""
+    with open("/proc/self/status") as status:
+        kib = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
+    return kib * 1024
 

@@ -97,6 +97,20 @@ def test_memory_cap_is_the_trials_own_on_top_of_what_the_process_holds():
     assert int(out) == 2 * 2**30 + 2**29
 
 
+def test_a_cap_the_process_is_already_over_fails_the_trial_in_python():
+    """Past the cap any thread's allocation fails, and one in a thread that cannot raise ends the process: a cap
+    below what the process holds already is refused before it is set, with a MemoryError (an oom row)."""
+    import subprocess
+    import sys
+
+    code = ("import resource; from raybench import limits\n"
+            "before = resource.getrlimit(resource.RLIMIT_DATA)\n"
+            "try:\n    limits.apply_memory_limit(0.001)\nexcept MemoryError as err:\n    print(err)\n"
+            "assert resource.getrlimit(resource.RLIMIT_DATA) == before")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "over its cap of 0.00 GiB (resources.memory_limit_gib=0.001)" in out, out
+
+
 def test_compile_cache_defaults_to_the_store():
     def payload(train: dict, **settings):
         sweep = {"name": "cc", "model": {"preset": "tiny"}, "train": train, **settings}
