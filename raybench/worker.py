@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import importlib  # noqa: E402
@@ -295,14 +296,21 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     # A collective stuck past the trial's budget fails on its own too, not only by the launcher's kill.
     ctx = init_distributed(config, timeout_s=config.resources.timeout_s)
     shape = model_shape(config)
-    t_start += warm_up(payload, ctx, shape)  # not part of the trial's setup: time_to_first_step_s leaves it out
     hostnames = [None] * ctx.world_size
     dist.all_gather_object(hostnames, fingerprint.hardware(ctx.device)["hostname"])
-    # Measured before the model exists, so its buffers neither compete for memory nor count in the peaks.
-    # Only trials run for a store (which holds the per-cluster cache) probe; bare worker runs skip it.
+    # Measured before the model and the warm-up, so its buffers neither compete for memory nor count in the
+    # peaks, and are long released when the baseline is read (gloo frees a collective's scratch buffers when its
+    # work object goes, which can be after the call returned). Only trials run for a store (which holds the
+    # per-cluster cache) probe; bare worker runs skip it.
     busbw = {}
     if ctx.world_size > 1 and payload.cache_dir:
         busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload.cache_dir)
+    t_start += warm_up(payload, ctx, shape)  # not part of the trial's setup: time_to_first_step_s leaves it out
+    # Free heap that glibc kept (the probe's and the warm-up's buffers) goes back to the system before the
+    # baseline, as a warm pool actor's does after each trial: trimmed later, it would make the training's growth
+    # over the baseline too small, even negative (a fresh row once came out 0.24 GiB under, about the probe's
+    # largest buffer).
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     rss_at_reset_gib, file_at_reset_gib = _reset_peaks(ctx.device)
     rss_before_build_gib = rss_at_reset_gib - held_gib
     gpu_held_gib = _gpu_allocated_gib(ctx.device)
