@@ -219,10 +219,13 @@ def test_seventy_two_b_layer_traces_without_real_memory():
 
 def test_private_torch_pieces_are_where_rehearse_expects_them():
     from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
-    from torch.distributed._tools.mem_tracker import _MemRefType
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     assert hasattr(ShardingPropagator, "_fake_mode_lock")
+    # Frozen parameters (LoRA under DDP) are marked as hooked in the tracker's handle table before it hooks them.
+    assert hasattr(MemTracker, "_track_module_params_and_buffers")
+    assert hasattr(MemTracker(), "_param_to_grad_hook_handles")
     known = set(rehearse._CATEGORY_OF)
     for reftype in (*_FSDPRefType, *_MemRefType):
         assert reftype.value.lower().replace(" ", "_") in known, reftype
