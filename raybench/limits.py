@@ -14,7 +14,9 @@ by how much.
 
 from __future__ import annotations
 
+import ctypes
 import resource
+from pathlib import Path
 
 GIB = 2**30
 
@@ -28,18 +30,27 @@ def apply_memory_limit(gib: float | None, held_bytes: int = 0) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
-    held_now = private_data_bytes()
-    if held_now >= soft:
+    held_now_gib = proc_status_gib("VmData") or 0.0  # what RLIMIT_DATA counts: private writable mappings
+    if held_now_gib * GIB >= soft:
         kept = f" + {held_bytes / GIB:.2f} GiB kept from earlier trials" if held_bytes else ""
-        raise MemoryError(f"this worker process holds {held_now / GIB:.2f} GiB of private memory before the trial "
+        raise MemoryError(f"this worker process holds {held_now_gib:.2f} GiB of private memory before the trial "
                           f"starts, over its cap of {soft / GIB:.2f} GiB (resources.memory_limit_gib={gib:g}{kept}): "
                           "raise resources.memory_limit_gib")
     resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
-def private_data_bytes() -> int:
-    """What RLIMIT_DATA counts for this process now: its private writable mappings (VmData)."""
-    with open("/proc/self/status") as status:
-        kib = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
-    return kib * 1024
+def proc_status_gib(field: str) -> float | None:
+    """A memory field of /proc/self/status (VmRSS, VmHWM, VmData, RssFile, ...) in GiB; None where absent."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def release_free_heap() -> None:
+    """Hand the heap glibc keeps after frees back to the system (malloc_trim), so RSS is live memory only."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
 

@@ -12,7 +12,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import importlib  # noqa: E402
@@ -110,7 +109,7 @@ def _reset_peaks(device: torch.device) -> tuple[float, float]:
                            "writable /proc/self/clear_refs") from None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    return _peak_host_memory_gib() or 0.0, _proc_status_gib("RssFile") or 0.0
+    return _peak_host_memory_gib() or 0.0, limits.proc_status_gib("RssFile") or 0.0
 
 
 def _peaks(device: torch.device, held_gib: float, file_at_reset_gib: float, gpu_held_gib: float = 0.0) -> Peaks:
@@ -120,7 +119,7 @@ def _peaks(device: torch.device, held_gib: float, file_at_reset_gib: float, gpu_
     library file's, one copy per node however many ranks run it. GPU: net of `gpu_held_gib`, the tensors
     still allocated before this trial's build (what earlier trials of a warm actor left; 0 in a fresh process)."""
     on_gpu = device.type == "cuda"
-    code_gib = max(0.0, (_proc_status_gib("RssFile") or 0.0) - file_at_reset_gib)
+    code_gib = max(0.0, (limits.proc_status_gib("RssFile") or 0.0) - file_at_reset_gib)
     return Peaks(rss_gib=(_peak_host_memory_gib() or 0.0) - held_gib - code_gib,
                  alloc_gib=torch.cuda.max_memory_allocated(device) / GIB - gpu_held_gib if on_gpu else None,
                  reserved_gib=torch.cuda.max_memory_reserved(device) / GIB - gpu_held_gib if on_gpu else None)
@@ -131,21 +130,11 @@ def _gpu_allocated_gib(device: torch.device) -> float:
 
 
 def _peak_host_memory_gib() -> float | None:
-    return _proc_status_gib("VmHWM")
+    return limits.proc_status_gib("VmHWM")
 
 
 def _current_host_memory_gib() -> float:
-    return _proc_status_gib("VmRSS") or 0.0
-
-
-def _proc_status_gib(field: str) -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return None
+    return limits.proc_status_gib("VmRSS") or 0.0
 
 
 def run(payload: TrialPayload) -> dict | None:
@@ -310,7 +299,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     # baseline, as a warm pool actor's does after each trial: trimmed later, it would make the training's growth
     # over the baseline too small, even negative (a fresh row once came out 0.24 GiB under, about the probe's
     # largest buffer).
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    limits.release_free_heap()
     rss_at_reset_gib, file_at_reset_gib = _reset_peaks(ctx.device)
     rss_before_build_gib = rss_at_reset_gib - held_gib
     gpu_held_gib = _gpu_allocated_gib(ctx.device)

@@ -17,7 +17,6 @@ trial's timeout (a hang), is killed and rebuilt on the next lease. Groups are al
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import gc
 import os
 import resource
@@ -29,7 +28,7 @@ from datetime import timedelta
 
 import ray
 
-from raybench import fingerprint
+from raybench import fingerprint, limits
 from raybench.executors import RAY_WORKER_ENV
 from raybench.payload import TrialPayload
 
@@ -132,7 +131,7 @@ class PoolWorker:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            limits.release_free_heap()
 
 
 @dataclass
