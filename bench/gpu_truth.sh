@@ -41,7 +41,7 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     validate) run_sweep sweeps/gpu-validate.yaml 360 ;;
     seed000) run_sweep sweeps/gpu-seed000-1gpu.yaml 190 ;;
     sac) run_sweep sweeps/gpu-sac-1b.yaml ${RAYBENCH_GPU_SAC_S:-540} ;;
-    rehearse) run_sweep sweeps/gpu-rehearse-check.yaml 540 ;;
+    rehearse) run_sweep sweeps/gpu-rehearse-check.yaml ${RAYBENCH_GPU_REHEARSE_S:-540} ;;
     tests) timeout -k 10 150 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -x --timeout=140 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"
