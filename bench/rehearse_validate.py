@@ -1,14 +1,16 @@
-"""Rehearsed vs measured, per row, on the committed H100 results (docs/results/gpu-2026-11-22/*.parquet).
+"""Rehearsed vs measured, per row, on committed GPU results (default: the H100 rows of
+docs/results/gpu-2026-11-22/*.parquet).
 
-    .venv/bin/python bench/rehearse_validate.py [--sweep NAME ...]
+    .venv/bin/python bench/rehearse_validate.py [--sweep NAME ...] [--results DIR --gpu NAME]
 
 Rehearses every configuration of sweeps/gpu-sac-1b.yaml and sweeps/gpu-seed000-1gpu.yaml (or of the sweeps
-named: gpu-validate adds one row per strategy and technique) for an H100 SXM (what the rows ran on) and joins
-each to its measured row by config id. Prints a Markdown table per sweep, then one
+named: gpu-validate adds one row per strategy and technique, gpu-rehearse-check the compiled ratios, the
+op-level policy and DDP) for the GPU the rows ran on (--gpu) and joins each to its measured row by trial id
+(a repeated configuration is rehearsed once and compared with each repeat). Prints a Markdown table per sweep, then one
 JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
 (raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE) are printed with the results. Then, for the sAC
 sweep, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the estimate's memory
-limit and margin for an H100) against the measured best, and the op-level policy torch's SAC ILP picks within
+limit and margin for that GPU) against the measured best, and the op-level policy torch's SAC ILP picks within
 the same limit (from the ratio-1 rehearsal) against the same measured best.
 """
 
@@ -27,39 +29,41 @@ from raybench.config import load_sweep
 from raybench.plan import plan
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "docs" / "results" / "gpu-2026-11-22"
 SWEEPS = ("gpu-sac-1b", "gpu-seed000-1gpu")
-OTHER_SWEEPS = ("gpu-validate",)  # one row per strategy and technique, 1B at seq 1024
+# gpu-validate: one row per strategy and technique, 1B at seq 1024; gpu-rehearse-check: what the H100 rows left open.
+OTHER_SWEEPS = ("gpu-validate", "gpu-rehearse-check")
+RESULTS = REPO / "docs" / "results" / "gpu-2026-11-22"
 GPU = "H100 SXM"
 
 
-def sweep_for_gpu(name: str):
+def sweep_for_gpu(name: str, gpu: str):
     """The committed sweep, with estimate.gpu set to the GPU its rows ran on (not part of trial ids)."""
     spec = load_sweep(REPO / "sweeps" / f"{name}.yaml")
-    return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": GPU})})
+    return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": gpu})})
 
 
-def measured_rows(name: str) -> pd.DataFrame:
-    """The sweep's ok rows by config id. The warm pool of that day kept a failed trial's GPU memory in the
+def measured_rows(name: str, results: Path) -> pd.DataFrame:
+    """The sweep's ok rows by trial id. The warm pool of that day kept a failed trial's GPU memory in the
     peaks of the trials after it (fixed since, docs/results/gpu-2026-11-22.md): rows that ended after a failed
     trial of their sweep are left out (gpu-validate's after its first ZeRO-3 attempt)."""
-    measured = pd.read_parquet(RESULTS / f"{name}.parquet")
+    measured = pd.read_parquet(results / f"{name}.parquet")
     first_failure = measured.loc[measured.status != "ok", "ended_at"].min()
-    return measured[(measured.status == "ok") & ~(measured.ended_at > first_failure)].set_index("config_id")
+    return measured[(measured.status == "ok") & ~(measured.ended_at > first_failure)].set_index("trial_id")
 
 
-def validate(name: str, store: Path) -> tuple[pd.DataFrame, dict]:
-    measured = measured_rows(name)
+def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFrame, dict]:
+    measured = measured_rows(name, results)
     lines, traces = [], {}
-    for trial in plan(sweep_for_gpu(name)):
-        if trial.config_id not in measured.index:
+    for trial in plan(sweep_for_gpu(name, gpu)):
+        if trial.trial_id not in measured.index:
             continue
-        r = rehearse.rehearse(trial.config, trial.shape, GPU, analytic=trial.estimate, traces=traces)
+        r = rehearse.rehearse(trial.config, trial.shape, gpu, analytic=trial.estimate, traces=traces)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
-        row = measured.loc[trial.config_id]
+        row = measured.loc[trial.trial_id]
         reserved = None if r.peak_gib is None else r.peak_gib * rehearse.ALLOCATOR_RESERVE
         lines.append({
-            "config": ", ".join(f"{k.split('.')[-1]}={v}" for k, v in trial.axis_values.items()),
+            "config": ", ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in trial.axis_values.items()
+                                if k != "train.ac_mode") + (f", r{trial.repeat}" if trial.repeat else ""),
             "method": r.method, "notes": "; ".join(r.notes) or "-",
             "rehearsed_gib": r.peak_gib, "alloc_gib": row.peak_alloc_gib,
             "alloc_err": _err(r.peak_gib, row.peak_alloc_gib),
@@ -90,15 +94,15 @@ def validate(name: str, store: Path) -> tuple[pd.DataFrame, dict]:
     return table, summary
 
 
-def best_ratios(name: str, store: Path) -> list[dict]:
-    """Per group (micro-batch x compile): the sAC ratio the rehearsals predict best within the H100's memory
+def best_ratios(name: str, store: Path, results: Path, gpu: str) -> list[dict]:
+    """Per group (micro-batch x compile): the sAC ratio the rehearsals predict best within the GPU's memory
     (estimate margin included), and the measured best among the ok rows."""
-    measured = measured_rows(name)
-    trials = plan(sweep_for_gpu(name), store_path=store)
-    by_id = {t.config_id: t for t in trials}
+    measured = measured_rows(name, results)
+    trials = plan(sweep_for_gpu(name, gpu), store_path=store)
+    by_id = {t.trial_id: t for t in trials}
     out = []
     for result in predicted_best(trials, rehearsals=calibration.rehearsals(store)):
-        ids = [t.config_id for t in trials if all(str(t.axis_values.get(k)) == v for k, v in result["group"].items())]
+        ids = [t.trial_id for t in trials if all(str(t.axis_values.get(k)) == v for k, v in result["group"].items())]
         rows = measured.loc[[i for i in ids if i in measured.index]]
         best_row = rows.loc[rows.tok_per_s_per_device.idxmax()] if len(rows) else None
         out.append({"group": result["group"], "predicted": result["best"] and result["best"]["value"],
@@ -164,6 +168,11 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+def _short(value) -> str:
+    """An axis value for a table cell: an op list is summarised by its length."""
+    return f"[{len(value)} ops]" if isinstance(value, list) else str(value)
+
+
 def _f(value, digits: int = 2) -> str:
     return "-" if value is None or pd.isna(value) else f"{value:.{digits}f}"
 
@@ -172,32 +181,36 @@ def _pct(value) -> str:
     return "-" if value is None or pd.isna(value) else f"{value:+.1%}"
 
 
-def print_best_ratios(store: Path) -> None:
-    print("\n### Best sAC ratio per group on an H100 (predicted before running vs measured)\n")
+def print_best_ratios(store: Path, results: Path, gpu: str) -> None:
+    print(f"\n### Best sAC ratio per group on an {gpu} (predicted before running vs measured)\n")
     print("| group | predicted best | predicted tok/s/GPU | measured best | measured tok/s/GPU | every ratio: "
           "reserved GiB (pred) / fits |\n|---|---|---|---|---|---|")
-    best = best_ratios("gpu-sac-1b", store)
+    best = best_ratios("gpu-sac-1b", store, results, gpu)
     for b in best:
         every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'no'}" for v in b["values"])
         print(f"| {_group(b)} | {b['predicted']} | "
               f"{_f(b['predicted_tok_s'], 0)} | {b['measured']} | {_f(b['measured_tok_s'], 0)} | {every} |")
-    print("\n### Op-level policy per group on an H100 (torch's SAC ILP within the same limit) vs measured best\n")
+    print(f"\n### Op-level policy per group on an {gpu} (torch's SAC ILP within the same limit) vs measured best\n")
     print(_op_policy_markdown(best))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Rehearsed vs measured on the committed H100 rows.")
+    parser = argparse.ArgumentParser(description="Rehearsed vs measured on committed GPU rows.")
     parser.add_argument("--sweep", action="append", choices=[*SWEEPS, *OTHER_SWEEPS],
                         help=f"a sweep to validate (repeatable; default: {', '.join(SWEEPS)})")
-    names = parser.parse_args().sweep or SWEEPS
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="folder of <sweep>.parquet files (bench/gpu_truth.sh writes them)")
+    parser.add_argument("--gpu", default=GPU, help="the GPU those rows ran on, as the hardware table names it")
+    args = parser.parse_args()
+    names = args.sweep or SWEEPS
     summaries = []
     with tempfile.TemporaryDirectory() as store:
         for name in names:
-            table, summary = validate(name, Path(store))
+            table, summary = validate(name, Path(store), args.results, args.gpu)
             print(f"\n### {name}\n\n{_markdown(table)}\n")
             summaries.append(summary)
         if "gpu-sac-1b" in names:
-            print_best_ratios(Path(store))
+            print_best_ratios(Path(store), args.results, args.gpu)
     for summary in summaries:
         print(json.dumps({"bench": "rehearse_validate", **summary}))
 

@@ -43,7 +43,7 @@ def materialize(model: nn.Module, device: torch.device, seed: int, weights_dir: 
                 state: dict[str, torch.Tensor] | None = None) -> None:
     """Allocate the model's (local) tensors on `device` and fill them: from `state` (whole tensors by checkpoint
     key), else from the safetensors in `weights_dir`; whatever neither holds (LoRA adapters, presets) is random."""
-    _to_empty_keeping_ties(model, device)
+    to_empty_keeping_ties(model, device)
     with torch.no_grad():
         if state is not None:
             loaded = _copy_state(model, state)
@@ -61,7 +61,7 @@ def materialize(model: nn.Module, device: torch.device, seed: int, weights_dir: 
                 _hf_model(model)._init_weights(module)
 
 
-def _to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
+def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
     """`Module.to_empty`, keeping shared parameters shared: it gives each module its own new Parameter, which
     would untie a tied output head from the embedding (a model with a separate head of its own values)."""
     holders: dict[int, list[tuple[nn.Module, str]]] = {}

@@ -43,6 +43,7 @@ from torch import nn
 from raybench import bench, strategies
 from raybench.config import TrainSpec, TrialConfig
 from raybench.hardware import matmul_efficiency, memory_bandwidth_tb_per_s, peak_tflops
+from raybench.materialize import to_empty_keeping_ties
 from raybench.model import build_meta, decoder_blocks
 from raybench.plan import checkpointed_blocks, config_id
 from raybench.presets import ModelShape
@@ -253,8 +254,10 @@ def matmul_efficiency_ratio(gpu: str | None) -> float:
 
 
 def _tracker(model: nn.Module, optimizer, fsdp: bool):
+    from torch.distributed._tools.common_utils import get_untyped_storages
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from torch.utils.weak import WeakIdKeyDictionary
 
     base = FSDPMemTracker if fsdp else MemTracker
 
@@ -273,11 +276,49 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.flops = self.roofline_s = self.compute_s = self.memory_s = 0.0
             self.op_s: dict[str, float] = defaultdict(float)
             self.block_memory_bound_s = 0.0
+            self.stand_ins: list[torch.Tensor] = []
+            self.held_elsewhere = WeakIdKeyDictionary()  # storages the stand-ins count
+            self.op_reads_held_elsewhere = False
+
+        def count_from_start(self, stand_ins: list[torch.Tensor]) -> None:
+            """Count `stand_ins` as gradients from the step's start, for storage a wrapper allocated before the
+            step where the tracker cannot see it (DDP's gradient buckets, inside its C++ reducer): torch's
+            tracker would first see that storage when the step uses it, and count it only from there.
+
+            That storage is not counted again. Once stand-ins are given, a storage an operator takes as input
+            before the tracker saw it is theirs (everything the step creates, the tracker sees created; the
+            model and optimizer are tracked from the start), and so is what an operator on it returns that the
+            tracker has not seen: a view of it or, under a fake mode, the fake twin of that real storage."""
+            self.stand_ins = stand_ins
+            for t in stand_ins:
+                self._update_and_maybe_create_winfos(t, _MemRefType.GRAD)
+
+        def _reads_held_elsewhere(self, args, kwargs) -> bool:
+            held = False
+            for t in pytree.tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    for st in get_untyped_storages(t):
+                        if st not in self._WINFO:
+                            self.held_elsewhere[st] = True
+                        held = held or st in self.held_elsewhere
+            return held
+
+        def _track(self, reftype, t: torch.Tensor) -> None:
+            for st in get_untyped_storages(t):
+                if self.op_reads_held_elsewhere and st not in self._WINFO:
+                    self.held_elsewhere[st] = True
+                if st in self.held_elsewhere:
+                    return
+            super()._track(reftype, t)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.propagation.depth:  # DTensor's global-shape run: no memory of this rank's
                 return func(*args, **(kwargs or {}))
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self.op_reads_held_elsewhere = bool(self.stand_ins) and self._reads_held_elsewhere(args, kwargs)
+            try:
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                self.op_reads_held_elsewhere = False
             if out is NotImplemented:  # DTensor desugars first; its local ops come back through here
                 return out
             if func in self.collectives:
@@ -448,7 +489,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
 
     def materialize(whole: bool) -> None:
         with mode:
-            model.to_empty(device=ctx.device)
+            to_empty_keeping_ties(model, ctx.device)  # as the worker does: a tied head stays the embedding
         if not fake:  # real runs need real values for a finite loss; fake ones have none to give
             from raybench.model import fill
 
@@ -465,6 +506,8 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         tracker = tracker_cls(_gpu_roofline(gpu))
         if not fsdp:
             tracker.track_external(trainable.model, trainable.optimizer)
+        if train.strategy == "ddp":  # its reducer holds a bucket copy of every trainable gradient from construction
+            tracker.count_from_start([b.buffer() for b in trainable.model.reducer._get_zeros_like_grad_buckets()])
         marking = _marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
         with marking, tracker, _liger_rope(config, shape), _one_sequence_per_row():
             bench.train_step(trainable, batches, train, ctx.device, bench.PhaseClock(ctx.device))

@@ -20,6 +20,7 @@ from raybench.best import predicted_best
 from raybench.cli import main
 from raybench.config import load_sweep, parse_sweep
 from raybench.plan import plan
+from raybench.presets import PRESETS
 from raybench.schema import GIB
 from raybench.strategies import RankContext
 
@@ -132,6 +133,34 @@ def test_ddp_ranks_hold_a_whole_replica_at_every_world_size(world, real):
         assert_close(fake.peak_gib, sum(real[2][case]["memory_gib"].values()), f"{case} world {world}: peak")
         assert fake.comm_bytes["allreduce"] == 4 * trial.estimate["params_trainable"]
         assert fake.overlapped_comm == ("allreduce",)
+
+
+def test_ddp_buckets_count_from_construction():
+    """DDP's reducer holds a bucket copy of every trainable gradient (fp32) from construction. At a sequence long
+    enough that the step peaks as forward ends, before any gradient exists, the peak holds the buckets and
+    nothing else of the gradients'; torch's tracker alone sees them only from their first use in backward (on
+    a 1B H100/H200 row that hid 5.6 GiB: docs/rehearse.md, DDP)."""
+    trial = tiny_trial(2, strategy="ddp", seq_len=1024)
+    fake = fake_trace(trial)
+    buckets_gib = 4 * trial.estimate["params_trainable"] / GIB
+    assert fake.memory_gib["activations"] > 10 * buckets_gib  # the forward's end
+    assert fake.memory_gib["gradients"] == pytest.approx(buckets_gib, rel=0.01)
+
+
+def test_a_tied_output_head_stays_the_embedding(tmp_path):
+    """A model whose output head is its embedding (Llama-3.2-1B) holds that weight once, as the worker builds it;
+    `Module.to_empty` alone would give the head a copy of its own (on the 1B: 0.98 GiB of fp32 parameters, and
+    as much again of gradients, buckets and each AdamW state, under DDP)."""
+    from safetensors.torch import save_file
+
+    shape = {**PRESETS["tiny"].hf_config_kwargs(), "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **shape}))
+    save_file({"unused": torch.zeros(1)}, str(tmp_path / "model.safetensors"))  # a model directory has weights
+    spec = parse_sweep({"name": "rehearse", "model": {"path": str(tmp_path)},
+                        "train": {**TINY_TRAIN, "strategy": "ddp"}, "resources": {"workers": 2}})
+    (trial,) = plan(spec)
+    fake = fake_trace(trial)
+    assert fake.resident_gib["parameters"] * GIB == 4 * trial.estimate["params_total"]
 
 
 def test_ddp_hook_leaves_the_real_bucket_untouched():
