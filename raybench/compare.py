@@ -25,6 +25,12 @@ METRICS = {
     "peak_gib": ("peak GiB", ".1f"),
     "mfu": ("MFU", ".3f"),
 }
+# Sampled over the timed steps (GPU rows only): summarised as ratios, not tabulated. A GPU at its power limit
+# runs its SM clock below the maximum that the fingerprint records (an H200 at 700 W: docs/results/gpu-2026-11-26.md).
+SAMPLED = {
+    "gpu_sm_clock_mhz": ("SM clock MHz (sampled)", ".0f"),
+    "gpu_power_w": ("power W (sampled)", ".0f"),
+}
 # Fingerprint column → what a difference in it can do to a trial. Order = order of the report.
 EXPLANATIONS = {
     "device": "a different GPU model (or CPU)",
@@ -182,7 +188,8 @@ def compare(df: pd.DataFrame, systems: list[str] | None = None, match: str = "co
     unmatched = {s: int(rows.loc[(rows["system_label"] == s) & ~rows["match_key"].isin(matched_keys), "match_key"]
                         .nunique()) for s in systems}
     matched = rows[rows["match_key"].isin(matched_keys)]
-    means = frames.repeat_means(matched, ["match_key", "world_size", "system_label"], list(METRICS))
+    columns = [*METRICS, *SAMPLED]
+    means = frames.repeat_means(matched, ["match_key", "world_size", "system_label"], columns)
     table = pd.DataFrame()
     if len(means):
         labels = _labels(matched)
@@ -190,7 +197,7 @@ def compare(df: pd.DataFrame, systems: list[str] | None = None, match: str = "co
         means = means.assign(label=means["match_key"].map(labels))
         means = means.assign(order=means["label"].map(order))
         table = (means.pivot(index=["order", "match_key", "label", "world_size"], columns="system_label",
-                             values=list(METRICS)).reset_index().sort_values(["order", "world_size"]))
+                             values=columns).reset_index().sort_values(["order", "world_size"]))
     differences, same = _differences(matched, systems)
     return Comparison(systems, match, table, differences, same, unmatched)
 
@@ -216,7 +223,7 @@ def geometric_mean(values: list[float]) -> float | None:
 def summary_lines(comparison: Comparison) -> list[str]:
     first = comparison.systems[0]
     lines = []
-    for metric, (header, _) in METRICS.items():
+    for metric, (header, _) in {**METRICS, **SAMPLED}.items():
         for system, values in ratios(comparison, metric).items():
             mean = geometric_mean(values)
             if mean is not None:

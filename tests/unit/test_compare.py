@@ -56,6 +56,16 @@ def test_matched_configurations_and_ratios(rows):
     assert "snellius/della tok/s/device: geometric mean" in text and "NVLink" in text
 
 
+def test_sampled_clocks_are_summarised_where_recorded(rows):
+    """A GPU at its power limit runs below the SM clock its fingerprint records: the clocks sampled over the
+    timed steps come out as a ratio, and not at all where no row recorded them (CPU trials)."""
+    clocked = rows.assign(gpu_sm_clock_mhz=rows["system"].map({"della": 1900.0, "snellius": 1710.0}))
+    lines = compare.summary_lines(compare.compare(clocked, ["della", "snellius"]))
+    assert "snellius/della SM clock MHz (sampled): geometric mean 0.900 (min 0.900, max 0.900)" in " ".join(lines)
+    unrecorded = rows.assign(gpu_sm_clock_mhz=None, gpu_power_w=None)
+    assert not [line for line in compare.summary_lines(compare.compare(unrecorded)) if "sampled" in line]
+
+
 def test_systems_by_hostname_and_old_rows_without_a_label(rows):
     assert compare.resolve_systems(rows, ["della-gpu01", "snellius"], "s") == ["della", "snellius"]
     unlabelled = rows.assign(system=None)  # rows written before the system column existed
