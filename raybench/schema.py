@@ -73,6 +73,9 @@ class TrialMetrics:
     timed_window_s: float
     first_step_s: float
     compile_s: float | None
+    compile_graphs: int | None
+    compile_graph_breaks: int | None
+    compile_graph_break_reasons_json: str | None
     worker_wall_s: float
     process_trial_index: int
     phase_data_p50_s: float

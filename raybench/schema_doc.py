@@ -90,6 +90,11 @@ DESCRIPTIONS = {
     "time_to_first_step_s": "Worker start to the end of the first step, slowest rank.",
     "first_step_s": "The first step (compilation and allocator warm-up included).",
     "compile_s": "First step's excess over the median step, when train.compile is on.",
+    "compile_graphs": "Graphs dynamo compiled over the trial's steps (rank 0), when train.compile is on.",
+    "compile_graph_breaks": ("Graph breaks dynamo met over the trial's steps (rank 0): each splits a compiled block, "
+                             "and what is either side of it is fused apart. When train.compile is on."),
+    "compile_graph_break_reasons_json": ("JSON: each graph break's reason (dynamo's heading and explanation) -> its "
+                                         "count, the five most frequent; null without breaks."),
     "worker_wall_s": "Wall time of the benchmark in the rank-0 worker.",
     **{f"phase_{phase}_{stat}_s": f"{stat_text} per timed step of the {phase} phase ({what}), averaged over ranks."
        for phase, what in (("data", "waiting for the next batch and its copy to the device"),
@@ -158,6 +163,7 @@ UNITS = {
     "projected_device_hours": "device-hours", "phase_sum_over_step": "ratio", "est_peak_error": "fraction",
     "loss_first": "nats", "loss_final": "nats", "train_seq_len": "tokens", "train_micro_batch": "sequences",
     "train_steps": "steps", "train_warmup_steps": "steps", "resources_cpus_per_worker": "CPUs",
+    "compile_graphs": "graphs", "compile_graph_breaks": "breaks",
 }
 _SUFFIX_UNITS = (("_gib_by_rank", "GiB"), ("_gib", "GiB"), ("_mhz", "MHz"), ("_pct", "%"), ("_gbps", "GB/s"),
                  ("_frac", "fraction"), ("_w", "W"), ("_s", "s"))

@@ -319,7 +319,9 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
 
     t_loop = time.perf_counter()
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
+    dynamo_before = compile.dynamo_counts()
     record = bench.timed_loop(trainable, batches, train, ctx.device, sampler)
+    compiled = compile.compiled_since(dynamo_before) if train.compile else None
     sampler.close()
     comm_exposed_p50_s = _exposed_comm(trainable, batches, train, ctx)
     measured = RankMeasurement(
@@ -342,7 +344,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
         params_trainable=built.params_trainable, flops_per_token=flops_tok,
         peak_tflops=peak_tflops(hardware["gpu_name"], train.precision), comm_exposed_p50_s=comm_exposed_p50_s,
         worker_wall_s=time.perf_counter() - t_start, process_trial_index=payload.process_trial_index,
-        **built.weights_info)
+        compiled=compiled, **built.weights_info)
     provenance = {
         "world_size": ctx.world_size,
         "hostnames": sorted(set(hostnames)),

@@ -7,6 +7,9 @@ every FSDP2 hook. The HF forward must run with use_cache=False or each layer rec
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import torch
 from torch import nn
 
@@ -24,3 +27,30 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     for block in decoder_blocks(model):
         block.compile()
     return model
+
+
+def dynamo_counts() -> tuple[int, Counter]:
+    """Dynamo's own counters now: graphs compiled so far, and graph breaks by reason (a process's totals, which
+    `torch.compiler.reset` does not clear: a trial reports what changed over its steps, `compiled_since`)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], Counter(counters["graph_break"])
+
+
+def compiled_since(before: tuple[int, Counter]) -> dict:
+    """What dynamo compiled since `before`: graphs, graph breaks, and the breaks' reasons (the most frequent five,
+    with their counts). A graph break splits a compiled block in two, and the operators either side of it are
+    fused apart (an untraceable kernel call, a print, a data-dependent branch)."""
+    graphs, breaks = dynamo_counts()
+    breaks = breaks - before[1]
+    reasons = {_reason(reason): n for reason, n in breaks.most_common(5)}
+    return {"compile_graphs": graphs - before[0], "compile_graph_breaks": sum(breaks.values()),
+            "compile_graph_break_reasons_json": json.dumps(reasons) if reasons else None}
+
+
+def _reason(text: str) -> str:
+    """Dynamo's reason in one line: its heading and its explanation (the hints and debug context left out)."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    explanation = next((line.removeprefix("Explanation:").strip() for line in lines
+                        if line.startswith("Explanation:")), None)
+    return (f"{lines[0]}: {explanation}" if explanation else lines[0])[:300]

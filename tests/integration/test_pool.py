@@ -171,6 +171,12 @@ def test_compiled_and_eager_trials_share_a_group(cluster, tmp_path):
     # else inductor's default (importing inductor sets it in any process).
     cache_dirs = {r.train_compile: json.loads(r.env_json).get("TORCHINDUCTOR_CACHE_DIR") for r in rows.itertuples()}
     assert cache_dirs[True] == str(tmp_path / "_cache" / "compile") and cache_dirs[False] != cache_dirs[True]
+    # The second compiled trial compiled what the first did (dynamo reset between them), with no graph break in
+    # the tiny Llama blocks; the eager trial reports none.
+    counts = {(r.train_compile, r.train_lr): (r.compile_graphs, r.compile_graph_breaks) for r in rows.itertuples()}
+    compiled = [v for (on, _), v in counts.items() if on]
+    assert compiled[0] == compiled[1] and compiled[0][0] >= 1 and compiled[0][1] == 0, counts
+    assert rows.loc[~rows.train_compile, "compile_graphs"].isna().all()
 
 
 def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(cluster, tmp_path):

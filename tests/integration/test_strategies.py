@@ -81,6 +81,15 @@ def test_loss_goes_down(name, model_dir, alpaca_file):
     assert result["world_size"] == CASES[name][2]
 
 
+def test_compiled_blocks_report_their_graphs(model_dir, alpaca_file):
+    """Every decoder block compiles in place: dynamo compiles graphs for them and the tiny Llama block breaks
+    none (a break would split the block and fuse its halves apart)."""
+    result = run_case("ddp-compile-ac-full-loaders2", model_dir, alpaca_file)
+    assert result["compile_graphs"] >= 1 and result["compile_graph_breaks"] == 0, result
+    assert result["compile_graph_break_reasons_json"] is None
+    assert run_case("ddp", model_dir, alpaca_file)["compile_graphs"] is None
+
+
 @pytest.mark.parametrize("ddp_name, name", [
     ("ddp", "zero3"), ("ddp", "tp-fsdp2"), ("ddp", "fsdp2"), ("ddp-1rank", "fsdp2-1rank"), ("ddp-1rank", "zero3-1rank"),
     pytest.param("ddp-4ranks", "fsdp2-4ranks", marks=pytest.mark.slow),
