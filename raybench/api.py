@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raybench import compaction, store, sweep
+from raybench import compaction, cuda_snapshot, store, sweep
 from raybench.config import SweepSpec, load_sweep
 from raybench.plan import PlannedTrial, plan
 
@@ -22,6 +22,8 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
     Raises ConfigError before anything starts if the sweep cannot be planned.
     """
     store_path = str(Path(store_path or spec.store))
+    if cuda_snapshot.requested():
+        cuda_snapshot.check(plan(spec, keep_invalid=True, source=source), source)
     if spec.search.algo != "grid":
         ran = sweep.run_search(spec, store_path=store_path, address=address, rerun=rerun, progress=progress,
                          verbose=verbose, source=source).ran

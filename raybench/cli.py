@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from raybench import cli_results, cli_store, slurm
+from raybench import cli_results, cli_store, cuda_snapshot, slurm
 from raybench.config import ConfigError, load_sweep
 from raybench.plan import plan
 from raybench.report import estimate_summary, estimate_table, plan_table, rehearsal_table, results_table
@@ -152,6 +152,7 @@ def _trial(args) -> int:
         print(f"{args.sweep}: no trial with id or index {args.id!r}; see `raybench plan {args.sweep}`",
               file=sys.stderr)
         return EXIT_BAD_INPUT
+    cuda_snapshot.check(chosen, args.sweep)
     store_path = args.store or spec.store
     row = run_trial(chosen[0].as_payload(), spec.name, store_path, "torchrun", executors.get("torchrun"))
     rows = read_results(store_path, spec.name)

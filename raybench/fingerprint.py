@@ -17,8 +17,9 @@ from pathlib import Path
 
 from raybench.redact import ANSI_ESCAPE, SECRET_PATTERN
 
+# RAYBENCH_CUDA_MEMORY_SNAPSHOT: a recorded trial's timings include the recording (cuda_snapshot).
 ENV_ALLOWED_PREFIXES = ("NCCL_", "CUDA_", "OMP_", "TORCH_", "TORCHINDUCTOR_", "MKL_", "MALLOC_", "SLURM_JOB_ID",
-                        "SLURM_NODELIST")
+                        "SLURM_NODELIST", "RAYBENCH_CUDA_MEMORY_SNAPSHOT")
 PACKAGES = ("torch", "ray", "transformers", "peft", "deepspeed", "raybench")
 
 

@@ -12,11 +12,13 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -27,7 +29,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from raybench import bench, data, fingerprint, limits, metrics, probe, rank_metrics, strategies, weights  # noqa: E402
+from raybench import (  # noqa: E402
+    bench, cuda_snapshot, data, fingerprint, limits, metrics, probe, rank_metrics, strategies, weights)
 from raybench.config import TrainSpec, TrialConfig  # noqa: E402
 from raybench.hardware import peak_tflops  # noqa: E402
 from raybench.model import build_meta, count_params, fill  # noqa: E402
@@ -145,13 +148,24 @@ def run(payload: TrialPayload) -> dict | None:
     held_gib = held_from_earlier_trials_gib()
     prepare_process(payload.config)
     try:
-        return _benchmark(payload, held_gib)
+        with _recording(payload):
+            return _benchmark(payload, held_gib)
     except (RuntimeError, MemoryError) as err:
         # CUDA raises torch.OutOfMemoryError; the CPU allocator a plain RuntimeError ("can't allocate memory").
         if not isinstance(err, (torch.OutOfMemoryError, MemoryError)) and "can't allocate memory" not in str(err):
             raise
         rank = dist.get_rank() if dist.is_initialized() else 0
         raise RuntimeError(f"OutOfMemoryError on rank {rank} with {_memory_in_use()}: {err}") from None
+
+
+def _recording(payload: TrialPayload):
+    """The CUDA allocator's history of this rank, when RAYBENCH_CUDA_MEMORY_SNAPSHOT asks for it (cuda_snapshot)."""
+    directory = cuda_snapshot.requested()
+    if directory is None:
+        return contextlib.nullcontext()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if payload.config.resources.gpus_per_worker > 0 else torch.device("cpu")
+    return cuda_snapshot.recording(directory, device, f"{payload.trial_id}-{socket.gethostname()}-gpu{local_rank}")
 
 
 def prepare_process(config: TrialConfig) -> None:
