@@ -3,8 +3,9 @@
 Set RAYBENCH_CUDA_MEMORY_SNAPSHOT to a directory and every CUDA rank of a trial records the allocator's history
 (`torch.cuda.memory._record_memory_history`, with the Python stack of each allocation) from before its model
 is built to the end of its timed steps, then writes there:
-- `<trial_id>-rank<r>.pickle`: torch's snapshot, for https://pytorch.org/memory_viz;
-- `<trial_id>-rank<r>-peak.json`: the tensors live at the training peak, grouped by where they were allocated.
+- `<trial_id>-<host>-gpu<n>.pickle`: torch's snapshot, for https://pytorch.org/memory_viz;
+- `<trial_id>-<host>-gpu<n>-peak.json`: the most bytes live at once and the tensors live then, grouped by where
+  they were allocated (`live_at_peak`).
 
 Recording costs host time at every allocation: a recorded trial's timings are not the configuration's, only
 its memory is (its row says so through env_json). Diagnoses a row whose peak the rehearsal or the estimate
@@ -25,7 +26,9 @@ from raybench.config import ConfigError, Problem
 from raybench.schema import GIB
 
 ENV = "RAYBENCH_CUDA_MEMORY_SNAPSHOT"
-MAX_ENTRIES = 200_000  # allocator events kept (a 1B step makes ~20,000)
+# Allocator events kept. Past it the oldest go, and with them what the model's build allocated: the peak file
+# then says its history is incomplete (keep such a trial's steps few).
+MAX_ENTRIES = 200_000
 # Frames that say who allocated, most telling first: a live allocation is grouped under the innermost frame of
 # the first of these packages on its stack (a model's line over the nn.Module call under it, which every layer
 # shares; raybench's own frames, such as the step's backward call, when nothing else names it).
@@ -69,14 +72,15 @@ def recording(directory: Path, device, name: str) -> Iterator[None]:
         torch.cuda.memory._record_memory_history(enabled=None, device=device)
         with open(directory / f"{name}.pickle", "wb") as f:
             pickle.dump(snapshot, f)
-        peak = live_at_peak(snapshot["device_traces"][device.index or 0])
+        events = snapshot["device_traces"][device.index or 0]
+        peak = {**live_at_peak(events), "history_complete": len(events) < MAX_ENTRIES}
         (directory / f"{name}-peak.json").write_text(json.dumps(peak, indent=1))
 
 
 def live_at_peak(events: list[dict]) -> dict:
     """Replay one device's allocator events: the most bytes live at once, and the allocations live then, grouped
-    by the innermost frame of a known package with their sizes summed (largest first). Memory allocated before
-    the recording began is not in the events: it is reported as unseen, from nothing."""
+    by allocation site (`_owner`) with their sizes summed, largest first. What was allocated before the
+    recording began is not in the events and not counted: a worker records from before its model's build."""
     live: dict[int, dict] = {}
     total = peak = 0
     at_peak: list[dict] = []

@@ -333,7 +333,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
 
     t_loop = time.perf_counter()
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
-    dynamo_before = compile.dynamo_counts()
+    dynamo_before = compile.dynamo_counts() if train.compile else None
     record = bench.timed_loop(trainable, batches, train, ctx.device, sampler)
     compiled = compile.compiled_since(dynamo_before) if train.compile else None
     sampler.close()
