@@ -11,7 +11,8 @@ import pandas as pd
 
 from raybench import store
 from raybench.config import ConfigError, Problem, default_mode, load_sweep, metric_problem
-from raybench.frames import config_label, device_label, model_label, peak_memory_gib, ratio_value
+from raybench.frames import (config_label, device_label, latest_per_system, model_label, peak_memory_gib,
+                             ratio_value)
 from raybench.report import render
 from raybench.stats import format_ci, pareto_mask, repeat_summary
 
@@ -29,9 +30,9 @@ def resolve_source(source: str, sweep: str | None) -> tuple[str, str | None]:
 
 
 def read_rows(store_path: str, sweep: str | None = None) -> pd.DataFrame:
-    """The latest attempt of each trial of each sweep: the same configuration measured by two sweeps, on two
-    GPU types say, stays two rows."""
-    return store.read_results(store_path, sweep)
+    """The latest attempt of each trial on each system and GPU type: the same sweep run on two GPU types gives
+    the same trial ids, and each GPU type keeps its rows (best is per GPU type)."""
+    return latest_per_system(store.read_results(store_path, sweep, latest=False), per_device=True)
 
 
 def axis_column(axis: str, columns: list[str]) -> str | None:

@@ -52,6 +52,20 @@ def test_best_config_per_gpu_type_with_repeats_ci(store_dir):
     assert h100.peak_gib == 25.0
 
 
+def test_one_sweep_run_on_two_gpu_types_keeps_both(tmp_path):
+    """The same sweep file run on an H100 and then an H200 gives the same trial ids, from machines that may
+    share a host name: each GPU type keeps its rows (the store's latest-per-trial would keep the H200's only),
+    while a re-run on the same GPU type still replaces its earlier try."""
+    (trial,) = plan(parse_sweep({"name": "one", "model": {"preset": "tiny"}}))
+    payload, train = trial.as_payload(), trial.as_payload().config.train.model_dump()
+    for gpu, speed in (("NVIDIA H100 80GB HBM3", 1000.0), ("NVIDIA H200", 1100.0), ("NVIDIA H200", 1200.0)):
+        metrics = {**gpu_metrics(speed, train, 1), "gpu_name": gpu, "device_type": "cuda", "hostname": "vm"}
+        store.write_row(tmp_path, build_row(payload, "one", "ok", "", metrics))
+    best = best_configs(read_rows(str(tmp_path))).set_index("group")
+    assert best["mean"].to_dict() == pytest.approx({"H100 80GB HBM3": 1010.0, "H200": 1212.0})
+    assert set(best.n) == {1}
+
+
 def test_best_sac_ratio_per_gpu_under_a_memory_cap(store_dir):
     rows = read_rows(str(store_dir))
     free = best_per_axis_value(rows, "train_ac_ratio")
