@@ -155,7 +155,7 @@ class TrialFacts:
     weights_copy_s: float | None
     worker_wall_s: float
     process_trial_index: int  # trials the worker processes ran before this one (0: fresh processes)
-    compiled: dict | None = None  # compile.compiled_since over the timed loop, when train.compile
+    compiled: dict  # dynamo's graph and graph-break columns over the timed loop (techniques.compile); nulls eager
 
 
 def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
@@ -207,8 +207,7 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         first_step_s=r.step_times_s[0],
         # Compilation happens inside the first step; its excess over a typical step is the compile cost.
         compile_s=r.step_times_s[0] - step_p50 if train.compile else None,
-        **(facts.compiled or dict.fromkeys(("compile_graphs", "compile_graph_breaks",
-                                            "compile_graph_break_reasons_json"))),
+        **facts.compiled,
         worker_wall_s=facts.worker_wall_s,
         process_trial_index=facts.process_trial_index,
         **r.sampled,

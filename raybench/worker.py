@@ -55,20 +55,26 @@ COMM_PAIRS = 3
 TECHNIQUES = (liger, qlora, lora, activation_checkpointing, compile)
 
 
+def local_device(config: TrialConfig) -> torch.device:
+    """This rank's device: the GPU of its LOCAL_RANK (set by torchrun and Ray Train), or the CPU."""
+    if config.resources.gpus_per_worker > 0:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
 def init_distributed(config: TrialConfig, timeout_s: float = 1800) -> RankContext:
     """Join the process group the launcher prepared (Ray Train) or create it from torchrun's env."""
-    use_gpu = config.resources.gpus_per_worker > 0
+    device = local_device(config)
+    use_gpu = device.type == "cuda"
     if use_gpu and not torch.cuda.is_available():
         raise RuntimeError("resources.gpus_per_worker=1 but CUDA is not available on this worker")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
     if use_gpu:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, int(config.resources.cpus_per_worker)))
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_gpu else "gloo", timeout=timedelta(seconds=timeout_s))
-    return RankContext(dist.get_rank(), dist.get_world_size(), local_rank, device)
+    return RankContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), device)
 
 
 def prepare_model(model: nn.Module, train: TrainSpec) -> nn.Module:
@@ -163,9 +169,8 @@ def _recording(payload: TrialPayload):
     directory = cuda_snapshot.requested()
     if directory is None:
         return contextlib.nullcontext()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if payload.config.resources.gpus_per_worker > 0 else torch.device("cpu")
-    return cuda_snapshot.recording(directory, device, f"{payload.trial_id}-{socket.gethostname()}-gpu{local_rank}")
+    device = local_device(payload.config)
+    return cuda_snapshot.recording(directory, device, f"{payload.trial_id}-{socket.gethostname()}-gpu{device.index}")
 
 
 def prepare_process(config: TrialConfig) -> None:
@@ -185,7 +190,7 @@ def prepare_process(config: TrialConfig) -> None:
         if needed and importlib.util.find_spec(module.split(".")[0]) is not None:
             importlib.import_module(module)
     if use_gpu and torch.cuda.is_available():
-        torch.empty(1, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))))
+        torch.empty(1, device=local_device(config))
 
 
 WARM_UP_TOKENS = 16
@@ -335,7 +340,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
     dynamo_before = compile.dynamo_counts() if train.compile else None
     record = bench.timed_loop(trainable, batches, train, ctx.device, sampler)
-    compiled = compile.compiled_since(dynamo_before) if train.compile else None
+    compiled = compile.compiled_since(dynamo_before) if train.compile else dict.fromkeys(compile.COLUMNS)
     sampler.close()
     comm_exposed_p50_s = _exposed_comm(trainable, batches, train, ctx)
     measured = RankMeasurement(

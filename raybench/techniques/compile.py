@@ -29,6 +29,10 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     return model
 
 
+# The row columns compiled_since fills (null for eager trials).
+COLUMNS = ("compile_graphs", "compile_graph_breaks", "compile_graph_break_reasons_json")
+
+
 def dynamo_counts() -> tuple[int, Counter]:
     """Dynamo's own counters now: graphs compiled so far, and graph breaks by reason (a process's totals, which
     `torch.compiler.reset` does not clear: a trial reports what changed over its steps, `compiled_since`)."""
@@ -44,8 +48,7 @@ def compiled_since(before: tuple[int, Counter]) -> dict:
     graphs, breaks = dynamo_counts()
     breaks = breaks - before[1]
     reasons = {_reason(reason): n for reason, n in breaks.most_common(5)}
-    return {"compile_graphs": graphs - before[0], "compile_graph_breaks": sum(breaks.values()),
-            "compile_graph_break_reasons_json": json.dumps(reasons) if reasons else None}
+    return dict(zip(COLUMNS, (graphs - before[0], sum(breaks.values()), json.dumps(reasons) if reasons else None)))
 
 
 def _reason(text: str) -> str:
