@@ -238,6 +238,8 @@ def group_op_policy(members: list, rehearsals: dict) -> dict:
     policy = rehearse.op_policy(rehearsal, base.shape.num_hidden_layers, limit, compiled=train.compile)
     if policy is None:
         return {"policy": None}
+    if train.compile and train.strategy in rehearse.COMPILE_INSPECTED_STRATEGIES:
+        policy = rehearse.compiled_policy(policy, base.config, base.shape)
     tokens = train.micro_batch * train.seq_len * train.grad_accum / train.tp_size
     return {"policy": policy.as_dict(), "peak_gib": policy.reserved_gib + est["other_gib"],
             "tok_per_s_per_device": tokens / policy.step_time_s}

@@ -560,11 +560,13 @@ def _block_and_inputs(config: TrialConfig, shape: ModelShape, mode) -> tuple[nn.
     return block, hidden, {"position_ids": positions, "position_embeddings": rope, "attention_mask": None}
 
 
-def _saved_bytes(run, params: nn.Module, mode) -> int:
+def _saved_bytes(run, params: nn.Module, mode, kept_by_policy: dict[int, int] | None = None) -> int:
     """Bytes autograd keeps for backward while `run()` runs its forward (`params`' own storage excluded).
 
     A compiled graph saves what its partitioner chose through its autograd function (`save_for_backward`),
-    which the same hooks see, so eager and compiled are counted alike."""
+    which the same hooks see, so eager and compiled are counted alike. An eager op-level checkpoint keeps its
+    policy's outputs in its own cache, unseen by the hooks: `run` reports those in `kept_by_policy` (storage
+    key -> bytes, `_policy_block`)."""
     exclude = {_storage_key(p) for p in params.parameters()}
     saved: dict[int, int] = {}
 
@@ -574,6 +576,7 @@ def _saved_bytes(run, params: nn.Module, mode) -> int:
 
     with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run()
+    saved.update(kept_by_policy or {})
     return sum(n for key, n in saved.items() if key not in exclude)
 
 
@@ -593,25 +596,44 @@ def _partitioned_like_inductor(block: nn.Module) -> Callable:
     return torch.compile(block, backend=backend)
 
 
-def compiled_block_saving_gib(config: TrialConfig, shape: ModelShape) -> float:
+def compiled_block_saving_gib(config: TrialConfig, shape: ModelShape, op_policy: bool = False) -> float:
     """Activation memory one decoder block keeps for backward run eager, minus what it keeps compiled.
 
     The eager trace keeps every tensor autograd saves; a compiled block keeps what torch.compile's partitioner
     chose and recomputes the rest (norms, activations, casts) in backward. Each non-checkpointed compiled block
-    holds this much less from its forward to its backward (checkpointed ones keep only their input either way).
+    holds this much less from its forward to its backward (blocks checkpointed whole keep only their input
+    either way). op_policy: the block checkpointed with the trial's op-level policy (ac_mode "op"), whose tags
+    the partitioner takes as constraints; what it then keeps need not be what the eager policy keeps (on the
+    1B sweep's H200 run it was what compile keeps with no checkpointing, to the byte).
     """
+    eager, compiled = (_block_kept_bytes(config, shape, run_compiled, op_policy) for run_compiled in (False, True))
+    return (eager - compiled) / GIB
+
+
+def _block_kept_bytes(config: TrialConfig, shape: ModelShape, compiled: bool, op_policy: bool) -> int:
     mode = _fake_mode()
     block, hidden, kwargs = _block_and_inputs(config, shape, mode)
-    with _liger_rope(config, shape):
-        eager = _saved_bytes(lambda: block(hidden, **kwargs), block, mode)
+    kept_by_policy: dict[int, int] = {}
+    run = _policy_block(block, config.train, None if compiled else kept_by_policy) if op_policy else block
     torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
     try:
-        compiled = _partitioned_like_inductor(block)
+        run = _partitioned_like_inductor(run) if compiled else run
         with _liger_rope(config, shape):
-            kept = _saved_bytes(lambda: compiled(hidden, **kwargs), block, mode)
+            return _saved_bytes(lambda: run(hidden, **kwargs), block, mode, kept_by_policy)
     finally:
         torch._dynamo.reset()
-    return (eager - kept) / GIB
+
+
+def _policy_block(block: nn.Module, train: TrainSpec, kept_by_policy: dict[int, int] | None) -> nn.Module:
+    """`block` checkpointed with the op-level policy of `train`, as the worker wraps it; the outputs its
+    forward keeps go into `kept_by_policy` (storage key -> bytes) when given."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    def keep(t: torch.Tensor) -> None:
+        kept_by_policy[_storage_key(t)] = t.untyped_storage().nbytes()
+
+    on_saved = keep if kept_by_policy is not None else None
+    return checkpoint_wrapper(block, context_fn=activation_checkpointing.policy_context_fn(train, on_saved))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -783,8 +805,8 @@ class OpPolicy:
     recomputed: dict[str, int]  # operator -> how many backward recomputes (views, free, left out)
     ac_saved_ops: list[str]  # the policy as train.ac_saved_ops, to run it (ac_mode op)
     kept_fraction: float  # the ILP's budget: share of the block's recomputable output bytes it may keep
-    saved_gib_per_block: float
-    peak_gib: float  # tensor peak
+    saved_gib_per_block: float  # what the policy keeps per block run eager
+    peak_gib: float  # tensor peak (compiled blocks: what the partitioner keeps given the policy, `compiled_policy`)
     reserved_gib: float  # x ALLOCATOR_RESERVE, as rehearsals report for GPUs
     compute_s: float
     step_time_s: float
@@ -866,6 +888,15 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float, compiled: b
         recomputed=_counts(stats.func_names, [i for i, keep in enumerate(decisions) if not keep and i not in views]),
         saved_gib_per_block=saved_bytes / GIB, peak_gib=peak, reserved_gib=peak * ALLOCATOR_RESERVE,
         compute_s=timing.compute_s, step_time_s=timing.step_time_s)
+
+
+def compiled_policy(policy: OpPolicy, config: TrialConfig, shape: ModelShape) -> OpPolicy:
+    """`policy` for blocks that run compiled: torch.compile's partitioner takes the policy's tags as constraints
+    and keeps what it then chooses, which the ILP (eager) does not see (compiled_block_saving_gib)."""
+    train = config.train.model_copy(update={"ac_ratio": "1", "ac_mode": "op", "ac_saved_ops": policy.ac_saved_ops})
+    saving = compiled_block_saving_gib(config.model_copy(update={"train": train}), shape, op_policy=True)
+    peak = policy.peak_gib - shape.num_hidden_layers * saving
+    return dataclasses.replace(policy, peak_gib=peak, reserved_gib=peak * ALLOCATOR_RESERVE)
 
 
 def _as_saved_ops(names: list[str], saved: list[int]) -> list[str]:
@@ -977,16 +1008,11 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
             dist.destroy_process_group()
     trace = traces[key]
     memory = dict(trace.memory_gib)
-    plain_blocks = shape.num_hidden_layers - len(
-        checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
-    if config.train.compile and config.train.strategy in COMPILE_INSPECTED_STRATEGIES and plain_blocks:
-        # One block's saving does not depend on how many blocks are checkpointed: the sAC ratios of a sweep share it.
-        unchecked = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
-        saving_key = ("compiled block saving", config_id(traced_config(unchecked)), rank)
-        if saving_key not in traces:
-            traces[saving_key] = compiled_block_saving_gib(config, shape)
-        memory["activations"] -= plain_blocks * traces[saving_key]
-        notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
+    if config.train.compile and config.train.strategy in COMPILE_INSPECTED_STRATEGIES:
+        saving_gib = _compiled_saving_gib(config, shape, rank, traces)
+        if saving_gib is not None:
+            memory["activations"] -= saving_gib
+            notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
     peak_gib = sum(memory.values())
     source = busbw_source if busbw_gbps else "links"
     busbw = busbw_gbps or link_busbw_gbps(gpu, world)
@@ -1002,6 +1028,29 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         overlap=timing.overlap, roofline_s=trace.roofline_s if has_time else None,
         block_memory_bound_s=trace.block_memory_bound_s if has_time else None, trace_s=time.perf_counter() - t0,
         overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None)
+
+
+def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, traces: dict) -> float | None:
+    """What the compiled blocks of a trial keep less than the eager trace counts (compiled_block_saving_gib):
+    every block not checkpointed, and every block under an op-level policy; blocks checkpointed whole keep their
+    input either way. None when no block is of those kinds."""
+    layers = shape.num_hidden_layers
+    checkpointed = len(checkpointed_blocks(Fraction(config.train.ac_ratio), layers))
+    counts = {False: layers - checkpointed, True: checkpointed if config.train.ac_mode == "op" else 0}
+    if not any(counts.values()):
+        return None
+    saving_gib = 0.0
+    for op_policy, blocks in counts.items():
+        if not blocks:
+            continue
+        # One block's saving does not depend on how many blocks are checkpointed: a sweep's sAC ratios share it.
+        block_train = {"ac_ratio": "1" if op_policy else "0"}
+        one = config.model_copy(update={"train": config.train.model_copy(update=block_train)})
+        key = ("compiled block saving", config_id(traced_config(one)), rank)
+        if key not in traces:
+            traces[key] = compiled_block_saving_gib(config, shape, op_policy)
+        saving_gib += blocks * traces[key]
+    return saving_gib
 
 
 def is_policy_base(config: TrialConfig) -> bool:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import functools
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from fractions import Fraction
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
@@ -25,13 +27,10 @@ def wanted(train: TrainSpec) -> bool:
 
 def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     """Wrap the blocks the plan chose (the model's ModuleList, modified in place) with non-reentrant
-    checkpointing. ac_mode "block" recomputes a whole block in backward; "op" recomputes only what
-    `op_policy_contexts` does not save."""
+    checkpointing. ac_mode "block" recomputes a whole block in backward; "op" recomputes only what its policy
+    does not save (`policy_context_fn`)."""
     blocks = decoder_blocks(model)
-    extra = {}
-    if train.ac_mode == "op":
-        extra["context_fn"] = (functools.partial(listed_policy_contexts, train.ac_saved_ops) if train.ac_saved_ops
-                               else op_policy_contexts)
+    extra = {"context_fn": policy_context_fn(train)} if train.ac_mode == "op" else {}
     for i in checkpointed_blocks(Fraction(train.ac_ratio), len(blocks)):
         # Non-reentrant checkpointing composes with FSDP2, DDP and torch.compile; the reentrant variant does not.
         blocks[i] = checkpoint_wrapper(blocks[i], **extra)
@@ -54,8 +53,37 @@ def _saved_ops() -> set:
     return ops
 
 
-def op_policy_contexts():
-    """Fresh (forward, recompute) contexts for one checkpointed call, with torchtitan's "op" SAC policy.
+def policy_context_fn(train: TrainSpec, on_saved: Callable[[torch.Tensor], None] | None = None) -> Callable:
+    """The `context_fn` of an op-level checkpoint (ac_mode "op"): fresh (forward, recompute) contexts for each
+    checkpointed call, with the policy `train.ac_saved_ops` lists, else torchtitan's (`op_policy`).
+
+    on_saved: called with every output the forward keeps. The checkpoint holds those in its own cache, where
+    saved-tensor hooks do not see them; the rehearsal counts them this way."""
+    make_policy = functools.partial(listed_policy, train.ac_saved_ops) if train.ac_saved_ops else op_policy
+
+    def contexts():
+        policy = make_policy()
+        if on_saved is not None:
+            policy = _reporting(policy, on_saved)
+        return create_selective_checkpoint_contexts(policy)
+
+    return contexts
+
+
+def _reporting(policy: Callable, on_saved: Callable[[torch.Tensor], None]) -> Callable:
+    def reporting(ctx, func, *args, **kwargs):
+        decision = policy(ctx, func, *args, **kwargs)
+        if not ctx.is_recompute and decision in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE):
+            for out in pytree.tree_leaves(ctx.op_output):
+                if isinstance(out, torch.Tensor):
+                    on_saved(out)
+        return decision
+
+    return reporting
+
+
+def op_policy() -> Callable:
+    """A fresh policy for one checkpointed call: torchtitan's "op" SAC policy.
 
     Every second matmul is recomputed rather than saved, as torchtitan does, so that the saved activations
     shrink by about half of the matmul outputs while the most expensive kernels (attention) are never rerun.
@@ -72,7 +100,7 @@ def op_policy_contexts():
                 return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE if func in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
-    return create_selective_checkpoint_contexts(policy)
+    return policy
 
 
 # SDPA's kernels differ by device and backend (flash, efficient, cuDNN, the CPU one); a policy names them as one.
@@ -84,10 +112,10 @@ def policy_name(op_name: str) -> str:
     return "sdpa" if _SDPA.fullmatch(op_name) else op_name
 
 
-def listed_policy_contexts(saved_ops: list[str]):
-    """Fresh (forward, recompute) contexts for one checkpointed call that keep the outputs `saved_ops` lists
-    (`train.ac_saved_ops`: "mm" keeps every matmul of the block, "mul#2" its third multiplication) and
-    recompute the rest. Calls are counted per operator, per call and pass, so the recompute decides alike."""
+def listed_policy(saved_ops: list[str]) -> Callable:
+    """A fresh policy for one checkpointed call that keeps the outputs `saved_ops` lists (`train.ac_saved_ops`:
+    "mm" keeps every matmul of the block, "mul#2" its third multiplication) and recomputes the rest. Calls are
+    counted per operator, per call and pass, so the recompute decides alike."""
     every = {name for name in saved_ops if "#" not in name}
     calls = {(name, int(k)) for name, k in (entry.split("#") for entry in saved_ops if "#" in entry)}
     counts: dict[bool, dict[str, int]] = {False: defaultdict(int), True: defaultdict(int)}
@@ -100,4 +128,4 @@ def listed_policy_contexts(saved_ops: list[str]):
         keep = name in every or (name, k) in calls
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
-    return create_selective_checkpoint_contexts(policy)
+    return policy

@@ -308,17 +308,20 @@ def test_compiled_step_saves_part_of_the_blocks_memory_bound_time():
     assert compiled.step_time_s == pytest.approx(1.0 - rehearse.COMPILE_FUSED_FRACTION * 0.4)
 
 
-def _saved_by_real_inductor(trial) -> tuple[int, int]:
+def _saved_by_real_inductor(trial, op_policy: bool = False) -> tuple[int, int]:
     """(eager, compiled) bytes one tiny block keeps for backward, run for real on CPU: inductor generates and
-    runs its kernels, and the hooks see what its compiled autograd function saves."""
+    runs its kernels, and the hooks see what its compiled autograd function saves. op_policy: the block
+    checkpointed with the trial's op-level policy (eager, its cache reported by the policy)."""
     real = contextlib.nullcontext()
     block, hidden, kwargs = rehearse._block_and_inputs(trial.config, trial.shape, real)
     for tensor in (*block.parameters(), *block.buffers()):
         torch.nn.init.normal_(tensor, std=0.02)
-    eager = rehearse._saved_bytes(lambda: block(hidden, **kwargs), block, real)
+    kept_by_policy = {}
+    eager_block = rehearse._policy_block(block, trial.config.train, kept_by_policy) if op_policy else block
+    eager = rehearse._saved_bytes(lambda: eager_block(hidden, **kwargs), block, real, kept_by_policy)
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(block)
+        compiled = torch.compile(rehearse._policy_block(block, trial.config.train, None) if op_policy else block)
         kept = rehearse._saved_bytes(lambda: compiled(hidden, **kwargs), block, real)
     finally:
         torch._dynamo.reset()
@@ -335,6 +338,33 @@ def test_compiled_blocks_keep_what_inductor_keeps():
     assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
     doubled = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=4)
     assert rehearse.compiled_block_saving_gib(doubled.config, doubled.shape) == pytest.approx(2 * saving, rel=0.05)
+
+
+# An op-level policy as the SAC ILP spells one for the tiny Llama block (tests below and test_op_policy_*).
+TINY_POLICY = ["mm#0", "mm#2", "sdpa", "mul#2", "add#1"]
+
+
+def test_compiled_op_policy_blocks_keep_what_inductor_keeps():
+    """A block checkpointed with an op-level policy and compiled keeps what inductor's partitioner keeps given
+    the policy's tags: the rehearsal's saving equals the one real inductor makes on CPU. Eager, the policy's
+    block keeps, beyond its input, what the whole trace holds per block over full AC."""
+    trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=2, ac_ratio="1",
+                       ac_mode="op", ac_saved_ops=TINY_POLICY)
+    eager, kept = _saved_by_real_inductor(trial, op_policy=True)
+    saving = rehearse.compiled_block_saving_gib(trial.config, trial.shape, op_policy=True)
+    assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
+    assert saving != rehearse.compiled_block_saving_gib(trial.config, trial.shape)  # the policy counts
+    eager_trial = tiny_trial(1, gpus=1, strategy="fsdp2", seq_len=128, micro_batch=2, ac_ratio="1",
+                             ac_mode="op", ac_saved_ops=TINY_POLICY)
+    full_ac = tiny_trial(1, gpus=1, strategy="fsdp2", seq_len=128, micro_batch=2, ac_ratio="1")
+    block_input = 2 * 128 * trial.shape.hidden_size * 2  # the micro-batch's hidden states, in FSDP2's bf16
+    beyond_full_ac = (fake_trace(eager_trial).peak_gib - fake_trace(full_ac).peak_gib) * GIB
+    assert eager - block_input == pytest.approx(beyond_full_ac / trial.shape.num_hidden_layers, rel=0.02)
+    rehearsed = rehearse.rehearse(trial.config, trial.shape, "H100 SXM")
+    eager_rehearsed = rehearse.rehearse(eager_trial.config, eager_trial.shape, "H100 SXM")
+    assert rehearsed.memory_gib["activations"] == pytest.approx(
+        eager_rehearsed.memory_gib["activations"] - trial.shape.num_hidden_layers * saving)
+    assert rehearse.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
 
 def test_compiled_trials_rehearse_with_fewer_activations():
@@ -420,6 +450,27 @@ def test_best_predict_picks_the_fastest_ratio_that_fits(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("none fits") == 2  # no ratio, and no op-level policy either
     assert main(["best", str(tmp_path), "--predict"]) == 2
+
+
+def test_a_compiled_groups_op_policy_keeps_what_the_partitioner_keeps(tmp_path, capsys):
+    """The ILP picks one policy for eager and compiled groups alike (the same full-AC trace); compiled, its peak
+    is what inductor's partitioner keeps given that policy's tags, not what the eager policy keeps."""
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({
+        "name": "r", "model": {"preset": "tiny"}, "train": {**TINY_TRAIN, "strategy": "fsdp2", "seq_len": 128},
+        "resources": {"workers": 1, "gpus_per_worker": 1}, "estimate": {"gpu": "H100 SXM"},
+        "store": str(tmp_path / "store"), "axes": {"train.compile": [False, True], "train.ac_ratio": ["1"]}}))
+    assert main(["rehearse", str(path), "--json"]) == 0
+    capsys.readouterr()
+    trials = plan(load_sweep(path), store_path=tmp_path / "store")
+    eager, compiled = (r["op_policy"]["policy"] for r in
+                       predicted_best(trials, rehearsals=calibration.rehearsals(tmp_path / "store")))
+    assert eager["ac_saved_ops"] == compiled["ac_saved_ops"]
+    config = trials[1].config.model_copy(update={"train": trials[1].config.train.model_copy(
+        update={"ac_mode": "op", "ac_saved_ops": eager["ac_saved_ops"]})})
+    saving = rehearse.compiled_block_saving_gib(config, trials[1].shape, op_policy=True)
+    assert saving > 0
+    assert compiled["peak_gib"] == pytest.approx(eager["peak_gib"] - trials[1].shape.num_hidden_layers * saving)
 
 
 def test_a_trial_the_trace_cannot_run_falls_back_and_says_why(tmp_path):
