@@ -8,7 +8,7 @@ named: gpu-validate adds one row per strategy and technique, gpu-rehearse-check 
 op-level policy and DDP) for the GPU the rows ran on (--gpu) and joins each to its measured row by trial id
 (a repeated configuration is rehearsed once and compared with each repeat). Prints a Markdown table per sweep, then one
 JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
-(raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE) are printed with the results. Then, for the sAC
+(raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are printed with the results. Then, for the sAC
 sweep, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the estimate's memory
 limit and margin for that GPU) against the measured best, and the op-level policy torch's SAC ILP picks within
 the same limit (from the ratio-1 rehearsal) against the same measured best.
@@ -73,8 +73,10 @@ def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFr
                                                                                          row.step_time_p50_s),
             # What each row alone would make the fitted constants (single-rank rows: no communication).
             "implied_efficiency": None if r.roofline_s is None else r.roofline_s / row.step_time_p50_s,
-            "implied_fused_fraction": None if not r.block_memory_bound_s else (
-                r.roofline_s - rehearse.ROOFLINE_EFFICIENCY * row.step_time_p50_s) / r.block_memory_bound_s,
+            "implied_byte_cost": None if not (r.block_memory_bound_s and r.compiled_traffic) else (
+                1 - (r.roofline_s - rehearse.ROOFLINE_EFFICIENCY * row.step_time_p50_s) / r.block_memory_bound_s
+            ) / r.compiled_traffic,
+            "compiled_traffic": r.compiled_traffic,
             "reserve": row.peak_reserved_gib / row.peak_alloc_gib,
         })
     table = pd.DataFrame(lines)
@@ -87,10 +89,11 @@ def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFr
                "max_abs_step_err_all": _max_abs(table.step_err),
                "max_abs_step_err_compiled": _max_abs(compiled.step_err),
                "roofline_efficiency": rehearse.ROOFLINE_EFFICIENCY, "allocator_reserve": rehearse.ALLOCATOR_RESERVE,
-               "compile_fused_fraction": rehearse.COMPILE_FUSED_FRACTION,
+               "compiled_byte_cost": rehearse.COMPILED_BYTE_COST,
                "median_implied_efficiency_eager": _median(eager.implied_efficiency),
                "median_reserve_eager": _median(eager.reserve),
-               "median_implied_fused_fraction_compiled": _median(compiled.implied_fused_fraction)}
+               "median_implied_byte_cost_compiled": _median(compiled.implied_byte_cost),
+               "compiled_traffic": _median(compiled.compiled_traffic)}
     return table, summary
 
 

@@ -235,7 +235,7 @@ def group_op_policy(members: list, rehearsals: dict) -> dict:
         return {"why": "needs the rehearsal of the group's ac_ratio 1 (block mode) FSDP2 GPU trial"}
     est, train = base.estimate, base.config.train
     limit = est["memory_gib"] - est["margin_gib"] - est["other_gib"]  # what the allocator may reserve
-    policy = rehearse.op_policy(rehearsal, base.shape.num_hidden_layers, limit, compiled=train.compile)
+    policy = rehearse.op_policy(rehearsal, base.shape.num_hidden_layers, limit)
     if policy is None:
         return {"policy": None}
     if train.compile and train.strategy in rehearse.COMPILE_INSPECTED_STRATEGIES:

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from raybench import bench, strategies
 from raybench.config import TrainSpec, TrialConfig
@@ -580,20 +581,102 @@ def _saved_bytes(run, params: nn.Module, mode, kept_by_policy: dict[int, int] | 
     return sum(n for key, n in saved.items() if key not in exclude)
 
 
-def _partitioned_like_inductor(block: nn.Module) -> Callable:
+def _partitioned_like_inductor(block: nn.Module, generated_bytes: list[int] | None = None) -> Callable:
     """`block` under torch.compile with inductor's decompositions and partitioner (its joint-graph passes, then
     min-cut rematerialization), so it keeps for backward what the real compile keeps, but with no code
-    generated: the partitioned graphs run as they are, on whatever tensors they get (fake ones here)."""
+    generated: the partitioned graphs run as they are, on whatever tensors they get (fake ones here).
+
+    generated_bytes: each graph is also lowered and scheduled by inductor (`_scheduled_bytes`), and what its
+    generated kernels would read and write is appended there (forward, then backward when it runs)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
 
-    def as_is(graph: torch.fx.GraphModule, _inputs) -> torch.fx.GraphModule:
-        return graph
+    def compiler(is_backward: bool):
+        def as_is(graph: torch.fx.GraphModule, inputs) -> torch.fx.GraphModule:
+            if generated_bytes is not None:
+                generated_bytes.append(_scheduled_bytes(graph, inputs, is_backward))
+            return graph
 
-    backend = aot_autograd(fw_compiler=as_is, bw_compiler=as_is, partition_fn=partition_fn,
+        return as_is
+
+    backend = aot_autograd(fw_compiler=compiler(False), bw_compiler=compiler(True), partition_fn=partition_fn,
                            decompositions=select_decomp_table())
     return torch.compile(block, backend=backend)
+
+
+def _scheduled_bytes(graph: torch.fx.GraphModule, inputs: list, is_backward: bool) -> int:
+    """Bytes the kernels inductor would generate for `graph` read and write: its post-grad passes, lowering and
+    scheduler (which fuses), as compile_fx runs them, then no code generated. Matmuls, attention and custom
+    operators (Liger's) stay extern kernels and are left out: the roofline prices them as they are.
+
+    Each kernel's count is the scheduler's own (`get_read_write_buffers_sizes`, what inductor's
+    `GraphLowering.count_bytes` sums when its metrics log is on)."""
+    import copy
+
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import _recursive_post_grad_passes
+    from torch._inductor.debug import DebugContext
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
+    from torch._inductor.virtualized import V
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    graph = copy.deepcopy(graph)  # the passes rewrite it; the caller runs the original
+    view_to_reshape(graph)
+    with _disable_current_modes(), DebugContext(), V.set_fake_mode(detect_fake_mode(inputs)):
+        _recursive_post_grad_passes(graph, is_inference=False)
+        lowering = GraphLowering(graph, example_inputs=inputs, is_inference=False, is_backward=is_backward)
+        with V.set_graph_handler(lowering):
+            lowering.run(*inputs)
+            lowering.init_wrapper_code()
+            lowering._update_scheduler()
+            return sum(node.get_read_write_buffers_sizes() for node in lowering.scheduler.nodes
+                       if not isinstance(node, (ExternKernelSchedulerNode, NopKernelSchedulerNode)))
+
+
+def compiled_block_traffic(config: TrialConfig, shape: ModelShape) -> float:
+    """What torch.compile's generated kernels move for one decoder block's forward and backward, as a share of
+    what its memory-bound operators (FLOP-less, Liger's left out) move eager: the bytes `block_memory_bound_s`
+    prices. Both on fake tensors at the trial's micro-batch, sequence length and compute dtype. Inductor fuses
+    a norm's or an activation's chain of elementwise operators into one kernel, but an operator between two
+    extern kernels (a residual add between a matmul and Liger's norm) it cannot fuse with anything."""
+    eager, generated = _MemoryBoundBytes(), []
+    for compiled in (False, True):
+        mode = _fake_mode()
+        block, hidden, kwargs = _block_and_inputs(config, shape, mode)
+        counting = contextlib.nullcontext() if compiled else eager
+        torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
+        try:
+            run = _partitioned_like_inductor(block, generated) if compiled else block
+            with _liger_rope(config, shape), mode:
+                with counting:
+                    out = run(hidden, **kwargs)
+                out = out[0] if isinstance(out, tuple) else out
+                grad = torch.ones_like(out)
+                with counting:
+                    out.backward(grad)
+        finally:
+            torch._dynamo.reset()
+    return sum(generated) / eager.bytes
+
+
+class _MemoryBoundBytes(TorchDispatchMode):
+    """Bytes the FLOP-less operators read and write, Liger's left out (as the step tracker's
+    block_memory_bound_s counts them, in bytes rather than seconds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.roofline, self.bytes = _Roofline({}, 1.0), 0.0  # a bandwidth of 1 byte/s: seconds are bytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        flops, _, moved = self.roofline.cost(func, args, kwargs, out)
+        if not flops and func.namespace != liger_reference.NAMESPACE:
+            self.bytes += moved
+        return out
 
 
 def compiled_block_saving_gib(config: TrialConfig, shape: ModelShape, op_policy: bool = False) -> float:
@@ -710,10 +793,11 @@ ROOFLINE_REFERENCE_GPU = "H100 SXM"
 # rows, 1.159 (range 1.12-1.23). A GPU rehearsal's reserved_gib is its tensor peak times this.
 ALLOCATOR_RESERVE = 1.16
 # torch.compile (not traced: compiled trials trace eager) fuses the elementwise, reduction and copy operators
-# of each compiled decoder block into generated kernels, which still read their inputs and write their outputs
-# once. Fitted like the two above on the 10 compiled rows of the same sweep: the share of those operators'
-# roofline time that fusion saves, median 0.6422, range 0.21-0.71 (docs/results/rehearse-2026-11-25.md).
-COMPILE_FUSED_FRACTION = 0.64
+# of each compiled decoder block into generated kernels; how many bytes those move, against the eager
+# operators', inductor itself counts on one block (compiled_block_traffic). A byte its kernels move costs this
+# many times a byte of the eager operators' roofline. Fitted like the two above on the 10 compiled rows of the
+# same sweep (docs/results/rehearse-2026-11-26.md, section 5).
+COMPILED_BYTE_COST = 1.26
 
 
 @dataclass(frozen=True)
@@ -769,14 +853,17 @@ class StepTime:
 
 
 def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | None, busbw_source: str,
-                      efficiency: float = ROOFLINE_EFFICIENCY, compiled: bool = False) -> StepTime:
+                      efficiency: float = ROOFLINE_EFFICIENCY, compiled_traffic: float | None = None) -> StepTime:
     """Roofline compute plus communication; FSDP/DDP collectives overlap compute, the others (TP) do not.
 
     efficiency scales the roofline (achieved fraction of peak FLOP/s and bandwidth), a global constant.
-    compiled: the decoder blocks run torch.compile's fused kernels, which save COMPILE_FUSED_FRACTION of the
-    memory-bound operators' time inside the blocks (the trace itself runs them eager).
+    compiled_traffic (compiled trials, `compiled_block_traffic`): the decoder blocks' memory-bound operators
+    run as inductor's kernels, which move this share of their bytes at COMPILED_BYTE_COST times the price (the
+    trace itself runs them eager).
     """
-    fused_s = COMPILE_FUSED_FRACTION * trace.block_memory_bound_s if compiled else 0.0
+    fused_s = 0.0
+    if compiled_traffic is not None:
+        fused_s = (1 - COMPILED_BYTE_COST * compiled_traffic) * trace.block_memory_bound_s
     compute_s = (trace.roofline_s - fused_s) / efficiency
     overlapped = blocking = 0.0
     for name, nbytes in trace.comm_bytes.items():
@@ -853,11 +940,12 @@ def _solve(stats, kept_fraction: float) -> list[int]:
     return decisions
 
 
-def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float, compiled: bool = False,
+def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float,
               efficiency: float = ROOFLINE_EFFICIENCY) -> OpPolicy | None:
     """The op-level policy torch's ILP picks for every decoder block so that the GPU's reserved peak stays
     within `reserved_limit_gib`, from the rehearsal of the same trial with every block checkpointed whole
-    (`full_ac`: a Rehearsal as a dict, with block_ops). None when even full AC does not fit.
+    (`full_ac`: a Rehearsal as a dict, with block_ops; a compiled trial's has its compiled_traffic). None when
+    even full AC does not fit.
 
     With every block checkpointed, each keeps only its input; a policy that saves S bytes of a block's
     operator outputs adds layers x S to that peak, and takes the saved operators' time off the recomputation
@@ -880,7 +968,7 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float, compiled: b
                       roofline_s=full_ac["roofline_s"] - layers * saved_s, compute_s=0.0, memory_s=0.0,
                       block_memory_bound_s=full_ac["block_memory_bound_s"] - layers * saved_memory_bound_s)
     timing = predict_step_time(trace, full_ac["world_size"], full_ac["busbw_gbps"], full_ac["busbw_source"],
-                               efficiency, compiled)
+                               efficiency, full_ac.get("compiled_traffic"))
     peak = full_ac["peak_gib"] + layers * saved_bytes / GIB
     return OpPolicy(
         saved=_counts(stats.func_names, saved), kept_fraction=kept_fraction,
@@ -949,6 +1037,7 @@ class Rehearsal:
     overlap: str | None = None
     roofline_s: float | None = None  # the trace's roofline before efficiency (what the constants are fitted on)
     block_memory_bound_s: float | None = None  # its memory-bound part inside decoder blocks (compile fuses it)
+    compiled_traffic: float | None = None  # compiled trials: compiled_block_traffic
     trace_s: float | None = None  # seconds this process spent tracing (0 when an identical trace was reused)
     overlapped_comm: list[str] = field(default_factory=list)  # collectives issued beside compute (op_policy)
     block_ops: dict | None = None  # one decoder block's operators, when op_policy can start from this trial
@@ -1013,10 +1102,19 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         if saving_gib is not None:
             memory["activations"] -= saving_gib
             notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
+    traffic = None
+    if config.train.compile and on_gpu:
+        # One block's traffic does not depend on checkpointing or the strategy: a sweep's compiled trials share it.
+        block_train = {"ac_ratio": "0", "ac_mode": "block", "ac_saved_ops": None, "strategy": "fsdp2", "tp_size": 1}
+        one = config.model_copy(update={"train": config.train.model_copy(update=block_train)})
+        key = ("compiled block traffic", config_id(traced_config(one)))
+        if key not in traces:
+            traces[key] = compiled_block_traffic(config, shape)
+        traffic = traces[key]
     peak_gib = sum(memory.values())
     source = busbw_source if busbw_gbps else "links"
     busbw = busbw_gbps or link_busbw_gbps(gpu, world)
-    timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency, config.train.compile)
+    timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency, traffic)
     has_time = on_gpu and trace.roofline_s > 0
     return Rehearsal(
         "traced", notes, rank, world, memory_gib=memory, peak_gib=peak_gib,
@@ -1026,7 +1124,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,
         step_time_s=timing.step_time_s if has_time else None, busbw_gbps=busbw, busbw_source=timing.busbw_source,
         overlap=timing.overlap, roofline_s=trace.roofline_s if has_time else None,
-        block_memory_bound_s=trace.block_memory_bound_s if has_time else None, trace_s=time.perf_counter() - t0,
+        block_memory_bound_s=trace.block_memory_bound_s if has_time else None, compiled_traffic=traffic,
+        trace_s=time.perf_counter() - t0,
         overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None)
 
 

@@ -303,9 +303,55 @@ def test_compiled_step_saves_part_of_the_blocks_memory_bound_time():
     trace = rehearse.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={}, comm_calls={}, overlapped_comm=(),
                                flops=0, roofline_s=1.0, compute_s=0.5, memory_s=0.5, block_memory_bound_s=0.4)
     eager = rehearse.predict_step_time(trace, 1, None, "none", efficiency=1.0)
-    compiled = rehearse.predict_step_time(trace, 1, None, "none", efficiency=1.0, compiled=True)
+    compiled = rehearse.predict_step_time(trace, 1, None, "none", efficiency=1.0, compiled_traffic=0.25)
     assert eager.step_time_s == 1.0
-    assert compiled.step_time_s == pytest.approx(1.0 - rehearse.COMPILE_FUSED_FRACTION * 0.4)
+    # inductor's kernels move a quarter of the bytes, each at COMPILED_BYTE_COST times an eager byte's price
+    assert compiled.step_time_s == pytest.approx(0.6 + 0.4 * 0.25 * rehearse.COMPILED_BYTE_COST)
+
+
+def test_inductors_scheduled_bytes_are_what_real_inductor_counts():
+    """The generated kernels' bytes come from inductor's own lowering and scheduler run on fake tensors with no
+    code generated (_scheduled_bytes); real inductor, compiling and running the same tiny block on CPU, counts
+    the same bytes per kernel (its metrics log). Liger's blocks leave compile less to fuse."""
+    from torch._inductor import metrics
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
+
+    trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128)
+    generated = []
+    real = contextlib.nullcontext()
+    block, hidden, kwargs = rehearse._block_and_inputs(trial.config, trial.shape, real)
+    counted_by_inductor = []
+    original = GraphLowering.count_bytes
+
+    def count_bytes(lowering):  # real inductor's count, its generated kernels only (as _scheduled_bytes)
+        counted_by_inductor.append(sum(node.get_read_write_buffers_sizes() for node in lowering.scheduler.nodes
+                                       if not isinstance(node, (ExternKernelSchedulerNode, NopKernelSchedulerNode))))
+        return original(lowering)
+
+    torch._dynamo.reset()
+    torch._logging.set_logs(inductor_metrics=True)  # inductor counts only with its metrics log on
+    try:
+        with (pytest.MonkeyPatch.context() as patch, torch._inductor.config.patch(fx_graph_cache=False),
+              torch._functorch.config.patch(enable_autograd_cache=False)):  # compiled here, not from a cache
+            patch.setattr(GraphLowering, "count_bytes", count_bytes)
+            out = torch.compile(block)(hidden, **kwargs)
+            (out[0] if isinstance(out, tuple) else out).sum().backward()
+        torch._dynamo.reset()
+        mode = rehearse._fake_mode()
+        block, hidden, kwargs = rehearse._block_and_inputs(trial.config, trial.shape, mode)
+        with mode:
+            out = rehearse._partitioned_like_inductor(block, generated)(hidden, **kwargs)
+            (out[0] if isinstance(out, tuple) else out).sum().backward()
+    finally:
+        torch._logging.set_logs()
+        metrics.reset()
+        torch._dynamo.reset()
+    assert len(generated) == 2 and generated == counted_by_inductor  # forward, backward
+    plain = rehearse.compiled_block_traffic(trial.config, trial.shape)
+    assert 0.1 < plain < 0.6
+    liger = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, liger=True)
+    assert rehearse.compiled_block_traffic(liger.config, liger.shape) > 1.5 * plain
 
 
 def _saved_by_real_inductor(trial, op_policy: bool = False) -> tuple[int, int]:
