@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from raybench import bench, strategies
 from raybench.config import TrainSpec, TrialConfig
@@ -621,7 +621,6 @@ def _scheduled_bytes(graph: torch.fx.GraphModule, inputs: list, is_backward: boo
     from torch._inductor.graph import GraphLowering
     from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
     from torch._inductor.virtualized import V
-    from torch.utils._python_dispatch import _disable_current_modes
 
     graph = copy.deepcopy(graph)  # the passes rewrite it; the caller runs the original
     view_to_reshape(graph)
@@ -1104,13 +1103,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
             notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
     traffic = None
     if config.train.compile and on_gpu:
-        # One block's traffic does not depend on checkpointing or the strategy: a sweep's compiled trials share it.
-        block_train = {"ac_ratio": "0", "ac_mode": "block", "ac_saved_ops": None, "strategy": "fsdp2", "tp_size": 1}
-        one = config.model_copy(update={"train": config.train.model_copy(update=block_train)})
-        key = ("compiled block traffic", config_id(traced_config(one)))
-        if key not in traces:
-            traces[key] = compiled_block_traffic(config, shape)
-        traffic = traces[key]
+        traffic, why_not = _compiled_traffic(config, shape, traces)
+        notes += [why_not] if why_not else []
     peak_gib = sum(memory.values())
     source = busbw_source if busbw_gbps else "links"
     busbw = busbw_gbps or link_busbw_gbps(gpu, world)
@@ -1150,6 +1144,22 @@ def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, trac
             traces[key] = compiled_block_saving_gib(config, shape, op_policy)
         saving_gib += blocks * traces[key]
     return saving_gib
+
+
+def _compiled_traffic(config: TrialConfig, shape: ModelShape, traces: dict) -> tuple[float | None, str | None]:
+    """compiled_block_traffic for a compiled trial, or None and why: a block inductor cannot lower is priced
+    eager, and the sweep's other trials go on."""
+    # One block's traffic does not depend on checkpointing or the strategy: a sweep's compiled trials share it.
+    block_train = {"ac_ratio": "0", "ac_mode": "block", "ac_saved_ops": None, "strategy": "fsdp2", "tp_size": 1}
+    one = config.model_copy(update={"train": config.train.model_copy(update=block_train)})
+    key = ("compiled block traffic", config_id(traced_config(one)))
+    if key not in traces:
+        try:
+            traces[key] = compiled_block_traffic(config, shape)
+        except Exception as err:  # inductor failing to lower one model must not stop a sweep
+            traces[key] = f"compile's fusion not counted, step priced eager ({type(err).__name__}: {err})"[:300]
+    found = traces[key]
+    return (None, found) if isinstance(found, str) else (found, None)
 
 
 def is_policy_base(config: TrialConfig) -> bool:

@@ -354,6 +354,19 @@ def test_inductors_scheduled_bytes_are_what_real_inductor_counts():
     assert rehearse.compiled_block_traffic(liger.config, liger.shape) > 1.5 * plain
 
 
+def test_a_block_inductor_cannot_lower_is_priced_eager(monkeypatch):
+    def cannot_lower(*_):
+        raise NotImplementedError("no lowering for this operator")
+
+    monkeypatch.setattr(rehearse, "compiled_block_traffic", cannot_lower)
+    compiled = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True)
+    rehearsed = rehearse.rehearse(compiled.config, compiled.shape, "H100 SXM")
+    eager = tiny_trial(1, gpus=1, strategy="fsdp2")
+    assert rehearsed.step_time_s == rehearse.rehearse(eager.config, eager.shape, "H100 SXM").step_time_s
+    assert rehearsed.compiled_traffic is None
+    assert any("step priced eager (NotImplementedError: no lowering" in note for note in rehearsed.notes)
+
+
 def _saved_by_real_inductor(trial, op_policy: bool = False) -> tuple[int, int]:
     """(eager, compiled) bytes one tiny block keeps for backward, run for real on CPU: inductor generates and
     runs its kernels, and the hooks see what its compiled autograd function saves. op_policy: the block
