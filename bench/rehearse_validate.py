@@ -6,12 +6,13 @@ docs/results/gpu-2026-11-22/*.parquet).
 Rehearses every configuration of sweeps/gpu-sac-1b.yaml and sweeps/gpu-seed000-1gpu.yaml (or of the sweeps
 named: gpu-validate adds one row per strategy and technique, gpu-rehearse-check the compiled ratios, the
 op-level policy and DDP) for the GPU the rows ran on (--gpu) and joins each to its measured row by trial id
-(a repeated configuration is rehearsed once and compared with each repeat). Prints a Markdown table per sweep, then one
-JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
-(raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are printed with the results. Then, for the sAC
-sweep, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the estimate's memory
-limit and margin for that GPU) against the measured best, and the op-level policy torch's SAC ILP picks within
-the same limit (from the ratio-1 rehearsal) against the same measured best.
+(a repeated configuration is rehearsed once and compared with each repeat). Prints a Markdown table per sweep,
+then one JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
+(raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are printed with the results,
+and what each row alone would make them (the implied values). Then, for the sAC sweep, the best ratio per
+micro-batch x compile as `raybench best --predict` picks it (the estimate's memory limit and margin for that
+GPU) against the measured best, and the op-level policy torch's SAC ILP picks within the same limit (from the
+ratio-1 rehearsal) against the same measured best.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from fractions import Fraction
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from raybench.config import TrainSpec
