@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
-#   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env overhead validate seed000 sac rehearse snapshot tests
+#   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env overhead validate seed000 sac rehearse recheck snapshot tests
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -42,6 +42,7 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     seed000) run_sweep sweeps/gpu-seed000-1gpu.yaml 190 ;;
     sac) run_sweep sweeps/gpu-sac-1b.yaml ${RAYBENCH_GPU_SAC_S:-540} ;;
     rehearse) run_sweep sweeps/gpu-rehearse-check.yaml ${RAYBENCH_GPU_REHEARSE_S:-540} ;;
+    recheck) run_sweep sweeps/gpu-h100-recheck.yaml 240 ;;
     # What holds DDP's peak (docs/results/rehearse-2026-11-26.md): the allocator's history of three steps, and
     # the tensors live at the peak by allocation site (OUT_DIR/snapshot/*-peak.json, printed to the log).
     snapshot) RAYBENCH_CUDA_MEMORY_SNAPSHOT=$out/snapshot timeout -k 10 240 \

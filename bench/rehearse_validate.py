@@ -31,8 +31,9 @@ from raybench.plan import plan
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = ("gpu-sac-1b", "gpu-seed000-1gpu")
-# gpu-validate: one row per strategy and technique, 1B at seq 1024; gpu-rehearse-check: what the H100 rows left open.
-OTHER_SWEEPS = ("gpu-validate", "gpu-rehearse-check")
+# gpu-validate: one row per strategy and technique, 1B at seq 1024; gpu-rehearse-check: what the H100 rows left open;
+# gpu-h100-recheck: the one H100 row still outside the bound, and its neighbours, twice.
+OTHER_SWEEPS = ("gpu-validate", "gpu-rehearse-check", "gpu-h100-recheck")
 RESULTS = REPO / "docs" / "results" / "gpu-2026-11-22"
 GPU = "H100 SXM"
 
