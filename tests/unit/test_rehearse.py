@@ -399,7 +399,7 @@ def test_compiled_blocks_keep_what_inductor_keeps():
     assert rehearse.compiled_block_saving_gib(doubled.config, doubled.shape) == pytest.approx(2 * saving, rel=0.05)
 
 
-# An op-level policy as the SAC ILP spells one for the tiny Llama block (tests below and test_op_policy_*).
+# An op-level policy for the tiny Llama block, spelled as the SAC ILP spells its policies.
 TINY_POLICY = ["mm#0", "mm#2", "sdpa", "mul#2", "add#1"]
 
 
