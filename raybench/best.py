@@ -238,7 +238,7 @@ def group_op_policy(members: list, rehearsals: dict) -> dict:
     policy = rehearse.op_policy(rehearsal, base.shape.num_hidden_layers, limit)
     if policy is None:
         return {"policy": None}
-    if train.compile and train.strategy in rehearse.COMPILE_INSPECTED_STRATEGIES:
+    if train.compile:  # the policy's base is an FSDP2 trial, whose compiled blocks the rehearsal inspects
         policy = rehearse.compiled_policy(policy, base.config, base.shape)
     tokens = train.micro_batch * train.seq_len * train.grad_accum / train.tp_size
     return {"policy": policy.as_dict(), "peak_gib": policy.reserved_gib + est["other_gib"],

@@ -339,9 +339,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.memory_s += memory_s
             self.roofline_s += max(compute_s, memory_s)
             self.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
-            # Liger's kernels are fused already (and opaque to compile, like matmuls and attention).
-            if not flops and func.namespace != liger_reference.NAMESPACE and any(
-                    _BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
+            if _fusable(func, flops) and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
                 self.block_memory_bound_s += memory_s
 
         def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True):
@@ -356,6 +354,12 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             return _categories(self.get_tracker_snapshot("peak"))
 
     return StepTracker
+
+
+def _fusable(func, flops: float) -> bool:
+    """A memory-bound operator torch.compile fuses: no FLOPs (matmuls and attention have theirs), and not one of
+    Liger's kernels (fused already, and opaque to compile like matmuls and attention)."""
+    return not flops and func.namespace != liger_reference.NAMESPACE
 
 
 class _NoHook:
@@ -641,24 +645,31 @@ def compiled_block_traffic(config: TrialConfig, shape: ModelShape) -> float:
     prices. Both on fake tensors at the trial's micro-batch, sequence length and compute dtype. Inductor fuses
     a norm's or an activation's chain of elementwise operators into one kernel, but an operator between two
     extern kernels (a residual add between a matmul and Liger's norm) it cannot fuse with anything."""
-    eager, generated = _MemoryBoundBytes(), []
-    for compiled in (False, True):
-        mode = _fake_mode()
-        block, hidden, kwargs = _block_and_inputs(config, shape, mode)
-        counting = contextlib.nullcontext() if compiled else eager
-        torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
-        try:
-            run = _partitioned_like_inductor(block, generated) if compiled else block
-            with _liger_rope(config, shape), mode:
-                with counting:
-                    out = run(hidden, **kwargs)
-                out = out[0] if isinstance(out, tuple) else out
-                grad = torch.ones_like(out)
-                with counting:
-                    out.backward(grad)
-        finally:
-            torch._dynamo.reset()
+    eager = _MemoryBoundBytes()
+    _block_forward_backward(config, shape, lambda block: block, eager)
+    generated: list[int] = []
+    torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
+    try:
+        _block_forward_backward(config, shape, lambda block: _partitioned_like_inductor(block, generated))
+    finally:
+        torch._dynamo.reset()
     return sum(generated) / eager.bytes
+
+
+def _block_forward_backward(config: TrialConfig, shape: ModelShape, wrap: Callable,
+                            counting: TorchDispatchMode | None = None) -> None:
+    """One decoder block's forward and backward on fake tensors, run as `wrap(block)`, `counting` watching both."""
+    mode = _fake_mode()
+    block, hidden, kwargs = _block_and_inputs(config, shape, mode)
+    run = wrap(block)
+    counting = counting or contextlib.nullcontext()
+    with _liger_rope(config, shape), mode:
+        with counting:
+            out = run(hidden, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        grad = torch.ones_like(out)  # outside the count: backward starts from it
+        with counting:
+            out.backward(grad)
 
 
 class _MemoryBoundBytes(TorchDispatchMode):
@@ -673,7 +684,7 @@ class _MemoryBoundBytes(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         flops, _, moved = self.roofline.cost(func, args, kwargs, out)
-        if not flops and func.namespace != liger_reference.NAMESPACE:
+        if _fusable(func, flops):
             self.bytes += moved
         return out
 
