@@ -8,7 +8,7 @@ named: gpu-validate adds one row per strategy and technique, gpu-rehearse-check 
 op-level policy and DDP) for the GPU the rows ran on (--gpu) and joins each to its measured row by trial id
 (a repeated configuration is rehearsed once and compared with each repeat). Prints a Markdown table per sweep,
 then one JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
-(raybench/rehearse.py ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are printed with the results,
+(raybench/rehearse/fitted.py: ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are printed with the results,
 and what each row alone would make them (the implied values). Then, for the sAC sweep, the best ratio per
 micro-batch x compile as `raybench best --predict` picks it (the estimate's memory limit and margin for that
 GPU) against the measured best, and the op-level policy torch's SAC ILP picks within the same limit (from the
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from raybench import calibration, rehearse
+from raybench import calibration
+from raybench.rehearse import fitted, rehearsal
 from raybench.best import predicted_best
 from raybench.config import load_sweep
 from raybench.plan import plan
@@ -59,10 +60,10 @@ def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFr
     for trial in plan(sweep_for_gpu(name, gpu)):
         if trial.trial_id not in measured.index:
             continue
-        r = rehearse.rehearse(trial.config, trial.shape, gpu, analytic=trial.estimate, traces=traces)
+        r = rehearsal.rehearse(trial.config, trial.shape, gpu, analytic=trial.estimate, traces=traces)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
         row = measured.loc[trial.trial_id]
-        reserved = None if r.peak_gib is None else r.peak_gib * rehearse.ALLOCATOR_RESERVE
+        reserved = None if r.peak_gib is None else r.peak_gib * fitted.ALLOCATOR_RESERVE
         lines.append({
             "config": ", ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in trial.axis_values.items()
                                 if k != "train.ac_mode") + (f", r{trial.repeat}" if trial.repeat else ""),
@@ -76,7 +77,7 @@ def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFr
             # What each row alone would make the fitted constants (single-rank rows: no communication).
             "implied_efficiency": None if r.roofline_s is None else r.roofline_s / row.step_time_p50_s,
             "implied_byte_cost": None if not (r.block_memory_bound_s and r.compiled_traffic) else (
-                1 - (r.roofline_s - rehearse.ROOFLINE_EFFICIENCY * row.step_time_p50_s) / r.block_memory_bound_s
+                1 - (r.roofline_s - fitted.ROOFLINE_EFFICIENCY * row.step_time_p50_s) / r.block_memory_bound_s
             ) / r.compiled_traffic,
             "compiled_traffic": r.compiled_traffic,
             "reserve": row.peak_reserved_gib / row.peak_alloc_gib,
@@ -90,8 +91,8 @@ def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFr
                "max_abs_step_err_eager": _max_abs(eager.step_err), "max_abs_alloc_err_all": _max_abs(table.alloc_err),
                "max_abs_step_err_all": _max_abs(table.step_err),
                "max_abs_step_err_compiled": _max_abs(compiled.step_err),
-               "roofline_efficiency": rehearse.ROOFLINE_EFFICIENCY, "allocator_reserve": rehearse.ALLOCATOR_RESERVE,
-               "compiled_byte_cost": rehearse.COMPILED_BYTE_COST,
+               "roofline_efficiency": fitted.ROOFLINE_EFFICIENCY, "allocator_reserve": fitted.ALLOCATOR_RESERVE,
+               "compiled_byte_cost": fitted.COMPILED_BYTE_COST,
                "median_implied_efficiency_eager": _median(eager.implied_efficiency),
                "median_reserve_eager": _median(eager.reserve),
                "median_implied_byte_cost_compiled": _median(compiled.implied_byte_cost),

@@ -227,22 +227,22 @@ def group_op_policy(members: list, rehearsals: dict) -> dict:
     """The op-level policy for a group, from its member with every block checkpointed whole (the policy's
     starting point, whose rehearsal holds one block's operators): {"policy": OpPolicy as a dict or None when
     nothing fits, "peak_gib": reserved + CUDA context, "tok_per_s_per_device"}, or {"why": ...} without one."""
-    from raybench import rehearse  # torch: only when a policy is asked for
+    from raybench.rehearse import policy, rehearsal  # torch: only when a policy is asked for
 
-    base = next((t for t in members if rehearse.is_policy_base(t.config)), None)
-    rehearsal = rehearsals.get(base.config_id) if base else None
-    if rehearsal is None or not rehearsal.get("block_ops"):
+    base = next((t for t in members if rehearsal.is_policy_base(t.config)), None)
+    full_ac = rehearsals.get(base.config_id) if base else None
+    if full_ac is None or not full_ac.get("block_ops"):
         return {"why": "needs the rehearsal of the group's ac_ratio 1 (block mode) FSDP2 GPU trial"}
     est, train = base.estimate, base.config.train
     limit = est["memory_gib"] - est["margin_gib"] - est["other_gib"]  # what the allocator may reserve
-    policy = rehearse.op_policy(rehearsal, base.shape.num_hidden_layers, limit)
-    if policy is None:
+    chosen = policy.op_policy(full_ac, base.shape.num_hidden_layers, limit)
+    if chosen is None:
         return {"policy": None}
     if train.compile:  # the policy's base is an FSDP2 trial, whose compiled blocks the rehearsal inspects
-        policy = rehearse.compiled_policy(policy, base.config, base.shape)
+        chosen = policy.compiled_policy(chosen, base.config, base.shape)
     tokens = train.micro_batch * train.seq_len * train.grad_accum / train.tp_size
-    return {"policy": policy.as_dict(), "peak_gib": policy.reserved_gib + est["other_gib"],
-            "tok_per_s_per_device": tokens / policy.step_time_s}
+    return {"policy": chosen.as_dict(), "peak_gib": chosen.reserved_gib + est["other_gib"],
+            "tok_per_s_per_device": tokens / chosen.step_time_s}
 
 
 def predicted_best_report(trials: list, axis: str = "train.ac_ratio", rehearsals: dict | None = None) -> str:

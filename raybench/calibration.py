@@ -46,7 +46,7 @@ def rehearsal_path(store_path: str | Path, config_id: str) -> Path:
 
 
 def rehearsals(store_path: str | Path | None) -> dict[str, dict]:
-    """{config_id: rehearsal} of every rehearsal stored in the store (see raybench/rehearse.py)."""
+    """{config_id: rehearsal} of every rehearsal stored in the store (see raybench/rehearse/)."""
     if store_path is None or not (Path(store_path) / REHEARSALS_DIR).is_dir():
         return {}
     return {p.stem: json.loads(p.read_text()) for p in sorted((Path(store_path) / REHEARSALS_DIR).glob("*.json"))

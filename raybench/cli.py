@@ -66,7 +66,8 @@ def _estimate(args) -> int:
 
 
 def _rehearse(args) -> int:
-    from raybench import calibration, rehearse
+    from raybench import calibration
+    from raybench.rehearse import rehearsal
 
     spec = load_sweep(args.sweep)
     store_path = args.store or spec.store
@@ -92,7 +93,7 @@ def _rehearse(args) -> int:
         if not busbw:
             busbw, source = calibration.probe_busbw_gbps(store_path, t.world_size, gpu), "probe"
         # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
-        result = rehearse.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.estimate,
+        result = rehearsal.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.estimate,
                                    traces=traced).as_dict()
         calibration.save_rehearsal(store_path, t.config_id, result)
         row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,

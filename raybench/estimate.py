@@ -374,7 +374,7 @@ def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | N
 
     `calibration` is (median measured / estimated ratio, rows it comes from) for the trial's model x strategy x
     device, or None. It scales the part of the estimate that measurements cover. `rehearsal` is the trial's
-    stored rehearsal (raybench/rehearse.py), or None: when it traced the step, its peak (what the allocator
+    stored rehearsal (raybench/rehearse/), or None: when it traced the step, its peak (what the allocator
     would reserve, plus the part of the estimate no tensor holds) decides the fit instead, and its step time
     replaces the guess.
     """

@@ -1,6 +1,6 @@
 """`raybench rehearse`: one CPU process traces a trial's step as rank 0 of its full world (fake tensors, fake
 process group). Its per-rank tensor memory must match the same trial run for real on gloo ranks, and the
-private torch pieces raybench/rehearse.py relies on are pinned here so that a torch upgrade fails loudly."""
+private torch pieces raybench/rehearse/ relies on are pinned here so that a torch upgrade fails loudly."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raybench import calibration, rehearse
+from raybench import calibration
+from raybench.rehearse import compiled, fitted, policy, rehearsal, roofline, step_time, trace
 from raybench.best import predicted_best
 from raybench.cli import main
 from raybench.config import load_sweep, parse_sweep
@@ -39,11 +40,11 @@ def tiny_trial(workers: int, gpus: int = 0, liger: bool = False, **train):
     return trial
 
 
-def fake_trace(trial, skip_propagation: bool = True) -> rehearse.StepTrace:
-    rehearse.init_fake_world(0, trial.world_size)
+def fake_trace(trial, skip_propagation: bool = True) -> trace.StepTrace:
+    trace.init_fake_world(0, trial.world_size)
     try:
         ctx = RankContext(0, trial.world_size, 0, torch.device("cpu"))
-        return rehearse.trace_step(trial.config, trial.shape, ctx, fake=True, skip_propagation=skip_propagation)
+        return trace.trace_step(trial.config, trial.shape, ctx, fake=True, skip_propagation=skip_propagation)
     finally:
         dist.destroy_process_group()
 
@@ -51,7 +52,7 @@ def fake_trace(trial, skip_propagation: bool = True) -> rehearse.StepTrace:
 # Liger at a longer sequence: at 64 tokens its step (no logits) peaks as backward ends, where a real gloo rank
 # still holds the last reduce-scatter's input and the fake rank has let it go (2 MiB of this tiny model). At 256
 # tokens the activations peak, which would be 17% over the real ones if the trace built an attention mask
-# (rehearse._one_sequence_per_row).
+# (trace.one_sequence_per_row).
 REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size": 2},
               "ddp": {"strategy": "ddp"}, "ddp-lora": {"strategy": "ddp", "finetune": "lora"},
               "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256}}
@@ -67,9 +68,9 @@ def _real_rank(rank: int, world: int, init_file: str, out) -> None:
         if world % train.get("tp_size", 1):
             continue
         trial = tiny_trial(world, **train)
-        trace = rehearse.trace_step(trial.config, trial.shape, RankContext(rank, world, 0, torch.device("cpu")),
-                                    fake=False)
-        results[name] = {"memory_gib": trace.memory_gib, "resident_gib": trace.resident_gib}
+        step = trace.trace_step(trial.config, trial.shape, RankContext(rank, world, 0, torch.device("cpu")),
+                                fake=False)
+        results[name] = {"memory_gib": step.memory_gib, "resident_gib": step.resident_gib}
     if rank == 0:
         out.put(results)
     dist.destroy_process_group()
@@ -175,10 +176,10 @@ def test_ddp_hook_leaves_the_real_bucket_untouched():
             return self.tensor
 
     bucket = Bucket()
-    rehearse.init_fake_world(0, 8)
+    trace.init_fake_world(0, 8)
     try:
-        with rehearse._fake_mode():
-            assert rehearse._fake_allreduce_hook(None, bucket).wait() is bucket.tensor
+        with trace.fake_mode():
+            assert trace._fake_allreduce_hook(None, bucket).wait() is bucket.tensor
     finally:
         dist.destroy_process_group()
     assert torch.equal(bucket.tensor, torch.full((1024,), 3.0))
@@ -193,17 +194,17 @@ def test_tracker_counts_dtensor_propagation_without_the_correction():
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     world, rows, cols, count = 8, 1024, 256, 4
-    rehearse.init_fake_world(0, world)
+    trace.init_fake_world(0, world)
     try:
         mesh = init_device_mesh("cpu", (world,))
         peaks = {}
-        with rehearse._fake_mode():
+        with trace.fake_mode():
             xs = [DTensor.from_local(torch.empty(rows // world, cols), mesh, [Shard(0)]) for _ in range(count)]
             for corrected in (False, True):
                 DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
                 ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
-                tracker = rehearse._tracker(None, None, fsdp=False)(rehearse._gpu_roofline(None))
-                marking = rehearse._marking_propagation(tracker.propagation) if corrected else contextlib.nullcontext()
+                tracker = trace._tracker(None, None, fsdp=False)(roofline.gpu_roofline(None))
+                marking = trace._marking_propagation(tracker.propagation) if corrected else contextlib.nullcontext()
                 with marking, tracker:
                     ys = torch._foreach_mul(xs, 2.0)
                     del ys
@@ -221,12 +222,12 @@ def test_collectives_are_counted_per_step():
     all-gathers move every weight twice: in forward, and again in backward (reshard_after_forward, the default,
     frees them after forward, the root's too)."""
     trial = tiny_trial(2, strategy="fsdp2", precision="fp32")
-    trace = fake_trace(trial)
+    step = fake_trace(trial)
     params = trial.estimate["params_total"]
-    assert trace.comm_bytes["reduce_scatter_base"] == 4 * params
-    assert trace.comm_bytes["allgather_base"] == 2 * 4 * params
-    assert set(trace.overlapped_comm) == {"allgather_base", "reduce_scatter_base"}
-    assert trace.flops > 0
+    assert step.comm_bytes["reduce_scatter_base"] == 4 * params
+    assert step.comm_bytes["allgather_base"] == 2 * 4 * params
+    assert set(step.overlapped_comm) == {"allgather_base", "reduce_scatter_base"}
+    assert step.flops > 0
 
 
 @pytest.mark.slow  # ~30 s: building 80 decoder blocks dominates
@@ -238,7 +239,7 @@ def test_seventy_two_b_layer_traces_without_real_memory():
                         "train": {**TINY_TRAIN, "strategy": "fsdp2", "seq_len": 128, "micro_batch": 1},
                         "resources": {"workers": 64, "gpus_per_worker": 1}, "estimate": {"gpu": "H100 SXM"}})
     (trial,) = plan(spec)
-    result = rehearse.rehearse(trial.config, trial.shape, "H100 SXM")
+    result = rehearsal.rehearse(trial.config, trial.shape, "H100 SXM")
     # 72.7B fp32 parameters over 64 ranks: 4.23 GiB each; AdamW's two moments: twice that.
     assert result.resident_gib["parameters"] == pytest.approx(4.23, rel=0.01)
     assert result.resident_gib["optimizer_state"] == pytest.approx(2 * 4.23, rel=0.01)
@@ -255,20 +256,20 @@ def test_private_torch_pieces_are_where_rehearse_expects_them():
     # Frozen parameters (LoRA under DDP) are marked as hooked in the tracker's handle table before it hooks them.
     assert hasattr(MemTracker, "_track_module_params_and_buffers")
     assert hasattr(MemTracker(), "_param_to_grad_hook_handles")
-    known = set(rehearse._CATEGORY_OF)
+    known = set(trace._CATEGORY_OF)
     for reftype in (*_FSDPRefType, *_MemRefType):
         assert reftype.value.lower().replace(" ", "_") in known, reftype
-    collectives, overlapped = rehearse._collective_ops()
+    collectives, overlapped = trace._collective_ops()
     assert overlapped <= collectives
-    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu in rehearse._flop_formulas()
-    assert rehearse._not_memory_traffic()
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu in roofline.flop_formulas()
+    assert roofline._not_memory_traffic()
 
 
 def test_step_time_overlaps_fsdp_collectives_and_serializes_the_rest():
-    trace = rehearse.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={"allgather_base": 100e9,
-                               "all_reduce": 1e9}, comm_calls={}, overlapped_comm=("allgather_base",), flops=0,
-                               roofline_s=1.0, compute_s=1.0, memory_s=0.0)
-    t = rehearse.predict_step_time(trace, world_size=64, busbw_gbps=50.0, busbw_source="links", efficiency=1.0)
+    step = trace.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={"allgather_base": 100e9,
+                           "all_reduce": 1e9}, comm_calls={}, overlapped_comm=("allgather_base",), flops=0,
+                           roofline_s=1.0, compute_s=1.0, memory_s=0.0)
+    t = step_time.predict_step_time(step, world_size=64, busbw_gbps=50.0, busbw_source="links", efficiency=1.0)
     gather_s = 100e9 * 63 / 64 / 50e9
     reduce_s = 1e9 * 2 * 63 / 64 / 50e9
     assert t.step_time_s == pytest.approx(1.0 + reduce_s + (gather_s - 1.0))
@@ -277,36 +278,36 @@ def test_step_time_overlaps_fsdp_collectives_and_serializes_the_rest():
 
 def test_nominal_links_are_nvlink_within_its_domain_and_the_domains_nics_beyond():
     # An HGX node's NVLink spans 8 GPUs: beyond, its 8 NICs (50 GB/s each) carry the rings, under NVLink's 450.
-    assert rehearse.link_busbw_gbps("NVIDIA H100 80GB HBM3", 8) == 450.0
-    assert rehearse.link_busbw_gbps("NVIDIA H100 80GB HBM3", 64) == 400.0
-    assert rehearse.link_busbw_gbps("NVIDIA A100-SXM4-80GB", 16) == 200.0
+    assert step_time.link_busbw_gbps("NVIDIA H100 80GB HBM3", 8) == 450.0
+    assert step_time.link_busbw_gbps("NVIDIA H100 80GB HBM3", 64) == 400.0
+    assert step_time.link_busbw_gbps("NVIDIA A100-SXM4-80GB", 16) == 200.0
     # GB200 NVL72's NVLink spans the rack's 72 GPUs, so 64 ranks stay on it; beyond, 72 NICs outrun NVLink.
-    assert rehearse.link_busbw_gbps("NVIDIA GB200", 64) == 900.0
-    assert rehearse.link_busbw_gbps("NVIDIA GB200", 144) == 900.0
-    assert rehearse.link_busbw_gbps("NVIDIA B200", 64) == 400.0  # not GB200's row: HGX B200 has 8 per domain
-    assert rehearse.link_busbw_gbps("NVIDIA GB200", 1) is None
-    assert rehearse.link_busbw_gbps("Some GPU", 8) is None
+    assert step_time.link_busbw_gbps("NVIDIA GB200", 64) == 900.0
+    assert step_time.link_busbw_gbps("NVIDIA GB200", 144) == 900.0
+    assert step_time.link_busbw_gbps("NVIDIA B200", 64) == 400.0  # not GB200's row: HGX B200 has 8 per domain
+    assert step_time.link_busbw_gbps("NVIDIA GB200", 1) is None
+    assert step_time.link_busbw_gbps("Some GPU", 8) is None
 
 
 def test_tensor_core_peaks_scale_with_measured_matmul_efficiency_relative_to_the_h100():
     def bf16(gpu: str) -> float:
-        return rehearse._gpu_roofline(gpu).peaks[torch.bfloat16]
+        return roofline.gpu_roofline(gpu).peaks[torch.bfloat16]
 
     assert bf16("NVIDIA H100 80GB HBM3") == 989e12  # the GPU ROOFLINE_EFFICIENCY was fitted on
     assert bf16("NVIDIA GB200") == pytest.approx(2500e12 * 0.729 / 0.803)
     assert bf16("NVIDIA A100-SXM4-80GB") == pytest.approx(312e12 * 0.869 / 0.803)
     assert bf16("NVIDIA L40S") == 362.05e12  # not measured: the H100's fraction
-    assert rehearse._gpu_roofline("NVIDIA A100-SXM4-80GB").peaks[torch.float32] == 19.5e12  # no tensor cores
+    assert roofline.gpu_roofline("NVIDIA A100-SXM4-80GB").peaks[torch.float32] == 19.5e12  # no tensor cores
 
 
 def test_compiled_step_saves_part_of_the_blocks_memory_bound_time():
-    trace = rehearse.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={}, comm_calls={}, overlapped_comm=(),
-                               flops=0, roofline_s=1.0, compute_s=0.5, memory_s=0.5, block_memory_bound_s=0.4)
-    eager = rehearse.predict_step_time(trace, 1, None, "none", efficiency=1.0)
-    compiled = rehearse.predict_step_time(trace, 1, None, "none", efficiency=1.0, compiled_traffic=0.25)
+    step = trace.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={}, comm_calls={}, overlapped_comm=(),
+                           flops=0, roofline_s=1.0, compute_s=0.5, memory_s=0.5, block_memory_bound_s=0.4)
+    eager = step_time.predict_step_time(step, 1, None, "none", efficiency=1.0)
+    fused = step_time.predict_step_time(step, 1, None, "none", efficiency=1.0, compiled_traffic=0.25)
     assert eager.step_time_s == 1.0
     # inductor's kernels move a quarter of the bytes, each at COMPILED_BYTE_COST times an eager byte's price
-    assert compiled.step_time_s == pytest.approx(0.6 + 0.4 * 0.25 * rehearse.COMPILED_BYTE_COST)
+    assert fused.step_time_s == pytest.approx(0.6 + 0.4 * 0.25 * fitted.COMPILED_BYTE_COST)
 
 
 def test_inductors_scheduled_bytes_are_what_real_inductor_counts():
@@ -320,7 +321,7 @@ def test_inductors_scheduled_bytes_are_what_real_inductor_counts():
     trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128)
     generated = []
     real = contextlib.nullcontext()
-    block, hidden, kwargs = rehearse._block_and_inputs(trial.config, trial.shape, real)
+    block, hidden, kwargs = compiled._block_and_inputs(trial.config, trial.shape, real)
     counted_by_inductor = []
     original = GraphLowering.count_bytes
 
@@ -338,31 +339,31 @@ def test_inductors_scheduled_bytes_are_what_real_inductor_counts():
             out = torch.compile(block)(hidden, **kwargs)
             (out[0] if isinstance(out, tuple) else out).sum().backward()
         torch._dynamo.reset()
-        mode = rehearse._fake_mode()
-        block, hidden, kwargs = rehearse._block_and_inputs(trial.config, trial.shape, mode)
+        mode = trace.fake_mode()
+        block, hidden, kwargs = compiled._block_and_inputs(trial.config, trial.shape, mode)
         with mode:
-            out = rehearse._partitioned_like_inductor(block, generated)(hidden, **kwargs)
+            out = compiled._partitioned_like_inductor(block, generated)(hidden, **kwargs)
             (out[0] if isinstance(out, tuple) else out).sum().backward()
     finally:
         torch._logging.set_logs()
         metrics.reset()
         torch._dynamo.reset()
     assert len(generated) == 2 and generated == counted_by_inductor  # forward, backward
-    plain = rehearse.compiled_block_traffic(trial.config, trial.shape)
+    plain = compiled.compiled_block_traffic(trial.config, trial.shape)
     assert 0.1 < plain < 0.6
     liger = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, liger=True)
-    assert rehearse.compiled_block_traffic(liger.config, liger.shape) > 1.5 * plain
+    assert compiled.compiled_block_traffic(liger.config, liger.shape) > 1.5 * plain
 
 
 def test_a_block_inductor_cannot_lower_is_priced_eager(monkeypatch):
     def cannot_lower(*_):
         raise NotImplementedError("no lowering for this operator")
 
-    monkeypatch.setattr(rehearse, "compiled_block_traffic", cannot_lower)
-    compiled = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True)
-    rehearsed = rehearse.rehearse(compiled.config, compiled.shape, "H100 SXM")
+    monkeypatch.setattr(rehearsal, "compiled_block_traffic", cannot_lower)
+    compiled_trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True)
+    rehearsed = rehearsal.rehearse(compiled_trial.config, compiled_trial.shape, "H100 SXM")
     eager = tiny_trial(1, gpus=1, strategy="fsdp2")
-    assert rehearsed.step_time_s == rehearse.rehearse(eager.config, eager.shape, "H100 SXM").step_time_s
+    assert rehearsed.step_time_s == rehearsal.rehearse(eager.config, eager.shape, "H100 SXM").step_time_s
     assert rehearsed.compiled_traffic is None
     assert any("step priced eager (NotImplementedError: no lowering" in note for note in rehearsed.notes)
 
@@ -372,16 +373,16 @@ def _saved_by_real_inductor(trial, op_policy: bool = False) -> tuple[int, int]:
     runs its kernels, and the hooks see what its compiled autograd function saves. op_policy: the block
     checkpointed with the trial's op-level policy (eager, its cache reported by the policy)."""
     real = contextlib.nullcontext()
-    block, hidden, kwargs = rehearse._block_and_inputs(trial.config, trial.shape, real)
+    block, hidden, kwargs = compiled._block_and_inputs(trial.config, trial.shape, real)
     for tensor in (*block.parameters(), *block.buffers()):
         torch.nn.init.normal_(tensor, std=0.02)
     kept_by_policy = {}
-    eager_block = rehearse._policy_block(block, trial.config.train, kept_by_policy) if op_policy else block
-    eager = rehearse._saved_bytes(lambda: eager_block(hidden, **kwargs), block, real, kept_by_policy)
+    eager_block = compiled._policy_block(block, trial.config.train, kept_by_policy) if op_policy else block
+    eager = compiled._saved_bytes(lambda: eager_block(hidden, **kwargs), block, real, kept_by_policy)
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(rehearse._policy_block(block, trial.config.train, None) if op_policy else block)
-        kept = rehearse._saved_bytes(lambda: compiled(hidden, **kwargs), block, real)
+        run = torch.compile(compiled._policy_block(block, trial.config.train, None) if op_policy else block)
+        kept = compiled._saved_bytes(lambda: run(hidden, **kwargs), block, real)
     finally:
         torch._dynamo.reset()
     return eager, kept
@@ -393,10 +394,10 @@ def test_compiled_blocks_keep_what_inductor_keeps():
     trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=2)
     eager, kept = _saved_by_real_inductor(trial)
     assert 0 < kept < eager
-    saving = rehearse.compiled_block_saving_gib(trial.config, trial.shape)
+    saving = compiled.compiled_block_saving_gib(trial.config, trial.shape)
     assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
     doubled = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=4)
-    assert rehearse.compiled_block_saving_gib(doubled.config, doubled.shape) == pytest.approx(2 * saving, rel=0.05)
+    assert compiled.compiled_block_saving_gib(doubled.config, doubled.shape) == pytest.approx(2 * saving, rel=0.05)
 
 
 # An op-level policy for the tiny Llama block, spelled as the SAC ILP spells its policies.
@@ -410,30 +411,30 @@ def test_compiled_op_policy_blocks_keep_what_inductor_keeps():
     trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=2, ac_ratio="1",
                        ac_mode="op", ac_saved_ops=TINY_POLICY)
     eager, kept = _saved_by_real_inductor(trial, op_policy=True)
-    saving = rehearse.compiled_block_saving_gib(trial.config, trial.shape, op_policy=True)
+    saving = compiled.compiled_block_saving_gib(trial.config, trial.shape, op_policy=True)
     assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
-    assert saving != rehearse.compiled_block_saving_gib(trial.config, trial.shape)  # the policy counts
+    assert saving != compiled.compiled_block_saving_gib(trial.config, trial.shape)  # the policy counts
     eager_trial = tiny_trial(1, gpus=1, strategy="fsdp2", seq_len=128, micro_batch=2, ac_ratio="1",
                              ac_mode="op", ac_saved_ops=TINY_POLICY)
     full_ac = tiny_trial(1, gpus=1, strategy="fsdp2", seq_len=128, micro_batch=2, ac_ratio="1")
     block_input = 2 * 128 * trial.shape.hidden_size * 2  # the micro-batch's hidden states, in FSDP2's bf16
     beyond_full_ac = (fake_trace(eager_trial).peak_gib - fake_trace(full_ac).peak_gib) * GIB
     assert eager - block_input == pytest.approx(beyond_full_ac / trial.shape.num_hidden_layers, rel=0.02)
-    rehearsed = rehearse.rehearse(trial.config, trial.shape, "H100 SXM")
-    eager_rehearsed = rehearse.rehearse(eager_trial.config, eager_trial.shape, "H100 SXM")
+    rehearsed = rehearsal.rehearse(trial.config, trial.shape, "H100 SXM")
+    eager_rehearsed = rehearsal.rehearse(eager_trial.config, eager_trial.shape, "H100 SXM")
     assert rehearsed.memory_gib["activations"] == pytest.approx(
         eager_rehearsed.memory_gib["activations"] - trial.shape.num_hidden_layers * saving)
-    assert rehearse.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
+    assert trace.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
 
 def test_compiled_trials_rehearse_with_fewer_activations():
-    eager = rehearse.rehearse(tiny_trial(1, gpus=1, strategy="fsdp2").config, tiny_trial(1).shape, "H100 SXM")
+    eager = rehearsal.rehearse(tiny_trial(1, gpus=1, strategy="fsdp2").config, tiny_trial(1).shape, "H100 SXM")
     compiled_trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True)
-    compiled = rehearse.rehearse(compiled_trial.config, compiled_trial.shape, "H100 SXM")
-    saving = rehearse.compiled_block_saving_gib(compiled_trial.config, compiled_trial.shape)
+    rehearsed = rehearsal.rehearse(compiled_trial.config, compiled_trial.shape, "H100 SXM")
+    saving = compiled.compiled_block_saving_gib(compiled_trial.config, compiled_trial.shape)
     blocks = compiled_trial.shape.num_hidden_layers
-    assert compiled.memory_gib["activations"] == pytest.approx(eager.memory_gib["activations"] - blocks * saving)
-    assert rehearse.COMPILED_ACTIVATIONS_NOTE in compiled.notes
+    assert rehearsed.memory_gib["activations"] == pytest.approx(eager.memory_gib["activations"] - blocks * saving)
+    assert trace.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
 
 def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
@@ -450,7 +451,7 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     estimates = [json.loads(line)["estimate"] for line in capsys.readouterr().out.splitlines()]
     assert [e["peak_basis"] for e in estimates] == ["rehearsed", "analytic"]
     # The allocator's reserve on the tensor peak, plus the CUDA context the estimate assumes.
-    assert estimates[0]["rehearsed_peak_gib"] == pytest.approx(rows[0]["peak_gib"] * rehearse.ALLOCATOR_RESERVE + 1.0)
+    assert estimates[0]["rehearsed_peak_gib"] == pytest.approx(rows[0]["peak_gib"] * fitted.ALLOCATOR_RESERVE + 1.0)
     assert main(["rehearse", str(sweep), "--trial", "nope"]) == 2
     assert "--trial" in capsys.readouterr().err
 
@@ -522,14 +523,14 @@ def test_a_compiled_groups_op_policy_keeps_what_the_partitioner_keeps(tmp_path, 
     assert main(["rehearse", str(path), "--json"]) == 0
     capsys.readouterr()
     trials = plan(load_sweep(path), store_path=tmp_path / "store")
-    eager, compiled = (r["op_policy"]["policy"] for r in
-                       predicted_best(trials, rehearsals=calibration.rehearsals(tmp_path / "store")))
-    assert eager["ac_saved_ops"] == compiled["ac_saved_ops"]
+    eager, fused = (r["op_policy"]["policy"] for r in
+                    predicted_best(trials, rehearsals=calibration.rehearsals(tmp_path / "store")))
+    assert eager["ac_saved_ops"] == fused["ac_saved_ops"]
     config = trials[1].config.model_copy(update={"train": trials[1].config.train.model_copy(
         update={"ac_mode": "op", "ac_saved_ops": eager["ac_saved_ops"]})})
-    saving = rehearse.compiled_block_saving_gib(config, trials[1].shape, op_policy=True)
+    saving = compiled.compiled_block_saving_gib(config, trials[1].shape, op_policy=True)
     assert saving > 0
-    assert compiled["peak_gib"] == pytest.approx(eager["peak_gib"] - trials[1].shape.num_hidden_layers * saving)
+    assert fused["peak_gib"] == pytest.approx(eager["peak_gib"] - trials[1].shape.num_hidden_layers * saving)
 
 
 def test_a_trial_the_trace_cannot_run_falls_back_and_says_why(tmp_path):
@@ -546,7 +547,7 @@ def test_a_trial_the_trace_cannot_run_falls_back_and_says_why(tmp_path):
     spec = parse_sweep({"name": "r", "model": {"path": str(model_dir)}, "train": {**TINY_TRAIN, "strategy": "fsdp2"},
                         "resources": {"workers": 2}})
     (trial,) = plan(spec)
-    result = rehearse.rehearse(trial.config, trial.shape, None, analytic=trial.estimate)
+    result = rehearsal.rehearse(trial.config, trial.shape, None, analytic=trial.estimate)
     assert result.method == "analytic"
     assert "trace failed (ValueError" in result.notes[0] and "layers" in result.notes[0]
     assert result.peak_gib == trial.estimate["measured_part_gib"]
@@ -563,10 +564,10 @@ def test_sac_estimator_times_operators_with_the_hardware_tables_roofline():
 
     assert SACEstimator()._estimate_runtime == RuntimeEstimator._roofline_estimate  # what the hook replaces
     tokens, d_in, d_out = 4096, 2048, 8192
-    with rehearse._fake_mode():
+    with trace.fake_mode():
         block = torch.nn.Sequential(torch.nn.Linear(d_in, d_out, bias=False, dtype=torch.bfloat16), torch.nn.SiLU())
         x = torch.empty(tokens, d_in, dtype=torch.bfloat16, requires_grad=True)
-        estimator = rehearse._sac_estimator(rehearse._gpu_roofline("H100 SXM"))
+        estimator = policy._sac_estimator(roofline.gpu_roofline("H100 SXM"))
         with estimator:
             block(x)
     stats = estimator.sac_mod_stats["Sequential"]
@@ -582,59 +583,59 @@ def full_ac() -> tuple[dict, int, dict]:
     """The tiny preset's FSDP2 GPU rehearsal with every block checkpointed (with one block's operators), its
     layer count, and the same trial's rehearsal without checkpointing."""
     trials = {ratio: tiny_trial(2, gpus=1, strategy="fsdp2", ac_ratio=ratio) for ratio in ("0", "1")}
-    got = {ratio: rehearse.rehearse(t.config, t.shape, "H100 SXM").as_dict() for ratio, t in trials.items()}
+    got = {ratio: rehearsal.rehearse(t.config, t.shape, "H100 SXM").as_dict() for ratio, t in trials.items()}
     assert got["0"]["block_ops"] is None and got["1"]["block_ops"]  # only full AC is a policy's starting point
     return got["1"], trials["1"].shape.num_hidden_layers, got["0"]
 
 
 def test_op_policy_fits_the_limit_and_a_tighter_limit_recomputes_more(full_ac):
-    rehearsal, layers, no_ac = full_ac
-    full_ac_reserved = rehearsal["peak_gib"] * rehearse.ALLOCATOR_RESERVE
-    block_gib = sum(rehearse._recomputable(rehearsal["block_ops"]).memory) / 2**30
+    full, layers, no_ac = full_ac
+    full_ac_reserved = full["peak_gib"] * fitted.ALLOCATOR_RESERVE
+    block_gib = sum(policy._recomputable(full["block_ops"]).memory) / 2**30
     policies = []
     for share in (0.2, 0.6):  # of the room every block's outputs would take on top of full AC
-        limit = full_ac_reserved + share * layers * block_gib * rehearse.ALLOCATOR_RESERVE
-        policy = rehearse.op_policy(rehearsal, layers, limit)
-        assert policy.reserved_gib <= limit
-        assert 0 < policy.kept_fraction < 1
-        policies.append(policy)
+        limit = full_ac_reserved + share * layers * block_gib * fitted.ALLOCATOR_RESERVE
+        chosen = policy.op_policy(full, layers, limit)
+        assert chosen.reserved_gib <= limit
+        assert 0 < chosen.kept_fraction < 1
+        policies.append(chosen)
     tight, loose = policies
     assert sum(tight.recomputed.values()) > sum(loose.recomputed.values())
     assert tight.saved_gib_per_block < loose.saved_gib_per_block
     # Recomputing more costs time: between no checkpointing and full AC.
-    assert no_ac["step_time_s"] <= loose.step_time_s < tight.step_time_s <= rehearsal["step_time_s"]
-    assert rehearse.op_policy(rehearsal, layers, 0.9 * full_ac_reserved) is None  # not even full AC fits
+    assert no_ac["step_time_s"] <= loose.step_time_s < tight.step_time_s <= full["step_time_s"]
+    assert policy.op_policy(full, layers, 0.9 * full_ac_reserved) is None  # not even full AC fits
 
 
 def test_op_policy_with_room_for_everything_is_the_step_without_checkpointing(full_ac):
     """Saving every operator a block's backward needs (plus what it may keep for free) predicts what the
     trace of the same trial without checkpointing measures: the memory and time models close the loop."""
-    rehearsal, layers, no_ac = full_ac
-    policy = rehearse.op_policy(rehearsal, layers, 100.0)
-    assert policy.kept_fraction == 1.0 and sum(policy.recomputed.values()) <= 2  # only free scalar ops, if any
-    assert policy.step_time_s == pytest.approx(no_ac["step_time_s"], rel=0.02)
-    ops = rehearse._recomputable(rehearsal["block_ops"])
+    full, layers, no_ac = full_ac
+    chosen = policy.op_policy(full, layers, 100.0)
+    assert chosen.kept_fraction == 1.0 and sum(chosen.recomputed.values()) <= 2  # only free scalar ops, if any
+    assert chosen.step_time_s == pytest.approx(no_ac["step_time_s"], rel=0.02)
+    ops = policy._recomputable(full["block_ops"])
     autograd_gib = sum(ops.memory[i] for i in ops.saved_autograd_ops) / 2**30
-    assert rehearsal["peak_gib"] + layers * autograd_gib == pytest.approx(no_ac["peak_gib"], rel=0.02)
+    assert full["peak_gib"] + layers * autograd_gib == pytest.approx(no_ac["peak_gib"], rel=0.02)
 
 
 def test_the_op_level_policy_runs_and_keeps_what_the_ilp_predicted(tmp_path):
     """The ILP's policy, run as train.ac_saved_ops (ac_mode op): its tensor peak traced on fake tensors and
     measured for real on a gloo rank equals the peak op_policy predicted from the full-AC rehearsal."""
     base = tiny_trial(1, gpus=1, strategy="fsdp2", ac_ratio="1", seq_len=256)
-    full = rehearse.rehearse(base.config, base.shape, "H100 SXM").as_dict()
+    full = rehearsal.rehearse(base.config, base.shape, "H100 SXM").as_dict()
     layers = base.shape.num_hidden_layers
-    block_gib = sum(rehearse._recomputable(full["block_ops"]).memory) / 2**30
-    limit = (full["peak_gib"] + 0.3 * layers * block_gib) * rehearse.ALLOCATOR_RESERVE
-    policy = rehearse.op_policy(full, layers, limit)
-    assert 0 < policy.kept_fraction < 1 and any("#" in op for op in policy.ac_saved_ops)
+    block_gib = sum(policy._recomputable(full["block_ops"]).memory) / 2**30
+    limit = (full["peak_gib"] + 0.3 * layers * block_gib) * fitted.ALLOCATOR_RESERVE
+    chosen = policy.op_policy(full, layers, limit)
+    assert 0 < chosen.kept_fraction < 1 and any("#" in op for op in chosen.ac_saved_ops)
     trial = tiny_trial(1, gpus=1, strategy="fsdp2", ac_ratio="1", seq_len=256, ac_mode="op",
-                       ac_saved_ops=policy.ac_saved_ops)
-    assert fake_trace(trial).peak_gib == pytest.approx(policy.peak_gib, rel=0.01)
+                       ac_saved_ops=chosen.ac_saved_ops)
+    assert fake_trace(trial).peak_gib == pytest.approx(chosen.peak_gib, rel=0.01)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/init", rank=0, world_size=1)
     try:
-        real = rehearse.trace_step(trial.config, trial.shape, RankContext(0, 1, 0, torch.device("cpu")), fake=False)
+        real = trace.trace_step(trial.config, trial.shape, RankContext(0, 1, 0, torch.device("cpu")), fake=False)
     finally:
         dist.destroy_process_group()
-    assert real.peak_gib == pytest.approx(policy.peak_gib, rel=0.01)
-    assert policy.peak_gib > full["peak_gib"]  # it keeps more than full AC, within the limit
+    assert real.peak_gib == pytest.approx(chosen.peak_gib, rel=0.01)
+    assert chosen.peak_gib > full["peak_gib"]  # it keeps more than full AC, within the limit

@@ -1,0 +1,210 @@
+"""What torch.compile changes in a compiled trial's decoder blocks, counted by inductor itself on one block: what
+its partitioner keeps for backward, and the bytes its generated kernels move."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from raybench.config import TrainSpec, TrialConfig
+from raybench.model import decoder_blocks
+from raybench.presets import ModelShape
+from raybench.rehearse.roofline import Roofline, fusable
+from raybench.rehearse.trace import fake_mode, liger_rope, unwrapped_model
+from raybench.schema import GIB
+from raybench.techniques import activation_checkpointing
+
+# Strategies whose decoder blocks run on plain local tensors (FSDP2 gathers them before the block runs); under
+# tp the block's tensors are DTensors and its compiled graph is not inspected here.
+COMPILE_INSPECTED_STRATEGIES = ("fsdp2",)
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata  # views share their base's storage: one key per allocation
+
+
+
+def _block_and_inputs(config: TrialConfig, shape: ModelShape, mode) -> tuple[nn.Module, torch.Tensor, dict]:
+    """One decoder block of the trial's model (its techniques applied, unsharded, in its compute dtype) with
+    its storage created under `mode` (a FakeTensorMode: shapes only), and inputs as the model passes them:
+    hidden states of micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have none)."""
+    model, train = unwrapped_model(config)
+    dtype = next(model.parameters()).dtype
+    block = decoder_blocks(model)[-1]
+    rotary = next(m for name, m in model.named_modules() if name.endswith("rotary_emb"))
+    with mode:
+        block.to_empty(device="cpu")
+        rotary.to_empty(device="cpu")
+        hidden = torch.randn(train.micro_batch, train.seq_len, shape.hidden_size, dtype=dtype, requires_grad=True)
+        positions = torch.arange(train.seq_len).unsqueeze(0)
+        rope = rotary(hidden, positions)
+    return block, hidden, {"position_ids": positions, "position_embeddings": rope, "attention_mask": None}
+
+
+def _saved_bytes(run, params: nn.Module, mode, kept_by_policy: dict[int, int] | None = None) -> int:
+    """Bytes autograd keeps for backward while `run()` runs its forward (`params`' own storage excluded).
+
+    A compiled graph saves what its partitioner chose through its autograd function (`save_for_backward`),
+    which the same hooks see, so eager and compiled are counted alike. An eager op-level checkpoint keeps its
+    policy's outputs in its own cache, unseen by the hooks: `run` reports those in `kept_by_policy` (storage
+    key -> bytes, `_policy_block`)."""
+    exclude = {_storage_key(p) for p in params.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[_storage_key(t)] = t.untyped_storage().nbytes()
+        return t
+
+    with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    saved.update(kept_by_policy or {})
+    return sum(n for key, n in saved.items() if key not in exclude)
+
+
+def _partitioned_like_inductor(block: nn.Module, generated_bytes: list[int] | None = None) -> Callable:
+    """`block` under torch.compile with inductor's decompositions and partitioner (its joint-graph passes, then
+    min-cut rematerialization), so it keeps for backward what the real compile keeps, but with no code
+    generated: the partitioned graphs run as they are, on whatever tensors they get (fake ones here).
+
+    generated_bytes: each graph is also lowered and scheduled by inductor (`_scheduled_bytes`), and what its
+    generated kernels would read and write is appended there (forward, then backward when it runs)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    def compiler(is_backward: bool):
+        def as_is(graph: torch.fx.GraphModule, inputs) -> torch.fx.GraphModule:
+            if generated_bytes is not None:
+                generated_bytes.append(_scheduled_bytes(graph, inputs, is_backward))
+            return graph
+
+        return as_is
+
+    backend = aot_autograd(fw_compiler=compiler(False), bw_compiler=compiler(True), partition_fn=partition_fn,
+                           decompositions=select_decomp_table())
+    return torch.compile(block, backend=backend)
+
+
+def _scheduled_bytes(graph: torch.fx.GraphModule, inputs: list, is_backward: bool) -> int:
+    """Bytes the kernels inductor would generate for `graph` read and write: its post-grad passes, lowering and
+    scheduler (which fuses), as compile_fx runs them, then no code generated. Matmuls, attention and custom
+    operators (Liger's) stay extern kernels and are left out: the roofline prices them as they are.
+
+    Each kernel's count is the scheduler's own (`get_read_write_buffers_sizes`, what inductor's
+    `GraphLowering.count_bytes` sums when its metrics log is on)."""
+    import copy
+
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import _recursive_post_grad_passes
+    from torch._inductor.debug import DebugContext
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
+    from torch._inductor.virtualized import V
+
+    graph = copy.deepcopy(graph)  # the passes rewrite it; the caller runs the original
+    view_to_reshape(graph)
+    with _disable_current_modes(), DebugContext(), V.set_fake_mode(detect_fake_mode(inputs)):
+        _recursive_post_grad_passes(graph, is_inference=False)
+        lowering = GraphLowering(graph, example_inputs=inputs, is_inference=False, is_backward=is_backward)
+        with V.set_graph_handler(lowering):
+            lowering.run(*inputs)
+            lowering.init_wrapper_code()
+            lowering._update_scheduler()
+            return sum(node.get_read_write_buffers_sizes() for node in lowering.scheduler.nodes
+                       if not isinstance(node, (ExternKernelSchedulerNode, NopKernelSchedulerNode)))
+
+
+def compiled_block_traffic(config: TrialConfig, shape: ModelShape) -> float:
+    """What torch.compile's generated kernels move for one decoder block's forward and backward, as a share of
+    what its memory-bound operators (FLOP-less, Liger's left out) move eager: the bytes `block_memory_bound_s`
+    prices. Both on fake tensors at the trial's micro-batch, sequence length and compute dtype. Inductor fuses
+    a norm's or an activation's chain of elementwise operators into one kernel, but an operator between two
+    extern kernels (a residual add between a matmul and Liger's norm) it cannot fuse with anything."""
+    eager = _MemoryBoundBytes()
+    _block_forward_backward(config, shape, lambda block: block, eager)
+    generated: list[int] = []
+    torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
+    try:
+        _block_forward_backward(config, shape, lambda block: _partitioned_like_inductor(block, generated))
+    finally:
+        torch._dynamo.reset()
+    return sum(generated) / eager.bytes
+
+
+def _block_forward_backward(config: TrialConfig, shape: ModelShape, wrap: Callable,
+                            counting: TorchDispatchMode | None = None) -> None:
+    """One decoder block's forward and backward on fake tensors, run as `wrap(block)`, `counting` watching both."""
+    mode = fake_mode()
+    block, hidden, kwargs = _block_and_inputs(config, shape, mode)
+    run = wrap(block)
+    counting = counting or contextlib.nullcontext()
+    with liger_rope(config, shape), mode:
+        with counting:
+            out = run(hidden, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        grad = torch.ones_like(out)  # outside the count: backward starts from it
+        with counting:
+            out.backward(grad)
+
+
+class _MemoryBoundBytes(TorchDispatchMode):
+    """Bytes the FLOP-less operators read and write, Liger's left out (as the step tracker's
+    block_memory_bound_s counts them, in bytes rather than seconds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.roofline, self.bytes = Roofline({}, 1.0), 0.0  # a bandwidth of 1 byte/s: seconds are bytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        flops, _, moved = self.roofline.cost(func, args, kwargs, out)
+        if fusable(func, flops):
+            self.bytes += moved
+        return out
+
+
+def compiled_block_saving_gib(config: TrialConfig, shape: ModelShape, op_policy: bool = False) -> float:
+    """Activation memory one decoder block keeps for backward run eager, minus what it keeps compiled.
+
+    The eager trace keeps every tensor autograd saves; a compiled block keeps what torch.compile's partitioner
+    chose and recomputes the rest (norms, activations, casts) in backward. Each non-checkpointed compiled block
+    holds this much less from its forward to its backward (blocks checkpointed whole keep only their input
+    either way). op_policy: the block checkpointed with the trial's op-level policy (ac_mode "op"), whose tags
+    the partitioner takes as constraints; what it then keeps need not be what the eager policy keeps (on the
+    1B sweep's H200 run it was what compile keeps with no checkpointing, to the byte).
+    """
+    eager, compiled = (_block_kept_bytes(config, shape, run_compiled, op_policy) for run_compiled in (False, True))
+    return (eager - compiled) / GIB
+
+
+def _block_kept_bytes(config: TrialConfig, shape: ModelShape, compiled: bool, op_policy: bool) -> int:
+    mode = fake_mode()
+    block, hidden, kwargs = _block_and_inputs(config, shape, mode)
+    kept_by_policy: dict[int, int] = {}
+    run = _policy_block(block, config.train, None if compiled else kept_by_policy) if op_policy else block
+    torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
+    try:
+        run = _partitioned_like_inductor(run) if compiled else run
+        with liger_rope(config, shape):
+            return _saved_bytes(lambda: run(hidden, **kwargs), block, mode, kept_by_policy)
+    finally:
+        torch._dynamo.reset()
+
+
+def _policy_block(block: nn.Module, train: TrainSpec, kept_by_policy: dict[int, int] | None) -> nn.Module:
+    """`block` checkpointed with the op-level policy of `train`, as the worker wraps it; the outputs its
+    forward keeps go into `kept_by_policy` (storage key -> bytes) when given."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    def keep(t: torch.Tensor) -> None:
+        kept_by_policy[_storage_key(t)] = t.untyped_storage().nbytes()
+
+    on_saved = keep if kept_by_policy is not None else None
+    return checkpoint_wrapper(block, context_fn=activation_checkpointing.policy_context_fn(train, on_saved))
+

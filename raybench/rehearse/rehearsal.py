@@ -1,0 +1,186 @@
+"""One trial's rehearsal: its step traced as one rank of its full world and priced on its GPU, or the analytic
+estimate where the trace cannot run it, with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import torch
+import torch.distributed as dist
+
+from raybench.config import TrialConfig
+from raybench.plan import checkpointed_blocks, config_id
+from raybench.presets import ModelShape
+from raybench.rehearse.compiled import COMPILE_INSPECTED_STRATEGIES, compiled_block_saving_gib, compiled_block_traffic
+from raybench.rehearse.fitted import ALLOCATOR_RESERVE, ROOFLINE_EFFICIENCY
+from raybench.rehearse.policy import block_ops
+from raybench.rehearse.step_time import link_busbw_gbps, predict_step_time
+from raybench.rehearse.trace import (
+    COMPILE_NOTE,
+    COMPILED_ACTIVATIONS_NOTE,
+    TRACEABLE_STRATEGIES,
+    init_fake_world,
+    trace_step,
+    traced_config,
+    traced_train,
+)
+from raybench.strategies import RankContext
+
+
+@dataclass
+class Rehearsal:
+    """One trial's rehearsal (or its analytic fallback), per rank, as plain data."""
+
+    method: str  # "traced" or "analytic"
+    notes: list[str]
+    rank: int
+    world_size: int
+    memory_gib: dict[str, float] = field(default_factory=dict)
+    peak_gib: float | None = None  # tensor memory at the step's peak (what torch's allocator would hold)
+    reserved_gib: float | None = None  # GPU trials: what the caching allocator would reserve (x ALLOCATOR_RESERVE)
+    resident_gib: dict[str, float] = field(default_factory=dict)
+    comm_bytes: dict[str, int] = field(default_factory=dict)
+    flops: float | None = None
+    compute_s: float | None = None
+    comm_s: float | None = None
+    exposed_comm_s: float | None = None
+    step_time_s: float | None = None
+    busbw_gbps: float | None = None
+    busbw_source: str | None = None
+    overlap: str | None = None
+    roofline_s: float | None = None  # the trace's roofline before efficiency (what the constants are fitted on)
+    block_memory_bound_s: float | None = None  # its memory-bound part inside decoder blocks (compile fuses it)
+    compiled_traffic: float | None = None  # compiled trials: compiled_block_traffic
+    trace_s: float | None = None  # seconds this process spent tracing (0 when an identical trace was reused)
+    overlapped_comm: list[str] = field(default_factory=list)  # collectives issued beside compute (op_policy)
+    block_ops: dict | None = None  # one decoder block's operators, when op_policy can start from this trial
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _analytic(config: TrialConfig, analytic: dict | None, rank: int, why: str) -> Rehearsal:
+    """The analytic estimate in a rehearsal's shape, saying why the trial was not traced."""
+    est = analytic or {}
+    memory = {"parameters": est.get("params_gib"), "gradients": est.get("grads_gib"),
+              "optimizer_state": est.get("optimizer_gib"), "activations": est.get("activations_gib")}
+    return Rehearsal("analytic", [why + "; analytic estimate"], rank, config.resources.workers, memory_gib=memory,
+                     peak_gib=est.get("measured_part_gib"), step_time_s=est.get("step_time_s"))
+
+
+def why_not_traceable(config: TrialConfig) -> str | None:
+    train = config.train
+    if train.strategy not in TRACEABLE_STRATEGIES:
+        return f"strategy {train.strategy} is not traced (it needs real storage or communication)"
+    if train.finetune == "qlora":
+        return "qlora is not traced (bitsandbytes quantizes real weights on CUDA)"
+    if train.liger and train.strategy != "fsdp2":
+        return (f"liger is traced under fsdp2 only (its reference operators take plain tensors, {train.strategy} "
+                "DTensors)")
+    return None
+
+
+def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
+             busbw_source: str = "probe", analytic: dict | None = None, efficiency: float = ROOFLINE_EFFICIENCY,
+             rank: int = 0, traces: dict | None = None) -> Rehearsal:
+    """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
+
+    `traces` (a dict the caller keeps) reuses the trace of a trial whose traced step is identical: compiled
+    and eager twins trace the same eager step and differ only in the predicted time.
+    """
+    world = config.resources.workers
+    why_not = why_not_traceable(config)
+    if why_not:
+        return _analytic(config, analytic, rank, why_not)
+    on_gpu = config.resources.gpus_per_worker > 0
+    _, notes = traced_train(config.train, on_gpu)
+    traces = {} if traces is None else traces
+    key = (config_id(traced_config(config)), rank, gpu if on_gpu else None)
+    t0 = time.perf_counter()
+    if key not in traces:
+        init_fake_world(rank, world)
+        try:
+            ctx = RankContext(rank, world, rank, torch.device("cpu"))
+            traces[key] = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None)
+            if on_gpu and gpu and is_policy_base(config):
+                traces[key].block_ops = block_ops(config, shape, gpu)
+        except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
+            return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
+        finally:
+            dist.destroy_process_group()
+    trace = traces[key]
+    memory = dict(trace.memory_gib)
+    if config.train.compile and config.train.strategy in COMPILE_INSPECTED_STRATEGIES:
+        saving_gib = _compiled_saving_gib(config, shape, rank, traces)
+        if saving_gib is not None:
+            memory["activations"] -= saving_gib
+            notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
+    traffic = None
+    if config.train.compile and on_gpu:
+        traffic, why_not = _compiled_traffic(config, shape, traces)
+        notes += [why_not] if why_not else []
+    peak_gib = sum(memory.values())
+    source = busbw_source if busbw_gbps else "links"
+    busbw = busbw_gbps or link_busbw_gbps(gpu, world)
+    timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency, traffic)
+    has_time = on_gpu and trace.roofline_s > 0
+    return Rehearsal(
+        "traced", notes, rank, world, memory_gib=memory, peak_gib=peak_gib,
+        reserved_gib=peak_gib * (ALLOCATOR_RESERVE if on_gpu else 1.0),
+        resident_gib=trace.resident_gib, comm_bytes=trace.comm_bytes, flops=trace.flops,
+        compute_s=timing.compute_s if has_time else None, comm_s=timing.comm_s if busbw else None,
+        exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,
+        step_time_s=timing.step_time_s if has_time else None, busbw_gbps=busbw, busbw_source=timing.busbw_source,
+        overlap=timing.overlap, roofline_s=trace.roofline_s if has_time else None,
+        block_memory_bound_s=trace.block_memory_bound_s if has_time else None, compiled_traffic=traffic,
+        trace_s=time.perf_counter() - t0,
+        overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None)
+
+
+def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, traces: dict) -> float | None:
+    """What the compiled blocks of a trial keep less than the eager trace counts (compiled_block_saving_gib):
+    every block not checkpointed, and every block under an op-level policy; blocks checkpointed whole keep their
+    input either way. None when no block is of those kinds."""
+    layers = shape.num_hidden_layers
+    checkpointed = len(checkpointed_blocks(Fraction(config.train.ac_ratio), layers))
+    counts = {False: layers - checkpointed, True: checkpointed if config.train.ac_mode == "op" else 0}
+    if not any(counts.values()):
+        return None
+    saving_gib = 0.0
+    for op_policy, blocks in counts.items():
+        if not blocks:
+            continue
+        # One block's saving does not depend on how many blocks are checkpointed: a sweep's sAC ratios share it.
+        block_train = {"ac_ratio": "1" if op_policy else "0"}
+        one = config.model_copy(update={"train": config.train.model_copy(update=block_train)})
+        key = ("compiled block saving", config_id(traced_config(one)), rank)
+        if key not in traces:
+            traces[key] = compiled_block_saving_gib(config, shape, op_policy)
+        saving_gib += blocks * traces[key]
+    return saving_gib
+
+
+def _compiled_traffic(config: TrialConfig, shape: ModelShape, traces: dict) -> tuple[float | None, str | None]:
+    """compiled_block_traffic for a compiled trial, or None and why: a block inductor cannot lower is priced
+    eager, and the sweep's other trials go on."""
+    # One block's traffic does not depend on checkpointing or the strategy: a sweep's compiled trials share it.
+    block_train = {"ac_ratio": "0", "ac_mode": "block", "ac_saved_ops": None, "strategy": "fsdp2", "tp_size": 1}
+    one = config.model_copy(update={"train": config.train.model_copy(update=block_train)})
+    key = ("compiled block traffic", config_id(traced_config(one)))
+    if key not in traces:
+        try:
+            traces[key] = compiled_block_traffic(config, shape)
+        except Exception as err:  # inductor failing to lower one model must not stop a sweep
+            traces[key] = f"compile's fusion not counted, step priced eager ({type(err).__name__}: {err})"[:300]
+    found = traces[key]
+    return (None, found) if isinstance(found, str) else (found, None)
+
+
+def is_policy_base(config: TrialConfig) -> bool:
+    """Whether an op-level policy (op_policy) starts from this trial's rehearsal: every decoder block
+    checkpointed whole, under FSDP2, whose ranks run whole blocks (TP shards each block's operators)."""
+    train = config.train
+    return train.strategy == "fsdp2" and train.ac_mode == "block" and Fraction(train.ac_ratio) == 1

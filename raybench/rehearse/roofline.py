@@ -1,0 +1,92 @@
+"""One operator's cost on a GPU of the hardware table: FLOPs at its peak FLOP/s, bytes at its memory bandwidth."""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+from raybench.hardware import matmul_efficiency, memory_bandwidth_tb_per_s, peak_tflops
+from raybench.rehearse.fitted import ROOFLINE_REFERENCE_GPU
+from raybench.techniques import liger_reference
+
+
+def flop_formulas() -> dict:
+    """Operator → FLOP formula: torch's flop counter registry, plus the CPU flash-attention kernels (which
+    the CPU trace dispatches to) mapped to the CUDA flash formulas they mirror."""
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    formulas = dict(flop_registry)
+    formulas[aten._scaled_dot_product_flash_attention_for_cpu] = flop_registry[
+        aten._scaled_dot_product_flash_attention]
+    formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _cpu_flash_backward_flop
+    return formulas
+
+
+def _cpu_flash_backward_flop(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+def _not_memory_traffic() -> set:
+    """Operators that move no data worth counting: torch's runtime estimator's lists (views, metadata, RNG
+    seeds), and allocations (an empty tensor is reserved, not written)."""
+    from torch.utils._runtime_estimation import _IGNORE_OPS, _VIEW_OPS
+
+    aten = torch.ops.aten
+    allocations = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided}
+    return set(_IGNORE_OPS) | set(_VIEW_OPS) | allocations
+
+
+class Roofline:
+    """One operator's roofline cost on a GPU: FLOPs / peak FLOP/s of its output dtype and bytes moved / memory
+    bandwidth (the step tracker sums them; the SAC estimator takes them per operator)."""
+
+    def __init__(self, peaks: dict, bandwidth: float | None):
+        self.peaks, self.bandwidth = peaks, bandwidth  # FLOP/s by dtype; bytes/s
+        self.formulas, self.skip_traffic = flop_formulas(), _not_memory_traffic()
+
+    def cost(self, func, args, kwargs, out) -> tuple[float, float, float]:
+        """(FLOPs, seconds at peak FLOP/s, seconds at the memory bandwidth)."""
+        packet = func._overloadpacket
+        flops = 0.0
+        if packet in self.formulas:
+            flops = float(self.formulas[packet](*args, **kwargs, out_val=out))
+            if kwargs.get("is_causal") or (len(args) > 4 and args[4] is True):
+                flops /= 2  # causal kernels skip the masked half of the score matrix
+        moved = 0
+        # An operator that neither returns a tensor nor writes one (prim.device, size queries) reads metadata.
+        writes = func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
+        if packet not in self.skip_traffic and not func.is_view and writes:
+            moved = sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size()
+                        for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        dtype = next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+        peak = self.peaks.get(dtype)
+        return flops, flops / peak if peak else 0.0, moved / self.bandwidth if self.bandwidth else 0.0
+
+
+def gpu_roofline(gpu: str | None) -> Roofline:
+    """The roofline of raybench's hardware table for `gpu` (no GPU: every operator costs 0 s). Its tensor-core
+    peaks are scaled by the GPU's measured matmul efficiency relative to the GPU ROOFLINE_EFFICIENCY was fitted
+    on (`matmul_efficiency_ratio`)."""
+    ratio = matmul_efficiency_ratio(gpu)
+    peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 * (ratio if name != "fp32" else 1.0) for dtype, name in
+             ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))} if gpu else {}
+    bandwidth = (memory_bandwidth_tb_per_s(gpu) or 0) * 1e12 or None
+    return Roofline(peaks, bandwidth)
+
+
+def matmul_efficiency_ratio(gpu: str | None) -> float:
+    """How much more of its bf16 peak a GPU's matmuls reach than the H100 SXM's (1 when either is unmeasured):
+    ROOFLINE_EFFICIENCY holds for the H100, and a GB200 reaches 0.729 of its peak where an H100 reaches 0.803."""
+    own, reference = matmul_efficiency(gpu), matmul_efficiency(ROOFLINE_REFERENCE_GPU)
+    return own / reference if own and reference else 1.0
+
+
+
+def fusable(func, flops: float) -> bool:
+    """A memory-bound operator torch.compile fuses: no FLOPs (matmuls and attention have theirs), and not one of
+    Liger's kernels (fused already, and opaque to compile like matmuls and attention)."""
+    return not flops and func.namespace != liger_reference.NAMESPACE
+

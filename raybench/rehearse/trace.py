@@ -1,0 +1,433 @@
+"""One training step of a trial, traced as one rank of its full world: fake storage, torch's fake process group,
+torch's memory trackers, every collective and every operator's roofline cost.
+
+Known correction: under an active FakeTensorMode, DTensor's sharding propagation runs each op once more on
+fake tensors of the *global* shape, in the same fake mode, so torch's trackers count those phantom tensors as
+real (issue 16 reports ~825 GiB of "optimizer state" for a 72B model's AdamW step instead of ~8.5; the unit
+test reproduces the mechanism on a foreach op). `_Propagation` marks
+those calls through ShardingPropagator's `_fake_mode_lock` hook and the tracker skips them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch import nn
+
+from raybench import bench, strategies
+from raybench.config import TrainSpec, TrialConfig
+from raybench.materialize import to_empty_keeping_ties
+from raybench.model import build_meta
+from raybench.presets import ModelShape
+from raybench.rehearse.roofline import Roofline, fusable, gpu_roofline
+from raybench.schema import GIB
+from raybench.strategies import RankContext
+from raybench.techniques import liger_reference
+from raybench.worker import prepare_model
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+# Strategies the fake process group can drive. DeepSpeed's engine needs real communication and storage at
+# initialize: it falls back to the analytic estimate, and says so.
+TRACEABLE_STRATEGIES = ("ddp", "fsdp2", "tp", "tp_fsdp2")
+
+
+@dataclass
+class StepTrace:
+    """What one traced step did on this rank: memory at its peak, collectives, operator costs."""
+
+    memory_gib: dict[str, float]  # at the step's peak, by CATEGORIES
+    resident_gib: dict[str, float]  # parameters and optimizer state held after the step (this rank's storage)
+    comm_bytes: dict[str, int]  # per step, by collective (the tensor each one moves, as nccl-tests sizes it)
+    comm_calls: dict[str, int]
+    overlapped_comm: tuple[str, ...]  # collectives the strategy issues next to compute (FSDP, DDP buckets)
+    flops: float  # FLOPs of every operator the flop counter knows (matmuls, attention)
+    roofline_s: float  # sum over operators of max(FLOPs / peak, bytes / bandwidth); 0 without a GPU row
+    compute_s: float  # the FLOP part alone (sum of FLOPs / peak)
+    memory_s: float  # the bytes part alone (sum of bytes / bandwidth)
+    op_s: dict[str, float] = field(default_factory=dict)  # roofline seconds by operator (the 12 costliest)
+    # Roofline seconds of the FLOP-less (elementwise, reduction, copy) operators run inside decoder blocks, in
+    # forward, backward or recomputation: what torch.compile fuses into its generated kernels.
+    block_memory_bound_s: float = 0.0
+    # One decoder block's operators (`block_ops`), for op-level policies: fully checkpointed FSDP2 GPU trials.
+    block_ops: dict | None = None
+
+    @property
+    def peak_gib(self) -> float:
+        return sum(self.memory_gib.values())
+
+
+
+def fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Inputs built outside the mode (host scalars, the model's own small factory tensors) join the trace.
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def init_fake_world(rank: int, world_size: int) -> None:
+    """A process group of world_size ranks in which this process plays `rank`; collectives do nothing."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+class _Propagation:
+    """DTensor's sharding propagator enters this around its global-shape fake run (`_fake_mode_lock`)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+
+
+@contextlib.contextmanager
+def _marking_propagation(propagation: _Propagation) -> Iterator[None]:
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    saved = ShardingPropagator._fake_mode_lock
+    ShardingPropagator._fake_mode_lock = propagation
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = saved
+
+
+@contextlib.contextmanager
+def one_sequence_per_row() -> Iterator[None]:
+    """transformers reads the position ids' values to tell packed rows (several sequences, a block-causal mask)
+    from one sequence per row (no mask: SDPA's is_causal kernels). Fake tensors have no values, so it would
+    assume packing and build a mask; the traced batches hold one sequence per row, as the worker's do (they
+    pass no position ids), so say so."""
+    from transformers import masking_utils
+
+    saved = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = saved
+
+
+def _fake_allreduce_hook(_state, bucket):  # no return annotation: DDP checks it as an object, not a string
+    """DDP's bucket all-reduce on the fake group. DDP's built-in hook hands back the value of the collective's
+    future, which the fake group leaves empty; this one runs the all-reduce and hands back the bucket itself.
+
+    It does not divide by the world size as the built-in path does: there the reducer scales each gradient
+    while copying it into its bucket, one pass the trace already counts as the copy. And it must not write
+    into the bucket: the reducer allocated it outside the fake mode, as real host memory never touched."""
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+def _collective_ops() -> tuple[set, set]:
+    """(every collective op, the c10d ones that FSDP2 and DDP issue beside compute)."""
+    from torch.distributed._tools.fake_collectives import collective_ops, sync_ops
+
+    c10d = torch.ops.c10d
+    overlapped = {c10d._allgather_base_.default, c10d._reduce_scatter_base_.default, c10d.allreduce_.default,
+                  c10d.allgather_into_tensor_coalesced_.default, c10d.reduce_scatter_tensor_coalesced_.default}
+    return (collective_ops | overlapped) - sync_ops, overlapped
+
+
+def _comm_bytes(func, out, args, kwargs) -> int:
+    from torch.distributed._tools.fake_collectives import CollectiveOp
+
+    try:
+        return int(CollectiveOp.get_comm_tensor_size(func, out, args, kwargs))
+    except (NotImplementedError, IndexError, AttributeError, TypeError):
+        # torch's table has no entry for this collective's argument layout: count its tensor arguments.
+        return sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))
+
+
+
+def _tracker(model: nn.Module, optimizer, fsdp: bool):
+    from torch.distributed._tools.common_utils import get_untyped_storages
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    base = FSDPMemTracker if fsdp else MemTracker
+
+    class StepTracker(base):
+        """torch's tracker, plus: skip DTensor's global-shape propagation runs, count collectives and the
+        roofline cost of every operator this rank runs."""
+
+        def __init__(self, roofline: Roofline):
+            super().__init__(*((model, optimizer) if fsdp else ()))
+            self.propagation = _Propagation()
+            self.collectives, self.overlapped = _collective_ops()
+            self.roofline = roofline
+            self.comm_bytes: dict[str, int] = defaultdict(int)
+            self.comm_calls: dict[str, int] = defaultdict(int)
+            self.overlapped_names: set[str] = set()
+            self.flops = self.roofline_s = self.compute_s = self.memory_s = 0.0
+            self.op_s: dict[str, float] = defaultdict(float)
+            self.block_memory_bound_s = 0.0
+            self.stand_ins: list[torch.Tensor] = []
+            self.held_elsewhere = WeakIdKeyDictionary()  # storages the stand-ins count
+            self.op_reads_held_elsewhere = False
+
+        def count_from_start(self, stand_ins: list[torch.Tensor]) -> None:
+            """Count `stand_ins` as gradients from the step's start, for storage a wrapper allocated before the
+            step where the tracker cannot see it (DDP's gradient buckets, inside its C++ reducer): torch's
+            tracker would first see that storage when the step uses it, and count it only from there.
+
+            That storage is not counted again. Once stand-ins are given, a storage an operator takes as input
+            before the tracker saw it is theirs (everything the step creates, the tracker sees created; the
+            model and optimizer are tracked from the start), and so is what an operator on it returns that the
+            tracker has not seen: a view of it or, under a fake mode, the fake twin of that real storage."""
+            self.stand_ins = stand_ins
+            for t in stand_ins:
+                self._update_and_maybe_create_winfos(t, _MemRefType.GRAD)
+
+        def _reads_held_elsewhere(self, args, kwargs) -> bool:
+            held = False
+            for t in pytree.tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    for st in get_untyped_storages(t):
+                        if st not in self._WINFO:
+                            self.held_elsewhere[st] = True
+                        held = held or st in self.held_elsewhere
+            return held
+
+        def _track(self, reftype, t: torch.Tensor) -> None:
+            for st in get_untyped_storages(t):
+                if self.op_reads_held_elsewhere and st not in self._WINFO:
+                    self.held_elsewhere[st] = True
+                if st in self.held_elsewhere:
+                    return
+            super()._track(reftype, t)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.propagation.depth:  # DTensor's global-shape run: no memory of this rank's
+                return func(*args, **(kwargs or {}))
+            self.op_reads_held_elsewhere = bool(self.stand_ins) and self._reads_held_elsewhere(args, kwargs)
+            try:
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                self.op_reads_held_elsewhere = False
+            if out is NotImplemented:  # DTensor desugars first; its local ops come back through here
+                return out
+            if func in self.collectives:
+                name = func._overloadpacket.__name__.strip("_")
+                self.comm_bytes[name] += _comm_bytes(func, out, args, kwargs or {})
+                self.comm_calls[name] += 1
+                if func in self.overlapped:
+                    self.overlapped_names.add(name)
+            else:
+                self._cost(func, args, kwargs or {}, out)
+            return out
+
+        def _cost(self, func, args, kwargs, out) -> None:
+            flops, compute_s, memory_s = self.roofline.cost(func, args, kwargs, out)
+            self.flops += flops
+            self.compute_s += compute_s
+            self.memory_s += memory_s
+            self.roofline_s += max(compute_s, memory_s)
+            self.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
+            if fusable(func, flops) and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
+                self.block_memory_bound_s += memory_s
+
+        def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True):
+            # torch's MemTracker hooks every parameter's gradient and fails on frozen ones (LoRA's base weights,
+            # which have none): a handle that removes nothing marks those as hooked already.
+            for param in module.parameters():
+                if not param.requires_grad:
+                    self._param_to_grad_hook_handles.setdefault(param, (_NoHook(), _NoHook()))
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def category_gib(self) -> dict[str, float]:
+            return _categories(self.get_tracker_snapshot("peak"))
+
+    return StepTracker
+
+
+
+class _NoHook:
+    """The hook handle of a parameter that got no hook."""
+
+    def remove(self) -> None:
+        pass
+
+
+# A decoder block's module name as torch's module tracker reports it (model.model.layers.7, or inside wrappers).
+_BLOCK_NAME = re.compile(r"\.layers\.\d+(\.|$)")
+
+# Tracker reference types (torch's names) by the categories raybench reports.
+_CATEGORY_OF = {
+    "sharded_param": "parameters", "unsharded_param": "parameters", "all_gather": "parameters",
+    "parameter": "parameters", "buffer": "parameters",
+    "sharded_grad": "gradients", "unsharded_grad": "gradients", "reduce_scatter": "gradients",
+    "gradient": "gradients",
+    "optstate": "optimizer_state",
+    "activation": "activations", "inputs": "activations",
+    "temp": "temporaries", "other": "temporaries",
+}
+_TOTAL = "Total"  # the snapshot's own sum
+
+
+def _categories(snapshot: dict) -> dict[str, float]:
+    """Sum a tracker snapshot's reference types (over devices) into CATEGORIES, in GiB."""
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    for device_snapshot in snapshot.values():
+        for reftype, nbytes in device_snapshot.items():
+            value = str(getattr(reftype, "value", reftype))
+            if value != _TOTAL:  # an unknown reference type (a torch upgrade) fails here, loudly
+                totals[_CATEGORY_OF[value.lower().replace(" ", "_")]] += nbytes / GIB
+    return totals
+
+
+
+def traced_config(config: TrialConfig) -> TrialConfig:
+    """The trial as the trace runs it (see traced_train): trials with equal traced configs trace the same step."""
+    train, _ = traced_train(config.train, config.resources.gpus_per_worker > 0)
+    return config.model_copy(update={"train": train})
+
+
+COMPILE_NOTE = "compile traced eager"
+LIGER_NOTE = "liger traced with reference operators, one per Triton kernel"
+COMPILED_ACTIVATIONS_NOTE = "compile traced eager, its blocks' saved activations from torch.compile's partitioner"
+
+
+def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
+    """The TrainSpec the trace runs, and what it changes from the trial (each change is reported per row).
+
+    The trace runs on CPU fake tensors, so it runs the GPU worker's choices explicitly: AdamW's fused kernel
+    (what "adamw" picks on CUDA). torch.compile is not traced (its graphs would be compiled for CPU): compiled
+    trials are traced eager; their step time accounts for fusion (predict_step_time) and, under fsdp2, their
+    activations for what compiled blocks keep (compiled_block_saving_gib). Liger's Triton kernels are traced
+    as reference operators with the same inputs, outputs and saved tensors (`_build_traced`).
+    """
+    changes = {}
+    notes = []
+    if on_gpu and train.optimizer == "adamw":
+        changes["optimizer"] = "adamw_fused"
+    if train.liger:
+        notes.append(LIGER_NOTE)
+    if train.compile:
+        changes["compile"] = False
+        notes.append(COMPILE_NOTE)
+    return (train.model_copy(update=changes) if changes else train), notes
+
+
+def _resident_gib(model: nn.Module, optimizer) -> dict[str, float]:
+    """Bytes of this rank's own parameter and optimizer-state storage (local shards of DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    def local_bytes(t: torch.Tensor) -> int:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        return local.numel() * local.element_size()
+
+    params = sum(local_bytes(p) for p in {id(p): p for p in model.parameters()}.values())
+    states = sum(local_bytes(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    return {"parameters": params / GIB, "optimizer_state": states / GIB}
+
+
+def _create_optimizer_state(trainable: strategies.Trainable) -> None:
+    """One untracked optimizer step on zero gradients, so that the traced step starts in the steady state
+    (optimizer state present, as from the second step of a real run on)."""
+    params = [p for p in trainable.model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    trainable.optimizer.step()
+    trainable.optimizer.zero_grad(set_to_none=True)
+
+
+def fake_batches(train: TrainSpec, vocab_size: int, device: torch.device) -> Iterator[dict]:
+    """Packed synthetic micro-batches (no padding: input_ids and labels), as the worker's data would be."""
+    while True:
+        ids = torch.randint(0, vocab_size, (train.micro_batch, train.seq_len), device=device)
+        yield {"input_ids": ids, "labels": ids}
+
+
+def _build_traced(config: TrialConfig, train: TrainSpec) -> tuple[nn.Module, str, dict]:
+    """build_meta and the techniques of `train` (a traced TrainSpec), with Liger's reference operators where
+    the trial asks for Liger: they come first, as Liger does in worker.TECHNIQUES."""
+    model, source, info = build_meta(config.model, train.seed)
+    if train.liger:
+        model = liger_reference.apply(model)
+        train = train.model_copy(update={"liger": False})  # the reference operators stand in for the kernels
+    return prepare_model(model, train), source, info
+
+
+def liger_rope(config: TrialConfig, shape: ModelShape):
+    """The context a Liger trial's forward runs in: Liger's rotary kernel in place of transformers' function."""
+    if not config.train.liger:
+        return contextlib.nullcontext()
+    return liger_reference.rope_patched(shape.model_type)
+
+
+def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
+               gpu: str | None = None, skip_propagation: bool = True) -> StepTrace:
+    """Build, wrap and run one training step of `config` on this rank under the step tracker.
+
+    fake=True: storage is fake (call `init_fake_world` first); fake=False: the real thing on a real process
+    group (tests compare the two). The caller's process group decides the world. skip_propagation=False leaves
+    torch's tracker as it is (the test that pins why the correction is needed).
+    """
+    on_gpu = config.resources.gpus_per_worker > 0
+    train, _ = traced_train(config.train, on_gpu)
+    model, source, info = _build_traced(config, train)
+    mode = fake_mode() if fake else contextlib.nullcontext()
+
+    def materialize(whole: bool) -> None:
+        with mode:
+            to_empty_keeping_ties(model, ctx.device)  # as the worker does: a tied head stays the embedding
+        if not fake:  # real runs need real values for a finite loss; fake ones have none to give
+            from raybench.model import fill
+
+            fill(model, ctx.device, source, info, whole)
+
+    trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
+    if train.strategy == "ddp" and fake:
+        trainable.model.register_comm_hook(None, _fake_allreduce_hook)
+    fsdp = train.strategy in ("fsdp2", "tp_fsdp2")
+    tracker_cls = _tracker(trainable.model, trainable.optimizer, fsdp)
+    with mode:
+        _create_optimizer_state(trainable)
+        batches = fake_batches(train, shape.vocab_size, ctx.device)
+        tracker = tracker_cls(gpu_roofline(gpu))
+        if not fsdp:
+            tracker.track_external(trainable.model, trainable.optimizer)
+        if train.strategy == "ddp":  # its reducer holds a bucket copy of every trainable gradient from construction
+            tracker.count_from_start([b.buffer() for b in trainable.model.reducer._get_zeros_like_grad_buckets()])
+        marking = _marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
+        with marking, tracker, liger_rope(config, shape), one_sequence_per_row():
+            bench.train_step(trainable, batches, train, ctx.device, bench.PhaseClock(ctx.device))
+    return StepTrace(
+        memory_gib=tracker.category_gib(), resident_gib=_resident_gib(trainable.model, trainable.optimizer),
+        comm_bytes=dict(tracker.comm_bytes), comm_calls=dict(tracker.comm_calls),
+        overlapped_comm=tuple(sorted(tracker.overlapped_names)), flops=tracker.flops,
+        roofline_s=tracker.roofline_s, compute_s=tracker.compute_s, memory_s=tracker.memory_s,
+        op_s=dict(sorted(tracker.op_s.items(), key=lambda kv: -kv[1])[:12]),
+        block_memory_bound_s=tracker.block_memory_bound_s)
+
+
+
+def unwrapped_model(config: TrialConfig) -> tuple[nn.Module, TrainSpec]:
+    """The trial's model with its techniques (no checkpointing, no compile) on the meta device, in the dtype
+    FSDP2's mixed-precision policy computes in (bf16 casts parameters before each forward, fsdp2.shard), and
+    the TrainSpec it was built with. Cast on meta: fake storage cannot be swapped in place afterwards."""
+    train = config.train.model_copy(update={"ac_ratio": "0", "compile": False})
+    model, _, _ = _build_traced(config, train)
+    if train.precision == "bf16":
+        model.to(torch.bfloat16)
+    return model, train
+
