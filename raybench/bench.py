@@ -65,6 +65,14 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _plain(loss: torch.Tensor) -> torch.Tensor:
+    """The loss as a plain tensor: computed on vocabulary-split logits (loss_parallel) it is a replicated DTensor,
+    whose local value is the whole loss on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -87,9 +95,9 @@ def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
         clock.mark("data")
         last = micro == train.grad_accum - 1
         sync_ctx = torch.enable_grad() if last and sync else trainable.no_grad_sync()
-        with sync_ctx:
+        with sync_ctx, trainable.loss_context():
             with trainable.autocast():
-                loss = trainable.model(**batch, use_cache=False).loss / train.grad_accum
+                loss = _plain(trainable.model(**batch, use_cache=False).loss) / train.grad_accum
             clock.mark("forward")
             trainable.backward(loss)
             clock.mark("backward")

@@ -245,6 +245,12 @@ class TrainSpec(_Spec):
             data.pop("ac_saved_ops", None)
         return data
 
+    def vocabulary_parallel(self, tied_embeddings: bool) -> bool:
+        """Whether tensor parallelism also splits the input embedding and the LM head over the vocabulary, the
+        loss computed on the split logits (torch's loss_parallel). Not when the two share one weight, nor under
+        Liger, whose fused head and cross-entropy kernel takes the whole head weight."""
+        return self.strategy in ("tp", "tp_fsdp2") and not tied_embeddings and not self.liger
+
 
 class ResourcesSpec(_Spec):
     workers: int = Field(1, ge=1, le=65536, description="Ranks per trial (one per GPU on GPU clusters).")

@@ -82,11 +82,6 @@ class ParamCounts:
     def total(self) -> int:
         return self.projections + self.block_norms + self.embedding + self.head + self.final_norm + self.adapters
 
-    @property
-    def root(self) -> int:
-        """Parameters outside the decoder blocks (FSDP2's root unit: embedding, final norm, head)."""
-        return self.embedding + self.head + self.final_norm
-
 
 def param_counts(shape: ModelShape, train: TrainSpec) -> ParamCounts:
     layers, h = shape.num_hidden_layers, shape.hidden_size
@@ -218,8 +213,13 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
         return blocks + d.residual * h + 4 + d.compute * h
     final_norm = 4 * h + (d.residual * h if full else 0)
     head_input = (2 if d.autocast else d.residual) * h if full else 0
-    logits = shape.vocab_size * LOSS_BYTES_PER_VOCAB_ENTRY
+    logits = shape.vocab_size * LOSS_BYTES_PER_VOCAB_ENTRY / _vocabulary_split(shape, train)
     return blocks + final_norm + head_input + logits
+
+
+def _vocabulary_split(shape: ModelShape, train: TrainSpec) -> int:
+    """Ranks the embedding, the head and the logits are split over (TrainSpec.vocabulary_parallel), else 1."""
+    return train.tp_size if train.vocabulary_parallel(shape.tie_word_embeddings) else 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -264,13 +264,16 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     dp = world // tp
     full = train.finetune == "full"
     low = 4 if train.precision == "fp32" else 2  # 16-bit compute bytes
-    # TP splits the block projections; everything else is replicated over the TP group.
-    local = counts.total - counts.projections + counts.projections / tp
+    # TP splits the block projections and, where vocabulary-parallel, the embedding and head; norms (and LoRA's
+    # adapters, which TP refuses) are replicated over the TP group.
+    vocab = _vocabulary_split(shape, train)
+    root = (counts.embedding + counts.head) / vocab + counts.final_norm  # TP-local
+    local = counts.projections / tp + counts.block_norms + root + counts.adapters
     trainable = local if full else counts.adapters
     # fp32 optimizer states of the whole model, scaled to this rank's TP-local share of the trainables
     states = 4 * _optimizer_elements(train.optimizer, counts, shape, train, flat=train.strategy == "deepspeed")
     states *= trainable / counts.total if full else 1
-    block = (local - counts.root - counts.adapters) / shape.num_hidden_layers  # one block's share (TP-local)
+    block = (local - root - counts.adapters) / shape.num_hidden_layers  # one block's share (TP-local)
     block_adapters = counts.adapters / shape.num_hidden_layers
     offloaded = 0.0
 
@@ -279,14 +282,15 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
         if train.finetune == "qlora":  # 4-bit projections; embeddings, norms and head stay fp32
             weights = NF4_BYTES_PER_PARAM * counts.projections + 4 * (local - counts.projections)
         if _dtypes(train).autocast:  # autocast's 16-bit weight casts live until backward has used them
-            cast = (0 if train.finetune == "qlora" else counts.projections / tp) + shape.vocab_size * shape.hidden_size
+            head = shape.vocab_size * shape.hidden_size / vocab
+            cast = (0 if train.finetune == "qlora" else counts.projections / tp) + head
             weights += 2 * (cast + counts.adapters)
         # DDP's reducer keeps its own bucket copy of every gradient (gradient_as_bucket_view is off)
         grads = 4 * trainable * (2 if train.strategy == "ddp" else 1)
         return weights, grads, states, offloaded
 
     if train.strategy in ("fsdp2", "tp_fsdp2"):
-        gathered = local if not train.reshard_after_forward else counts.root + 2 * (block + block_adapters)
+        gathered = local if not train.reshard_after_forward else root + 2 * (block + block_adapters)
         weights = 4 * local / dp + low * gathered  # fp32 shard + unsharded 16-bit copies being computed with
         block_trainable = (block + block_adapters) if full else block_adapters
         grads = 4 * trainable / dp + block_trainable * (low + (4 if low == 2 else 0))  # + one block before reduce
@@ -294,7 +298,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
 
     # deepspeed: 16-bit module weights, a flat fp32 master partition, gradients and states partitioned by stage.
     stage = train.zero_stage
-    weights = low * local if stage < 3 else low * local / world + low * (counts.root + 2 * (block + block_adapters))
+    weights = low * local if stage < 3 else low * local / world + low * (root + 2 * (block + block_adapters))
     if train.offload == "optimizer_params":
         offloaded += low * local / world
         weights -= low * local / world

@@ -41,6 +41,8 @@ class Trainable:
     step: Callable[[], None]  # clip, optimizer step, zero grads
     no_grad_sync: Callable[[], ContextManager]  # wraps a micro-batch whose gradients are not reduced yet
     autocast: Callable[[], ContextManager]  # wraps forward
+    # wraps forward and backward: torch's loss_parallel where the LM head's output is split over the vocabulary
+    loss_context: Callable[[], ContextManager] = contextlib.nullcontext
 
 
 def already_materialized(whole: bool) -> None:
@@ -94,7 +96,8 @@ def param_groups(params: list[nn.Parameter]) -> list[dict]:
 
 
 def torch_trainable(model: nn.Module, train: TrainSpec, ctx: RankContext, no_grad_sync, autocast,
-                    clip_grad_norm: Callable = torch.nn.utils.clip_grad_norm_) -> Trainable:
+                    clip_grad_norm: Callable = torch.nn.utils.clip_grad_norm_,
+                    loss_context: Callable[[], ContextManager] = contextlib.nullcontext) -> Trainable:
     """A Trainable for plain PyTorch wrappers; fp16 adds a GradScaler around backward and step."""
     optimizer = make_optimizer(model, train, ctx.device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -115,7 +118,7 @@ def torch_trainable(model: nn.Module, train: TrainSpec, ctx: RankContext, no_gra
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return Trainable(model, optimizer, backward, step, no_grad_sync, autocast)
+    return Trainable(model, optimizer, backward, step, no_grad_sync, autocast, loss_context)
 
 
 def autocast_for(train: TrainSpec, device: torch.device) -> Callable[[], ContextManager]:

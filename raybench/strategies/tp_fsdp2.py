@@ -19,10 +19,10 @@ from raybench.strategies import RankContext, Trainable, already_materialized, fs
 def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
     dp_size = ctx.world_size // train.tp_size
     mesh = init_device_mesh(ctx.device.type, (dp_size, train.tp_size), mesh_dim_names=("dp", "tp"))
-    tp.parallelize(model, mesh["tp"])
+    loss_context = tp.parallelize(model, mesh["tp"], train)
     no_grad_sync = fsdp2.shard(model, train, mesh["dp"])
     materialize(False)
     # FSDP2's MixedPrecisionPolicy casts for bf16 (as in fsdp2), so no autocast; grads mix 2D and dp-only
     # DTensors, hence TP's mesh-aware clipping.
     return torch_trainable(model, train, ctx, no_grad_sync=no_grad_sync, autocast=contextlib.nullcontext,
-                           clip_grad_norm=tp.clip_grad_norm)
+                           clip_grad_norm=tp.clip_grad_norm, loss_context=loss_context)

@@ -4,6 +4,7 @@ against the tensors torch really saves, pruning in plan, calibration from stored
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from datetime import datetime, timezone
@@ -118,11 +119,19 @@ def test_lora_r16_trains_only_adapters():
                                               + 2 * (VH + LORA16)) / GIB)
 
 
-def test_tensor_parallel_splits_the_projections():
+def test_tensor_parallel_splits_the_projections_and_the_vocabulary():
     e = est(trial("tp", workers=8, tp_size=8, precision="fp32"))
-    local = PROJ / 8 + (N - PROJ)
+    local = (PROJ + 2 * VH) / 8 + (N - PROJ - 2 * VH)  # projections, embedding and head split; norms whole
     assert e.params_gib == pytest.approx(4 * local / GIB)
     assert e.grads_gib == pytest.approx(4 * local / GIB) and e.optimizer_gib == pytest.approx(8 * local / GIB)
+    # Under Liger (its fused head and loss kernel takes the whole head) the embedding and head stay whole.
+    liger = est(trial("tp", workers=8, tp_size=8, precision="fp32", liger=True))
+    assert liger.params_gib == pytest.approx(4 * (PROJ / 8 + (N - PROJ)) / GIB)
+    # The loss runs on each rank's 1/8 of the logits; with a tied head (which stays whole) on all of them.
+    shape, train = PRESETS["llama-3-8b"], trial("tp", workers=8, tp_size=8).train
+    tied = dataclasses.replace(shape, tie_word_embeddings=True)
+    per_token = {s.tie_word_embeddings: estimate.activation_bytes_per_token(s, train, []) for s in (shape, tied)}
+    assert per_token[True] - per_token[False] == pytest.approx(V * estimate.LOSS_BYTES_PER_VOCAB_ENTRY * 7 / 8)
 
 
 def test_optimizer_states():
