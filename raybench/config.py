@@ -246,9 +246,9 @@ class TrainSpec(_Spec):
         return data
 
     def vocabulary_parallel(self, tied_embeddings: bool) -> bool:
-        """Whether tensor parallelism also splits the input embedding and the LM head over the vocabulary, the
-        loss computed on the split logits (torch's loss_parallel). Not when the two share one weight, nor under
-        Liger, whose fused head and cross-entropy kernel takes the whole head weight."""
+        """Whether tensor parallelism also splits the LM head over the vocabulary, the loss computed on the split
+        logits (torch's loss_parallel). Not when the head is the input embedding's weight, nor under Liger, whose
+        fused head and cross-entropy kernel takes the whole head weight."""
         return self.strategy in ("tp", "tp_fsdp2") and not tied_embeddings and not self.liger
 
 

@@ -218,7 +218,7 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
 
 
 def _vocabulary_split(shape: ModelShape, train: TrainSpec) -> int:
-    """Ranks the embedding, the head and the logits are split over (TrainSpec.vocabulary_parallel), else 1."""
+    """Ranks the LM head and the logits are split over (TrainSpec.vocabulary_parallel), else 1."""
     return train.tp_size if train.vocabulary_parallel(shape.tie_word_embeddings) else 1
 
 
@@ -264,10 +264,10 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     dp = world // tp
     full = train.finetune == "full"
     low = 4 if train.precision == "fp32" else 2  # 16-bit compute bytes
-    # TP splits the block projections and, where vocabulary-parallel, the embedding and head; norms (and LoRA's
+    # TP splits the block projections and, where vocabulary-parallel, the head; the embedding, norms (and LoRA's
     # adapters, which TP refuses) are replicated over the TP group.
     vocab = _vocabulary_split(shape, train)
-    root = (counts.embedding + counts.head) / vocab + counts.final_norm  # TP-local
+    root = counts.embedding + counts.head / vocab + counts.final_norm  # TP-local
     local = counts.projections / tp + counts.block_norms + root + counts.adapters
     trainable = local if full else counts.adapters
     # fp32 optimizer states of the whole model, scaled to this rank's TP-local share of the trainables

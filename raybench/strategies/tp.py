@@ -2,13 +2,15 @@
 
 Megatron-style pairing per decoder block: q/k/v and gate/up are split by output features (ColwiseParallel),
 o and down by input features (RowwiseParallel), so each block needs one all-reduce after attention and one after
-the MLP, and heads stay whole on a rank (hence tp must divide the attention and KV heads). The input embedding
-and the LM head are split over the vocabulary, as torchtitan does: each rank holds 1/tp of their rows and of
-the logits, and the cross-entropy runs on the split logits (torch's loss_parallel), never gathering them — at
-Qwen2.5-72B's 152,064-entry vocabulary the whole fp32 logits of 2 x 4096 tokens are 4.6 GiB per rank. Not when
-the embedding and head share one weight, nor under Liger (`TrainSpec.vocabulary_parallel`): those stay
-replicated. Norms stay replicated. All ranks of a TP group must see the same batch: the worker feeds data by
-data-parallel rank (`strategies.data_parallel_rank`). Here the TP group is the whole world.
+the MLP, and heads stay whole on a rank (hence tp must divide the attention and KV heads). The LM head is
+split over the vocabulary, as torchtitan does: each rank holds 1/tp of its rows and of the logits, and the
+cross-entropy runs on the split logits (torch's loss_parallel), never gathering them — at Qwen2.5-72B's
+152,064-entry vocabulary the whole fp32 logits of 2 x 4096 tokens are 4.6 GiB per rank. Not when the head is
+the embedding's weight, nor under Liger (`TrainSpec.vocabulary_parallel`). The input embedding and the norms
+stay whole on every rank: with torch.compile'd blocks after it, the backward of a vocabulary-split embedding
+fails in torch 2.13 (its all-reduce's backward gets a plain tensor; docs/results/tp-vocabulary-2026-11-26.md).
+All ranks of a TP group must see the same batch: the worker feeds data by data-parallel rank
+(`strategies.data_parallel_rank`). Here the TP group is the whole world.
 """
 
 from __future__ import annotations
@@ -49,26 +51,21 @@ def block_plan(block: nn.Module) -> dict:
     return plan
 
 
-def vocabulary_plan(model: nn.Module) -> dict:
-    """The parallelize plan of the input embedding and the LM head, split over the vocabulary: the embedding by
-    rows (each rank looks up the ids in its rows, an all-reduce sums the ranks' outputs), the head by output
-    features, its logits left split (a DTensor sharded on the vocabulary) for the loss under loss_parallel."""
-    names = {id(module): name for name, module in model.named_modules()}
-    return {names[id(model.get_input_embeddings())]: RowwiseParallel(input_layouts=Replicate(),
-                                                                     output_layouts=Replicate()),
-            names[id(model.get_output_embeddings())]: ColwiseParallel(input_layouts=Replicate(),
-                                                                      output_layouts=Shard(-1),
-                                                                      use_local_output=False)}
+def head_plan(model: nn.Module) -> dict:
+    """The parallelize plan of the LM head, split by output features over the vocabulary, its logits left split
+    (a DTensor sharded on the vocabulary) for the loss under loss_parallel."""
+    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
+    return {head: ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)}
 
 
 def parallelize(model: nn.Module, tp_mesh: DeviceMesh, train: TrainSpec) -> Callable[[], ContextManager]:
-    """Shard every decoder block's projections over tp_mesh, in place, and the embedding and head where
+    """Shard every decoder block's projections over tp_mesh, in place, and the LM head where
     `train.vocabulary_parallel`; returns what forward and backward must run in (loss_parallel, or nothing)."""
     for block in decoder_blocks(model):
         parallelize_module(block, tp_mesh, block_plan(block))
     if not train.vocabulary_parallel(model.config.tie_word_embeddings):
         return contextlib.nullcontext
-    parallelize_module(model, tp_mesh, vocabulary_plan(model))
+    parallelize_module(model, tp_mesh, head_plan(model))
     return loss_parallel
 
 

@@ -119,12 +119,12 @@ def test_lora_r16_trains_only_adapters():
                                               + 2 * (VH + LORA16)) / GIB)
 
 
-def test_tensor_parallel_splits_the_projections_and_the_vocabulary():
+def test_tensor_parallel_splits_the_projections_and_the_head():
     e = est(trial("tp", workers=8, tp_size=8, precision="fp32"))
-    local = (PROJ + 2 * VH) / 8 + (N - PROJ - 2 * VH)  # projections, embedding and head split; norms whole
+    local = (PROJ + VH) / 8 + (N - PROJ - VH)  # projections and head split; embedding and norms whole
     assert e.params_gib == pytest.approx(4 * local / GIB)
     assert e.grads_gib == pytest.approx(4 * local / GIB) and e.optimizer_gib == pytest.approx(8 * local / GIB)
-    # Under Liger (its fused head and loss kernel takes the whole head) the embedding and head stay whole.
+    # Under Liger (its fused head and loss kernel takes the whole head) the head stays whole.
     liger = est(trial("tp", workers=8, tp_size=8, precision="fp32", liger=True))
     assert liger.params_gib == pytest.approx(4 * (PROJ / 8 + (N - PROJ)) / GIB)
     # The loss runs on each rank's 1/8 of the logits; with a tied head (which stays whole) on all of them.

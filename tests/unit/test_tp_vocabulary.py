@@ -1,5 +1,5 @@
-"""Tensor parallelism splits the input embedding and the LM head over the vocabulary (the loss then runs on the
-split logits under loss_parallel), except where the two share one weight or Liger needs the whole head. The
+"""Tensor parallelism splits the LM head over the vocabulary (the loss then runs on the split logits under
+loss_parallel), except where it is the embedding's weight or Liger needs the whole head. The
 numbers are checked end to end by tests/integration/test_strategies.py (TP against one rank, TP x FSDP2 against
 DDP); here, on a fake 4-rank group, which parameters are split."""
 
@@ -35,13 +35,15 @@ def parallelized(mesh, tied: bool = False, **train):
     return model, context
 
 
-def test_embedding_and_head_are_split_over_the_vocabulary(mesh):
+def test_the_head_is_split_over_the_vocabulary(mesh):
     model, context = parallelized(mesh)
-    for weight in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
-        assert isinstance(weight, DTensor) and weight.placements == (Shard(0),)
-        assert weight.to_local().shape[0] == PRESETS["tiny"].vocab_size // 4
+    head = model.get_output_embeddings().weight
+    assert isinstance(head, DTensor) and head.placements == (Shard(0),)
+    assert head.to_local().shape[0] == PRESETS["tiny"].vocab_size // 4
     assert context is loss_parallel
-    assert not isinstance(model.model.norm.weight, DTensor)  # norms stay whole
+    # The embedding stays whole (split, its backward fails under compiled blocks in torch 2.13), norms too.
+    assert not isinstance(model.get_input_embeddings().weight, DTensor)
+    assert not isinstance(model.model.norm.weight, DTensor)
 
 
 @pytest.mark.parametrize("case", [{"tied": True}, {"liger": True}])
