@@ -245,10 +245,12 @@ class TrainSpec(_Spec):
             data.pop("ac_saved_ops", None)
         return data
 
-    def vocabulary_parallel(self, tied_embeddings: bool) -> bool:
-        """Whether tensor parallelism also splits the LM head over the vocabulary, the loss computed on the split
-        logits (torch's loss_parallel). Not when the head is the input embedding's weight, nor under Liger, whose
-        fused head and cross-entropy kernel takes the whole head weight."""
+    def tp_sequence_parallel(self, tied_embeddings: bool) -> bool:
+        """Whether tensor parallelism runs torchtitan's whole layout rather than splitting the blocks'
+        projections only: sequence parallelism between the projections (norms and the residual stream split over
+        the sequence), and the input embedding and LM head split over the vocabulary, the loss computed on the
+        split logits (torch's loss_parallel). Not when the embedding and head share one weight, nor under Liger,
+        whose Triton norm and fused head-and-loss kernels take whole tensors."""
         return self.strategy in ("tp", "tp_fsdp2") and not tied_embeddings and not self.liger
 
 

@@ -137,7 +137,11 @@ def _dtypes(train: TrainSpec) -> _Dtypes:
 
 
 def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, float]:
-    """Bytes one decoder block keeps for backward, per token: (replicated under TP, split by TP).
+    """Bytes one decoder block keeps for backward, per token: (its norms', its projections' inputs, the rest).
+
+    Under TP the rest is split over the TP group; with sequence parallelism (`TrainSpec.tp_sequence_parallel`)
+    the norms' part is too, as each rank normalizes its part of the sequence, while the projections' inputs are
+    all-gathered whole.
 
     Counts the tensors autograd saves in a Hugging Face Llama/Qwen2 block with sdpa attention (flash-style
     kernels keep no s x s scores); it matches torch's saved-tensor hooks on CPU up to RMSNorm's 4-byte rsqrt
@@ -153,17 +157,17 @@ def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, 
     def keeps_input(name: str) -> bool:
         return full or name in targets
 
-    replicated = 0.0
+    norms = inputs = 0.0
     for consumers in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
         if train.liger:  # Liger's RMSNorm keeps its input as it comes and a 4-byte rstd; backward recomputes
-            replicated += d.residual * h + 4
+            norms += d.residual * h + 4
         else:  # RMSNorm runs in fp32: it keeps its fp32 input, and for a trainable weight the normalized input
-            replicated += 4 * h + (d.residual * h if full else 0)
+            norms += 4 * h + (d.residual * h if full else 0)
         keeping = sum(keeps_input(n) for n in consumers)
         if d.autocast:  # each linear casts the norm's output itself and keeps its own 16-bit copy
-            replicated += keeping * 2 * h
+            inputs += keeping * 2 * h
         elif keeping:  # the linears share the norm's output tensor
-            replicated += d.residual * h
+            inputs += d.residual * h
     c = d.compute
     split = (q_dim + kv_dim) * c + kv_dim * c + q_dim * c + heads * 4  # sdpa keeps q, k, v, output, logsumexp
     if d.autocast and "o_proj" in targets:
@@ -174,7 +178,7 @@ def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, 
     if keeps_input("down_proj"):
         split += inter * c
     split += len(targets) * train.lora.rank * c  # each adapter's B keeps A's output
-    return replicated, split
+    return norms, inputs, split
 
 
 def _op_mode_kept_bytes(shape: ModelShape, train: TrainSpec) -> float:
@@ -198,11 +202,11 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
     logits' gradient (the 16-bit logits are freed after forward; 12.0-12.2 measured on CPU for fp32, autocast
     and 16-bit weights, docs/estimate.md).
     """
-    d, tp = _dtypes(train), train.tp_size
-    replicated, split = block_activation_bytes(shape, train)
-    block = replicated + split / tp
+    d, tp, seq = _dtypes(train), train.tp_size, _tp_layout_split(shape, train)
+    norms, inputs, split = block_activation_bytes(shape, train)
+    block = norms / seq + inputs + split / tp
     checkpointed = len(ac_blocks)
-    kept = d.residual * shape.hidden_size
+    kept = d.residual * shape.hidden_size / seq  # the block's input: a part of the sequence under SP
     if train.ac_mode == "op":
         kept += _op_mode_kept_bytes(shape, train) / tp
     blocks = (shape.num_hidden_layers - checkpointed) * block + checkpointed * kept + (block if checkpointed else 0)
@@ -211,15 +215,16 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
         # Fused linear cross-entropy computes the head's gradients chunk by chunk during forward: no logits and
         # no head input are kept, only the gradient of the head's input (compute dtype).
         return blocks + d.residual * h + 4 + d.compute * h
-    final_norm = 4 * h + (d.residual * h if full else 0)
-    head_input = (2 if d.autocast else d.residual) * h if full else 0
-    logits = shape.vocab_size * LOSS_BYTES_PER_VOCAB_ENTRY / _vocabulary_split(shape, train)
+    final_norm = (4 * h + (d.residual * h if full else 0)) / seq
+    head_input = (2 if d.autocast else d.residual) * h if full else 0  # all-gathered whole under SP
+    logits = shape.vocab_size * LOSS_BYTES_PER_VOCAB_ENTRY / seq
     return blocks + final_norm + head_input + logits
 
 
-def _vocabulary_split(shape: ModelShape, train: TrainSpec) -> int:
-    """Ranks the LM head and the logits are split over (TrainSpec.vocabulary_parallel), else 1."""
-    return train.tp_size if train.vocabulary_parallel(shape.tie_word_embeddings) else 1
+def _tp_layout_split(shape: ModelShape, train: TrainSpec) -> int:
+    """Ranks the sequence between blocks, the embedding, the head and the logits are split over
+    (TrainSpec.tp_sequence_parallel: tp_size), else 1."""
+    return train.tp_size if train.tp_sequence_parallel(shape.tie_word_embeddings) else 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -264,10 +269,10 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     dp = world // tp
     full = train.finetune == "full"
     low = 4 if train.precision == "fp32" else 2  # 16-bit compute bytes
-    # TP splits the block projections and, where vocabulary-parallel, the head; the embedding, norms (and LoRA's
+    # TP splits the block projections and, where vocabulary-parallel, the embedding and head; norms (and LoRA's
     # adapters, which TP refuses) are replicated over the TP group.
-    vocab = _vocabulary_split(shape, train)
-    root = counts.embedding + counts.head / vocab + counts.final_norm  # TP-local
+    vocab = _tp_layout_split(shape, train)
+    root = (counts.embedding + counts.head) / vocab + counts.final_norm  # TP-local
     local = counts.projections / tp + counts.block_norms + root + counts.adapters
     trainable = local if full else counts.adapters
     # fp32 optimizer states of the whole model, scaled to this rank's TP-local share of the trainables

@@ -1,14 +1,19 @@
 """Tensor parallelism (DTensor): every rank holds a slice of each attention and MLP projection.
 
 Megatron-style pairing per decoder block: q/k/v and gate/up are split by output features (ColwiseParallel),
-o and down by input features (RowwiseParallel), so each block needs one all-reduce after attention and one after
-the MLP, and heads stay whole on a rank (hence tp must divide the attention and KV heads). The LM head is
-split over the vocabulary, as torchtitan does: each rank holds 1/tp of its rows and of the logits, and the
-cross-entropy runs on the split logits (torch's loss_parallel), never gathering them — at Qwen2.5-72B's
-152,064-entry vocabulary the whole fp32 logits of 2 x 4096 tokens are 4.6 GiB per rank. Not when the head is
-the embedding's weight, nor under Liger (`TrainSpec.vocabulary_parallel`). The input embedding and the norms
-stay whole on every rank: with torch.compile'd blocks after it, the backward of a vocabulary-split embedding
-fails in torch 2.13 (its all-reduce's backward gets a plain tensor; docs/results/tp-vocabulary-2026-11-26.md).
+o and down by input features (RowwiseParallel), and heads stay whole on a rank (hence tp must divide the
+attention and KV heads). Where `TrainSpec.tp_sequence_parallel` holds, the rest of the model follows
+torchtitan's layout:
+- sequence parallelism: between the projections, the residual stream and the norms are split over the
+  sequence; each block all-gathers its norms' outputs before attention and the MLP, and reduce-scatters their
+  outputs, where plain TP would all-reduce them (the same bytes), so no rank keeps or normalizes the whole
+  sequence;
+- the input embedding and the LM head are split over the vocabulary, and the cross-entropy runs on the split
+  logits (torch's loss_parallel), never gathering them: at Qwen2.5-72B's 152,064-entry vocabulary the whole
+  fp32 logits of 2 x 4096 tokens are 4.6 GiB per rank.
+Otherwise (a head tied to the embedding, or Liger's kernels) only the projections are split: the norms run on
+the whole sequence and the embedding and head stay whole on every rank.
+
 All ranks of a TP group must see the same batch: the worker feeds data by data-parallel rank
 (`strategies.data_parallel_rank`). Here the TP group is the whole world.
 """
@@ -23,7 +28,14 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
 
 from raybench.config import TrainSpec
 from raybench.model import decoder_blocks
@@ -31,9 +43,11 @@ from raybench.strategies import RankContext, Trainable, already_materialized, au
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWWISE = ("o_proj", "down_proj")
+NORMS = ("input_layernorm", "post_attention_layernorm")
+SEQUENCE = Shard(1)  # (batch, sequence, hidden)
 
 
-def block_plan(block: nn.Module) -> dict:
+def block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
     """The parallelize plan of one decoder block, by full module name inside it.
 
     Found by leaf name rather than fixed paths so the plan also reaches into checkpoint wrappers.
@@ -44,28 +58,46 @@ def block_plan(block: nn.Module) -> dict:
         if leaf in COLWISE:
             plan[name] = ColwiseParallel()
         elif leaf in ROWWISE:
-            plan[name] = RowwiseParallel()
-    if not plan:
+            plan[name] = RowwiseParallel(output_layouts=SEQUENCE, use_local_output=False) if sequence_parallel \
+                else RowwiseParallel()
+        elif sequence_parallel and leaf in NORMS:
+            plan[name] = SequenceParallel()
+        elif sequence_parallel and leaf == "self_attn":  # one all-gather of the norm's output for q, k and v
+            plan[name] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": SEQUENCE},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        elif sequence_parallel and leaf == "mlp":
+            plan[name] = PrepareModuleInput(input_layouts=(SEQUENCE,), desired_input_layouts=(Replicate(),))
+    if not any(isinstance(style, (ColwiseParallel, RowwiseParallel)) for style in plan.values()):
         raise ValueError(f"no {'/'.join(COLWISE + ROWWISE)} projections in {type(block).__name__}: "
                          "tensor parallelism supports Llama/Qwen2-style blocks")
     return plan
 
 
-def head_plan(model: nn.Module) -> dict:
-    """The parallelize plan of the LM head, split by output features over the vocabulary, its logits left split
-    (a DTensor sharded on the vocabulary) for the loss under loss_parallel."""
-    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
-    return {head: ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)}
+def outer_plan(model: nn.Module) -> dict:
+    """The parallelize plan around the blocks under sequence parallelism: the embedding split by rows over the
+    vocabulary (each rank looks up the ids in its rows; the ranks' outputs are summed and split over the
+    sequence), the final norm on each rank's part of the sequence, and the head split by output features over
+    the vocabulary, its logits left split (a DTensor) for the loss under loss_parallel."""
+    names = {id(module): name for name, module in model.named_modules()}
+    return {
+        names[id(model.get_input_embeddings())]: RowwiseParallel(input_layouts=Replicate(), output_layouts=SEQUENCE,
+                                                                 use_local_output=False),
+        names[id(model.get_decoder().norm)]: SequenceParallel(),
+        names[id(model.get_output_embeddings())]: ColwiseParallel(input_layouts=SEQUENCE, output_layouts=Shard(-1),
+                                                                  use_local_output=False),
+    }
 
 
 def parallelize(model: nn.Module, tp_mesh: DeviceMesh, train: TrainSpec) -> Callable[[], ContextManager]:
-    """Shard every decoder block's projections over tp_mesh, in place, and the LM head where
-    `train.vocabulary_parallel`; returns what forward and backward must run in (loss_parallel, or nothing)."""
+    """Split the model over tp_mesh in place: every block's projections, and the rest as the module docstring
+    says where `train.tp_sequence_parallel`; returns what forward and backward must run in (loss_parallel, or
+    nothing)."""
+    sequence_parallel = train.tp_sequence_parallel(model.config.tie_word_embeddings)
     for block in decoder_blocks(model):
-        parallelize_module(block, tp_mesh, block_plan(block))
-    if not train.vocabulary_parallel(model.config.tie_word_embeddings):
+        parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
+    if not sequence_parallel:
         return contextlib.nullcontext
-    parallelize_module(model, tp_mesh, head_plan(model))
+    parallelize_module(model, tp_mesh, outer_plan(model))
     return loss_parallel
 
 

@@ -119,19 +119,23 @@ def test_lora_r16_trains_only_adapters():
                                               + 2 * (VH + LORA16)) / GIB)
 
 
-def test_tensor_parallel_splits_the_projections_and_the_head():
+def test_tensor_parallel_splits_the_projections_the_vocabulary_and_the_sequence():
     e = est(trial("tp", workers=8, tp_size=8, precision="fp32"))
-    local = (PROJ + VH) / 8 + (N - PROJ - VH)  # projections and head split; embedding and norms whole
+    local = (PROJ + 2 * VH) / 8 + (N - PROJ - 2 * VH)  # projections, embedding and head split; norms whole
     assert e.params_gib == pytest.approx(4 * local / GIB)
     assert e.grads_gib == pytest.approx(4 * local / GIB) and e.optimizer_gib == pytest.approx(8 * local / GIB)
-    # Under Liger (its fused head and loss kernel takes the whole head) the head stays whole.
+    # Under Liger (its fused head and loss kernel takes the whole head) the embedding and head stay whole.
     liger = est(trial("tp", workers=8, tp_size=8, precision="fp32", liger=True))
     assert liger.params_gib == pytest.approx(4 * (PROJ / 8 + (N - PROJ)) / GIB)
-    # The loss runs on each rank's 1/8 of the logits; with a tied head (which stays whole) on all of them.
+    # Sequence parallelism: each rank keeps 1/8 of what the norms keep and computes the loss on 1/8 of the logits;
+    # with a tied head (the projections split, nothing else) all of it.
     shape, train = PRESETS["llama-3-8b"], trial("tp", workers=8, tp_size=8).train
     tied = dataclasses.replace(shape, tie_word_embeddings=True)
     per_token = {s.tie_word_embeddings: estimate.activation_bytes_per_token(s, train, []) for s in (shape, tied)}
-    assert per_token[True] - per_token[False] == pytest.approx(V * estimate.LOSS_BYTES_PER_VOCAB_ENTRY * 7 / 8)
+    norms, _, _ = estimate.block_activation_bytes(shape, train)
+    final_norm = 4 * H + 4 * H  # fp32 input and normalized output (autocast keeps the residual stream fp32)
+    whole = L * norms + final_norm + V * estimate.LOSS_BYTES_PER_VOCAB_ENTRY
+    assert per_token[True] - per_token[False] == pytest.approx(whole * 7 / 8)
 
 
 def test_optimizer_states():
@@ -230,9 +234,8 @@ def test_block_activations_match_what_torch_saves(strategy, precision, finetune,
     if strategy == "fsdp2":
         model = model.to(torch.bfloat16)  # what FSDP2's MixedPrecisionPolicy computes with
     measured = _saved_bytes_per_token(model, 3, 50, autocast=strategy == "ddp" and precision == "bf16")
-    replicated, split = estimate.block_activation_bytes(shape, train)
     # The model leaves out RMSNorm's per-token rsqrt (4 bytes per norm): 8 bytes per token in ~10^4.
-    assert measured == pytest.approx(replicated + split, abs=8.5)
+    assert measured == pytest.approx(sum(estimate.block_activation_bytes(shape, train)), abs=8.5)
 
 
 def test_step_time_guess_only_with_a_known_peak():
