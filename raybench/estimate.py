@@ -136,7 +136,7 @@ def _dtypes(train: TrainSpec) -> _Dtypes:
     return _Dtypes(4, 2, True)  # ddp, tp: torch.autocast over fp32 weights
 
 
-def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, float]:
+def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, float, float]:
     """Bytes one decoder block keeps for backward, per token: (its norms', its projections' inputs, the rest).
 
     Under TP the rest is split over the TP group; with sequence parallelism (`TrainSpec.tp_sequence_parallel`)
@@ -269,7 +269,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     dp = world // tp
     full = train.finetune == "full"
     low = 4 if train.precision == "fp32" else 2  # 16-bit compute bytes
-    # TP splits the block projections and, where vocabulary-parallel, the embedding and head; norms (and LoRA's
+    # TP splits the block projections and, in torchtitan's layout, the embedding and head; norms (and LoRA's
     # adapters, which TP refuses) are replicated over the TP group.
     vocab = _tp_layout_split(shape, train)
     root = (counts.embedding + counts.head) / vocab + counts.final_norm  # TP-local
