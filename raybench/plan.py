@@ -161,6 +161,11 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
     if unknown:
         problems.append(("train.ac_saved_ops", f"{unknown[0]!r} is not an aten operator, so nothing would be kept "
                          "for it; use the names `raybench best --predict` prints (mm, sdpa, mul#2, ...)"))
+    if (train.compile and train.strategy in ("tp", "tp_fsdp2") and train.ac_saved_ops is not None
+            and not {"sdpa", "sdpa#0"} & set(train.ac_saved_ops)):  # a block's one attention call
+        problems.append(("train.ac_saved_ops", f"{train.strategy} with compile cannot recompute attention in a "
+                         "checkpointed block (torch 2.13's compiler fails on its random state next to the "
+                         "DeviceMesh); add 'sdpa' to the list, or set train.compile: false"))
     if train.ac_mode == "op" and Fraction(train.ac_ratio) == 0:
         problems.append(("train.ac_mode", "op-level AC applies to the blocks ac_ratio selects and ac_ratio is 0; "
                          "set train.ac_ratio (1 = every block)"))

@@ -50,8 +50,9 @@ COMM_PAIRS = 3
 # puts adapters around whatever Linear/Linear4bit it finds). LoRA before checkpointing: adapters must exist
 # before the blocks are wrapped, so that they are inside each block's checkpoint and compiled graph.
 # Checkpointing before compile: the compiled graph then contains the checkpoint boundary and can plan the
-# recomputation itself. Sharding/wrapping (the strategy) comes last, in the caller, because it must see the
-# final modules and parameters: anything swapped in later would escape sharding and gradient reduction.
+# recomputation itself (not under TP, where torch 2.13 cannot: compile.compiled_region). Sharding/wrapping (the
+# strategy) comes last, in the caller, because it must see the final modules and parameters: anything swapped in
+# later would escape sharding and gradient reduction.
 TECHNIQUES = (liger, qlora, lora, activation_checkpointing, compile)
 
 

@@ -12,9 +12,12 @@ from collections import Counter
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from raybench.config import TrainSpec
 from raybench.model import decoder_blocks
+
+TENSOR_PARALLEL = ("tp", "tp_fsdp2")
 
 
 def wanted(train: TrainSpec) -> bool:
@@ -25,8 +28,23 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     # Past dynamo's recompile limit a "compiled" block would silently run eager: fail the trial instead.
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     for block in decoder_blocks(model):
-        block.compile()
+        compiled_region(block, train).compile()
     return model
+
+
+def compiled_region(block: nn.Module, train: TrainSpec) -> nn.Module:
+    """What of a decoder block torch.compile compiles: the block with its checkpoint, so that the compiled graph
+    plans the recomputation itself; but inside the checkpoint where a tensor-parallel block is checkpointed whole.
+
+    There torch 2.13 fails the first step ("expected all tensors_saved_with_vc_check to be Tensors"): the
+    recomputed attention kernel is a random op (every SDPA kernel is tagged so, for its dropout), whose saved
+    random state AOT autograd appends after the block's DeviceMesh, where it expects tensors only
+    (tests/unit/test_tp_compile.py pins it). Checkpointing the compiled block keeps the same tensors (the
+    block's inputs) and recomputes the same forward. Op-level policies keep attention's output under TP
+    (plan.py), so their blocks compile whole."""
+    if train.strategy in TENSOR_PARALLEL and train.ac_mode == "block" and isinstance(block, CheckpointWrapper):
+        return block._checkpoint_wrapped_module
+    return block
 
 
 # The row columns compiled_since fills (null for eager trials).

@@ -38,7 +38,8 @@ CASES = {
                                 "lr": 1e-2}, {}, 2),
     "zero3": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 2),
     "zero3-1rank": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 1),
-    "tp": ({"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2", "optimizer": "adamw_fused"}, {}, 2),
+    # compiled: its checkpointed blocks compile inside their checkpoints (compile.compiled_region)
+    "tp": ({"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2", "optimizer": "adamw_fused", "compile": True}, {}, 2),
     "tp-fsdp2": ({"strategy": "tp_fsdp2", "tp_size": 2}, {}, 4),
     # Sharded builds give every rank its part of the same random init at any world size (raybench/materialize.py).
     "fsdp2": ({"strategy": "fsdp2"}, {}, 2),
