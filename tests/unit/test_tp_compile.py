@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from raybench.config import ModelSpec, TrainSpec
-from raybench.model import build_meta, decoder_blocks
+from raybench.model import build_meta, build_model, decoder_blocks
 from raybench.presets import PRESETS
 from raybench.rehearse.trace import init_fake_world
 from raybench.strategies import tp
@@ -30,19 +30,14 @@ def mesh():
 def loss_and_grads(mesh, region) -> tuple[float, list[torch.Tensor]]:
     """One forward and backward of the tiny preset, checkpointed whole and tensor-parallel, its blocks compiled
     where `region(block)` says (None: eager); the loss and the local gradients."""
-    model, _, _ = build_meta(ModelSpec(preset="tiny"), seed=0)
-    model.to_empty(device="cpu")
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    model, _ = build_model(ModelSpec(preset="tiny"), torch.device("cpu"), seed=0)
     activation_checkpointing.apply(model, TRAIN)
     if region is not None:
         torch.compiler.reset()
         for block in decoder_blocks(model):
             region(block).compile(backend="aot_eager")
     loss_context = tp.parallelize(model, mesh, TRAIN)
-    ids = torch.randint(0, PRESETS["tiny"].vocab_size, (2, 32), generator=generator)
+    ids = torch.randint(0, PRESETS["tiny"].vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     with loss_context():
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
