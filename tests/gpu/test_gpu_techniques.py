@@ -1,5 +1,5 @@
 """GPU-only techniques train on CUDA: QLoRA (bitsandbytes 4-bit), Liger kernels, ZeRO offload, fp16 + GradScaler,
-FlashAttention-2. Skipped without CUDA (the CPU errors are covered in tests/unit/test_strategy_rules.py)."""
+FlashAttention-2, compiled and checkpointed TP. Skipped without CUDA (the CPU errors are covered in tests/unit/test_strategy_rules.py)."""
 
 from __future__ import annotations
 
@@ -100,3 +100,11 @@ def test_qlora_counts_the_weights_not_the_packed_storage():
     assert any(type(p).__name__ == "Params4bit" for p in model.parameters())  # the swap happened
     assert sum(p.numel() for p in model.parameters()) < unquantized  # packed: numel() alone undercounts
     assert count_params(model)[0] == unquantized
+
+
+def test_tensor_parallel_compiled_and_checkpointed(data):
+    # Compiled inside their checkpoints (compile.compiled_region); one GPU still runs the DTensor graphs whose
+    # compiled checkpoint fails in torch 2.13 (tests/unit/test_tp_compile.py), with CUDA's attention kernels.
+    workers = min(2, torch.cuda.device_count())
+    assert_learns(run_gpu_trial(data, {"strategy": "tp", "tp_size": workers, "compile": True, "ac_ratio": "1"},
+                                workers=workers))
