@@ -1,5 +1,6 @@
 """GPU-only techniques train on CUDA: QLoRA (bitsandbytes 4-bit), Liger kernels, ZeRO offload, fp16 + GradScaler,
-FlashAttention-2, compiled and checkpointed TP. Skipped without CUDA (the CPU errors are covered in tests/unit/test_strategy_rules.py)."""
+FlashAttention-2, compiled and checkpointed TP. Skipped without CUDA (the CPU errors are covered in
+tests/unit/test_strategy_rules.py)."""
 
 from __future__ import annotations
 
