@@ -139,6 +139,11 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         if train.strategy not in ("ddp", "deepspeed"):
             problems.append(("train.precision", f"fp16 loss scaling is wired for ddp (GradScaler) and deepspeed "
                              f"(its own scaler), not {train.strategy}; use bf16 with {train.strategy}"))
+    if train.compile and train.strategy == "deepspeed" and train.zero_stage == 3:
+        problems.append(("train.compile", "DeepSpeed ZeRO-3 gathers and frees parameters in hooks on every "
+                         "submodule, which split each compiled block apart and recompile for every module past "
+                         "torch.compile's limit; compile with fsdp2 (the same sharding) or zero_stage 1/2, or set "
+                         "train.compile: false"))
     if train.optimizer == "adafactor" and train.strategy in ("fsdp2", "tp", "tp_fsdp2"):
         problems.append(("train.optimizer", f"torch's Adafactor updates its factored statistics in place, which "
                          f"DTensor parameters ({train.strategy}) reject; use adafactor with ddp or deepspeed, or "

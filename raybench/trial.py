@@ -19,7 +19,8 @@ from raybench.redact import ANSI_ESCAPE, without_secrets
 from raybench.store import SCHEMA, flatten_config, json_column
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
-EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s")
+# "ValueError: ...", and a qualified exception of any name ("torch._dynamo.exc.FailOnRecompileLimitHit: ...").
+EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s|^((?:[a-z_]\w*\.)+[A-Z]\w*):\s")
 # CUDA OOM, and a host allocation refused under resources.memory_limit_gib (torch's CPU allocator, Python).
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "OOM", "can't allocate memory",
                 "Cannot allocate memory", "MemoryError")

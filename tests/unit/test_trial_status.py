@@ -37,3 +37,24 @@ def test_rays_guesses_about_a_dead_worker_do_not_make_it_an_oom():
 def test_a_line_without_a_heading_is_kept_as_it_is():
     assert classify(ValueError("bad shape"))[1] == "ValueError: bad shape"
     assert classify(TimeoutError("trial exceeded resources.timeout_s=5 s"))[0] == "timeout"
+
+
+# torchrun's log of a compiled trial whose ranks hit dynamo's recompile limit (shortened).
+RECOMPILE_LIMIT_LOG = """[rank0]:   File "torch/_dynamo/convert_frame.py", line 2027, in _compile
+[rank0]:     raise FailOnRecompileLimitHit(
+[rank0]: torch._dynamo.exc.FailOnRecompileLimitHit: Hard failure due to fail_on_recompile_limit_hit
+E1126 08:07:31.131000 16883 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
+Traceback (most recent call last):
+  File "torch/distributed/run.py", line 1032, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+raybench.worker FAILED
+Explanation: not an exception"""
+
+
+def test_a_qualified_exception_of_any_name_is_the_message():
+    from raybench.executors.torchrun import _failure_text
+
+    assert _failure_text(1, RECOMPILE_LIMIT_LOG).splitlines()[0] == (
+        "torchrun exited 1: torch._dynamo.exc.FailOnRecompileLimitHit: Hard failure due to "
+        "fail_on_recompile_limit_hit")
