@@ -219,7 +219,8 @@ class TrainSpec(_Spec):
         "ac_mode op: the operator outputs each checkpointed block keeps, the rest recomputed, as `raybench best "
         "--predict` prints an op-level policy: a name keeps every call (mm, sdpa for attention), name#k the k-th "
         "call from 0 in the block's forward (mul#2); null: torchtitan's policy."))
-    compile: bool = Field(False, description="torch.compile each decoder block.")
+    compile: bool = Field(False, description=(
+        "torch.compile each decoder block (not with DeepSpeed ZeRO-3, whose per-module hooks split it)."))
     compile_cache_dir: str | None = Field(None, description=(
         "TORCHINDUCTOR_CACHE_DIR for this trial's workers (a warm cache skips recompiling); null: inductor's default."))
     liger: bool = Field(False, description="Patch the model with Liger Triton kernels (CUDA and liger-kernel only).")
