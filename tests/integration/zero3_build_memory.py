@@ -31,7 +31,7 @@ def main(preset: str) -> int:
     model = lora.apply(model, train)
     model_bytes = sum(p.numel() * 4 for p in model.parameters())
     ctx = RankContext(dist.get_rank(), dist.get_world_size(), 0, CPU)
-    before = _reset_peaks(CPU)
+    before, _ = _reset_peaks(CPU)
     engine = deepspeed.setup(model, train, ctx, lambda whole: fill(model, CPU, source, info, whole)).model
     growth = (_peak_host_memory_gib() or 0.0) - before
     partitions = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in engine.module.parameters())
