@@ -111,7 +111,7 @@ def test_tensor_parallel_matches_one_rank(model_dir, alpaca_file):
 
 # The full matrix (slow): every strategy x AC variant x compile x LoRA/full, minus what plan rejects (LoRA
 # cannot be tensor-parallel, ZeRO-3 cannot compile). 88 trials, 5-40 s each on 2 cores (compile and ZeRO-3 the
-# slowest): about 25 minutes.
+# slowest): about 18 minutes.
 MATRIX_STRATEGIES = {
     "ddp": ({"strategy": "ddp"}, 2), "fsdp2": ({"strategy": "fsdp2"}, 2),
     "zero1": ({"strategy": "deepspeed", "zero_stage": 1}, 2), "zero2": ({"strategy": "deepspeed", "zero_stage": 2}, 2),
