@@ -246,13 +246,18 @@ class TrainSpec(_Spec):
             data.pop("ac_saved_ops", None)
         return data
 
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether the strategy splits the blocks' projections over a TP group (tp, tp_fsdp2)."""
+        return self.strategy in ("tp", "tp_fsdp2")
+
     def tp_sequence_parallel(self, tied_embeddings: bool) -> bool:
         """Whether tensor parallelism runs torchtitan's whole layout rather than splitting the blocks'
         projections only: sequence parallelism between the projections (norms and the residual stream split over
         the sequence), and the input embedding and LM head split over the vocabulary, the loss computed on the
         split logits (torch's loss_parallel). Not when the embedding and head share one weight, nor under Liger,
         whose Triton norm and fused head-and-loss kernels take whole tensors."""
-        return self.strategy in ("tp", "tp_fsdp2") and not tied_embeddings and not self.liger
+        return self.tensor_parallel and not tied_embeddings and not self.liger
 
 
 class ResourcesSpec(_Spec):

@@ -105,10 +105,10 @@ def parallelism_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[s
     elif train.strategy == "deepspeed" and train.tp_size != 1:
         problems.append(("train.tp_size", "tensor parallelism with deepspeed is not supported (ZeRO shards over "
                          "data-parallel ranks only); use strategy tp_fsdp2, or tp_size: 1"))
-    elif train.strategy not in ("tp", "tp_fsdp2") and train.tp_size != 1:
+    elif not train.tensor_parallel and train.tp_size != 1:
         problems.append(("train.tp_size", f"tp_size applies to strategies tp and tp_fsdp2, not "
                          f"{train.strategy}; set train.tp_size: 1"))
-    if train.strategy in ("tp", "tp_fsdp2"):
+    if train.tensor_parallel:
         for what, heads in (("attention heads", shape.num_attention_heads), ("KV heads", shape.num_key_value_heads)):
             if heads % train.tp_size:
                 problems.append(("train.tp_size", f"tp_size {train.tp_size} must divide the model's {heads} "
@@ -166,7 +166,7 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
     if unknown:
         problems.append(("train.ac_saved_ops", f"{unknown[0]!r} is not an aten operator, so nothing would be kept "
                          "for it; use the names `raybench best --predict` prints (mm, sdpa, mul#2, ...)"))
-    if (train.compile and train.strategy in ("tp", "tp_fsdp2") and train.ac_saved_ops is not None
+    if (train.compile and train.tensor_parallel and train.ac_saved_ops is not None
             and not {"sdpa", "sdpa#0"} & set(train.ac_saved_ops)):  # a block's one attention call
         problems.append(("train.ac_saved_ops", f"{train.strategy} with compile cannot recompute attention in a "
                          "checkpointed block (torch 2.13's compiler fails on its random state next to the "

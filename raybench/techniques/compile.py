@@ -17,8 +17,6 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from raybench.config import TrainSpec
 from raybench.model import decoder_blocks
 
-TENSOR_PARALLEL = ("tp", "tp_fsdp2")
-
 
 def wanted(train: TrainSpec) -> bool:
     return train.compile
@@ -42,7 +40,7 @@ def compiled_region(block: nn.Module, train: TrainSpec) -> nn.Module:
     (tests/unit/test_tp_compile.py pins it). Checkpointing the compiled block keeps the same tensors (the
     block's inputs) and recomputes the same forward. Op-level policies keep attention's output under TP
     (plan.py), so their blocks compile whole."""
-    if train.strategy in TENSOR_PARALLEL and train.ac_mode == "block" and isinstance(block, CheckpointWrapper):
+    if train.tensor_parallel and train.ac_mode == "block" and isinstance(block, CheckpointWrapper):
         return block._checkpoint_wrapped_module
     return block
 
