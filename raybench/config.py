@@ -251,6 +251,12 @@ class TrainSpec(_Spec):
         """Whether the strategy splits the blocks' projections over a TP group (tp, tp_fsdp2)."""
         return self.strategy in ("tp", "tp_fsdp2")
 
+    @property
+    def fsdp2_sharded(self) -> bool:
+        """Whether FSDP2 shards the parameters (fsdp2, tp_fsdp2). Its mixed-precision policy casts them to the
+        compute dtype before each forward; ddp and tp keep fp32 weights and run forward under torch.autocast."""
+        return self.strategy in ("fsdp2", "tp_fsdp2")
+
     def tp_sequence_parallel(self, tied_embeddings: bool) -> bool:
         """Whether tensor parallelism runs torchtitan's whole layout rather than splitting the blocks'
         projections only: sequence parallelism between the projections (norms and the residual stream split over

@@ -294,7 +294,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
         grads = 4 * trainable * (2 if train.strategy == "ddp" else 1)
         return weights, grads, states, offloaded
 
-    if train.strategy in ("fsdp2", "tp_fsdp2"):
+    if train.fsdp2_sharded:
         gathered = local if not train.reshard_after_forward else root + 2 * (block + block_adapters)
         weights = 4 * local / dp + low * gathered  # fp32 shard + unsharded 16-bit copies being computed with
         block_trainable = (block + block_adapters) if full else block_adapters

@@ -4,59 +4,113 @@ its partitioner keeps for backward, and the bytes its generated kernels move."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import ContextManager
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from raybench import strategies
 from raybench.config import TrainSpec, TrialConfig
 from raybench.model import decoder_blocks
 from raybench.presets import ModelShape
 from raybench.rehearse.roofline import Roofline, fusable
-from raybench.rehearse.trace import fake_mode, liger_rope, unwrapped_model
+from raybench.rehearse.trace import fake_mode, init_fake_world, liger_rope, unwrapped_model
 from raybench.schema import GIB
+from raybench.strategies import tp
 from raybench.techniques import activation_checkpointing
 
-# Strategies whose decoder blocks run on plain local tensors (FSDP2 gathers them before the block runs); under
-# tp the block's tensors are DTensors and its compiled graph is not inspected here.
-COMPILE_INSPECTED_STRATEGIES = ("fsdp2",)
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """What a tensor holds on this rank: a DTensor's shard (its own storage is the global shape's), else itself."""
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata  # views share their base's storage: one key per allocation
+    return _local(t).untyped_storage()._cdata  # views share their base's storage: one key per allocation
 
 
+def _storage_bytes(t: torch.Tensor) -> int:
+    return _local(t).untyped_storage().nbytes()
 
-def _block_and_inputs(config: TrialConfig, shape: ModelShape, mode) -> tuple[nn.Module, torch.Tensor, dict]:
-    """One decoder block of the trial's model (its techniques applied, unsharded, in its compute dtype) with
-    its storage created under `mode` (a FakeTensorMode: shapes only), and inputs as the model passes them:
-    hidden states of micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have none)."""
+
+@dataclass
+class _Block:
+    """One decoder block of a trial's model as its strategy runs it, and the inputs the model passes it."""
+
+    module: nn.Module
+    hidden: torch.Tensor
+    kwargs: dict
+    autocast: Callable[[], ContextManager]
+
+    def forward(self, run: Callable):
+        """`run` (the block itself, or a wrapped or compiled block) on the inputs, under the strategy's autocast."""
+        with self.autocast():
+            return run(self.hidden, **self.kwargs)
+
+
+@contextlib.contextmanager
+def block_world(train: TrainSpec) -> Iterator[DeviceMesh | None]:
+    """The mesh a tensor-parallel trial's block is split over: a fake group of its tp_size ranks, this process
+    rank 0 (TP ranks hold equal shards); None for the other strategies, whose blocks hold whole weights."""
+    if not train.tensor_parallel:
+        yield None
+        return
+    init_fake_world(0, train.tp_size)
+    try:
+        yield init_device_mesh("cpu", (train.tp_size,))  # built outside any fake mode (it fails inside one)
+    finally:
+        dist.destroy_process_group()
+
+
+def block_and_inputs(config: TrialConfig, shape: ModelShape, mode, mesh: DeviceMesh | None = None) -> _Block:
+    """One decoder block of the trial's model with its techniques applied and its storage created under `mode`
+    (a FakeTensorMode: shapes only), in its strategy's arrangement: bf16 weights under FSDP2's mixed precision,
+    fp32 weights under autocast for ddp and tp; under tp and tp_fsdp2 its projections split over `mesh` as
+    `tp.block_plan` splits them (FSDP2 gathers a tp_fsdp2 block's TP shards before it runs), and under sequence
+    parallelism its input split over the sequence. Inputs as the model passes them: hidden states of
+    micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have none)."""
     model, train = unwrapped_model(config)
     dtype = next(model.parameters()).dtype
     block = decoder_blocks(model)[-1]
     rotary = next(m for name, m in model.named_modules() if name.endswith("rotary_emb"))
+    sequence_parallel = mesh is not None and train.tp_sequence_parallel(model.config.tie_word_embeddings)
+    if mesh is not None:
+        parallelize_module(block, mesh, tp.block_plan(block, sequence_parallel))
     with mode:
         block.to_empty(device="cpu")
         rotary.to_empty(device="cpu")
-        hidden = torch.randn(train.micro_batch, train.seq_len, shape.hidden_size, dtype=dtype, requires_grad=True)
+        tokens = train.seq_len // mesh.size() if sequence_parallel else train.seq_len
+        hidden = torch.randn(train.micro_batch, tokens, shape.hidden_size, dtype=dtype, requires_grad=True)
         positions = torch.arange(train.seq_len).unsqueeze(0)
         rope = rotary(hidden, positions)
-    return block, hidden, {"position_ids": positions, "position_embeddings": rope, "attention_mask": None}
+        if sequence_parallel:  # the embedding's output under sequence parallelism: split over the sequence
+            hidden = DTensor.from_local(hidden, mesh, [tp.SEQUENCE])
+    kwargs = {"position_ids": positions, "position_embeddings": rope, "attention_mask": None}
+    autocast = contextlib.nullcontext if train.fsdp2_sharded else strategies.autocast_for(train, torch.device("cpu"))
+    return _Block(block, hidden, kwargs, autocast)
 
 
 def _saved_bytes(run, params: nn.Module, mode, kept_by_policy: dict[int, int] | None = None) -> int:
-    """Bytes autograd keeps for backward while `run()` runs its forward (`params`' own storage excluded).
+    """Bytes autograd keeps for backward on this rank while `run()` runs its forward (`params`' own storage
+    excluded).
 
     A compiled graph saves what its partitioner chose through its autograd function (`save_for_backward`),
-    which the same hooks see, so eager and compiled are counted alike. An eager op-level checkpoint keeps its
-    policy's outputs in its own cache, unseen by the hooks: `run` reports those in `kept_by_policy` (storage
-    key -> bytes, `_policy_block`)."""
+    which the same hooks see, so eager and compiled are counted alike; a DTensor counts its local shard (a
+    compiled graph saves the shards themselves). An eager op-level checkpoint keeps its policy's outputs in its
+    own cache, unseen by the hooks: `run` reports those in `kept_by_policy` (storage key -> bytes,
+    `_policy_block`)."""
     exclude = {_storage_key(p) for p in params.parameters()}
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        saved[_storage_key(t)] = t.untyped_storage().nbytes()
+        saved[_storage_key(t)] = _storage_bytes(t)
         return t
 
     with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -140,12 +194,12 @@ def _block_forward_backward(config: TrialConfig, shape: ModelShape, wrap: Callab
                             counting: TorchDispatchMode | None = None) -> None:
     """One decoder block's forward and backward on fake tensors, run as `wrap(block)`, `counting` watching both."""
     mode = fake_mode()
-    block, hidden, kwargs = _block_and_inputs(config, shape, mode)
-    run = wrap(block)
+    block = block_and_inputs(config, shape, mode)
+    run = wrap(block.module)
     counting = counting or contextlib.nullcontext()
     with liger_rope(config, shape), mode:
         with counting:
-            out = run(hidden, **kwargs)
+            out = block.forward(run)
         out = out[0] if isinstance(out, tuple) else out
         grad = torch.ones_like(out)  # outside the count: backward starts from it
         with counting:
@@ -185,16 +239,18 @@ def compiled_block_saving_gib(config: TrialConfig, shape: ModelShape, op_policy:
 
 def _block_kept_bytes(config: TrialConfig, shape: ModelShape, compiled: bool, op_policy: bool) -> int:
     mode = fake_mode()
-    block, hidden, kwargs = _block_and_inputs(config, shape, mode)
-    kept_by_policy: dict[int, int] = {}
-    run = _policy_block(block, config.train, None if compiled else kept_by_policy) if op_policy else block
-    torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
-    try:
-        run = _partitioned_like_inductor(run) if compiled else run
-        with liger_rope(config, shape):
-            return _saved_bytes(lambda: run(hidden, **kwargs), block, mode, kept_by_policy)
-    finally:
-        torch._dynamo.reset()
+    with block_world(config.train) as mesh:
+        block = block_and_inputs(config, shape, mode, mesh)
+        kept_by_policy: dict[int, int] = {}
+        run = _policy_block(block.module, config.train, None if compiled else kept_by_policy) if op_policy \
+            else block.module
+        torch._dynamo.reset()  # this process's compile state before and after stays as the trace left it
+        try:
+            run = _partitioned_like_inductor(run) if compiled else run
+            with liger_rope(config, shape):
+                return _saved_bytes(lambda: block.forward(run), block.module, mode, kept_by_policy)
+        finally:
+            torch._dynamo.reset()
 
 
 def _policy_block(block: nn.Module, train: TrainSpec, kept_by_policy: dict[int, int] | None) -> nn.Module:
@@ -203,7 +259,7 @@ def _policy_block(block: nn.Module, train: TrainSpec, kept_by_policy: dict[int, 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     def keep(t: torch.Tensor) -> None:
-        kept_by_policy[_storage_key(t)] = t.untyped_storage().nbytes()
+        kept_by_policy[_storage_key(t)] = _storage_bytes(t)
 
     on_saved = keep if kept_by_policy is not None else None
     return checkpoint_wrapper(block, context_fn=activation_checkpointing.policy_context_fn(train, on_saved))

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from raybench.config import TrialConfig
 from raybench.plan import checkpointed_blocks, config_id
 from raybench.presets import ModelShape
-from raybench.rehearse.compiled import COMPILE_INSPECTED_STRATEGIES, compiled_block_saving_gib, compiled_block_traffic
+from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block_traffic
 from raybench.rehearse.fitted import ALLOCATOR_RESERVE, ROOFLINE_EFFICIENCY
 from raybench.rehearse.policy import block_ops
 from raybench.rehearse.step_time import link_busbw_gbps, predict_step_time
@@ -113,7 +113,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
             dist.destroy_process_group()
     trace = traces[key]
     memory = dict(trace.memory_gib)
-    if config.train.compile and config.train.strategy in COMPILE_INSPECTED_STRATEGIES:
+    if config.train.compile:
         saving_gib = _compiled_saving_gib(config, shape, rank, traces)
         if saving_gib is not None:
             memory["activations"] -= saving_gib
@@ -166,13 +166,14 @@ def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, trac
 def _compiled_traffic(config: TrialConfig, shape: ModelShape, traces: dict) -> tuple[float | None, str | None]:
     """compiled_block_traffic for a compiled trial, or None and why: a block inductor cannot lower is priced
     eager, and the sweep's other trials go on."""
-    # One block's traffic does not depend on checkpointing or the strategy: a sweep's compiled trials share it.
+    # One block's traffic is counted as FSDP2 runs it (bf16 weights, the block whole) for every strategy: it
+    # does not depend on checkpointing, and a sweep's compiled trials share it.
     block_train = {"ac_ratio": "0", "ac_mode": "block", "ac_saved_ops": None, "strategy": "fsdp2", "tp_size": 1}
     one = config.model_copy(update={"train": config.train.model_copy(update=block_train)})
     key = ("compiled block traffic", config_id(traced_config(one)))
     if key not in traces:
         try:
-            traces[key] = compiled_block_traffic(config, shape)
+            traces[key] = compiled_block_traffic(one, shape)
         except Exception as err:  # inductor failing to lower one model must not stop a sweep
             traces[key] = f"compile's fusion not counted, step priced eager ({type(err).__name__}: {err})"[:300]
     found = traces[key]

@@ -311,8 +311,8 @@ def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
 
     The trace runs on CPU fake tensors, so it runs the GPU worker's choices explicitly: AdamW's fused kernel
     (what "adamw" picks on CUDA). torch.compile is not traced (its graphs would be compiled for CPU): compiled
-    trials are traced eager; their step time accounts for fusion (predict_step_time) and, under fsdp2, their
-    activations for what compiled blocks keep (compiled_block_saving_gib). Liger's Triton kernels are traced
+    trials are traced eager; their step time accounts for fusion (predict_step_time) and their activations for
+    what compiled blocks keep (compiled_block_saving_gib). Liger's Triton kernels are traced
     as reference operators with the same inputs, outputs and saved tensors (`_build_traced`).
     """
     changes = {}
@@ -398,7 +398,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
     trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
     if train.strategy == "ddp" and fake:
         trainable.model.register_comm_hook(None, _fake_allreduce_hook)
-    fsdp = train.strategy in ("fsdp2", "tp_fsdp2")
+    fsdp = train.fsdp2_sharded
     tracker_cls = _tracker(trainable.model, trainable.optimizer, fsdp)
     with mode:
         _create_optimizer_state(trainable)
@@ -422,12 +422,13 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
 
 
 def unwrapped_model(config: TrialConfig) -> tuple[nn.Module, TrainSpec]:
-    """The trial's model with its techniques (no checkpointing, no compile) on the meta device, in the dtype
-    FSDP2's mixed-precision policy computes in (bf16 casts parameters before each forward, fsdp2.shard), and
-    the TrainSpec it was built with. Cast on meta: fake storage cannot be swapped in place afterwards."""
+    """The trial's model with its techniques (no checkpointing, no compile) on the meta device, its parameters
+    in the dtype its strategy computes with, and the TrainSpec it was built with. FSDP2's mixed-precision
+    policy casts them to bf16 before each forward (fsdp2.shard); ddp and tp keep them fp32 and run forward under
+    autocast (`strategies.autocast_for`). Cast on meta: fake storage cannot be swapped in place afterwards."""
     train = config.train.model_copy(update={"ac_ratio": "0", "compile": False})
     model, _, _ = _build_traced(config, train)
-    if train.precision == "bf16":
+    if train.precision == "bf16" and train.fsdp2_sharded:
         model.to(torch.bfloat16)
     return model, train
 

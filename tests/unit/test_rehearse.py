@@ -321,7 +321,7 @@ def test_inductors_scheduled_bytes_are_what_real_inductor_counts():
     trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128)
     generated = []
     real = contextlib.nullcontext()
-    block, hidden, kwargs = compiled._block_and_inputs(trial.config, trial.shape, real)
+    block = compiled.block_and_inputs(trial.config, trial.shape, real)
     counted_by_inductor = []
     original = GraphLowering.count_bytes
 
@@ -336,13 +336,13 @@ def test_inductors_scheduled_bytes_are_what_real_inductor_counts():
         with (pytest.MonkeyPatch.context() as patch, torch._inductor.config.patch(fx_graph_cache=False),
               torch._functorch.config.patch(enable_autograd_cache=False)):  # compiled here, not from a cache
             patch.setattr(GraphLowering, "count_bytes", count_bytes)
-            out = torch.compile(block)(hidden, **kwargs)
+            out = block.forward(torch.compile(block.module))
             (out[0] if isinstance(out, tuple) else out).sum().backward()
         torch._dynamo.reset()
         mode = trace.fake_mode()
-        block, hidden, kwargs = compiled._block_and_inputs(trial.config, trial.shape, mode)
+        block = compiled.block_and_inputs(trial.config, trial.shape, mode)
         with mode:
-            out = compiled._partitioned_like_inductor(block, generated)(hidden, **kwargs)
+            out = block.forward(compiled._partitioned_like_inductor(block.module, generated))
             (out[0] if isinstance(out, tuple) else out).sum().backward()
     finally:
         torch._logging.set_logs()
@@ -368,35 +368,47 @@ def test_a_block_inductor_cannot_lower_is_priced_eager(monkeypatch):
     assert any("step priced eager (NotImplementedError: no lowering" in note for note in rehearsed.notes)
 
 
-def _saved_by_real_inductor(trial, op_policy: bool = False) -> tuple[int, int]:
-    """(eager, compiled) bytes one tiny block keeps for backward, run for real on CPU: inductor generates and
-    runs its kernels, and the hooks see what its compiled autograd function saves. op_policy: the block
-    checkpointed with the trial's op-level policy (eager, its cache reported by the policy)."""
-    real = contextlib.nullcontext()
-    block, hidden, kwargs = compiled._block_and_inputs(trial.config, trial.shape, real)
-    for tensor in (*block.parameters(), *block.buffers()):
-        torch.nn.init.normal_(tensor, std=0.02)
-    kept_by_policy = {}
-    eager_block = compiled._policy_block(block, trial.config.train, kept_by_policy) if op_policy else block
-    eager = compiled._saved_bytes(lambda: eager_block(hidden, **kwargs), block, real, kept_by_policy)
-    torch._dynamo.reset()
-    try:
-        run = torch.compile(compiled._policy_block(block, trial.config.train, None) if op_policy else block)
-        kept = compiled._saved_bytes(lambda: run(hidden, **kwargs), block, real)
-    finally:
+def _saved_by_real_inductor(trial, op_policy: bool = False) -> tuple[int, int, int]:
+    """(eager, compiled, input) bytes one tiny block keeps for backward, run for real on CPU: inductor generates
+    and runs its kernels, and the hooks see what its compiled autograd function saves; input: the block's
+    input, on this rank. op_policy: the block checkpointed with the trial's op-level policy (eager, its cache
+    reported by the policy)."""
+    real, train = contextlib.nullcontext(), trial.config.train
+    with compiled.block_world(train) as mesh:  # a TP block's collectives run on the fake group, on real tensors
+        block = compiled.block_and_inputs(trial.config, trial.shape, real, mesh)
+        with torch.no_grad():
+            for tensor in block.module.parameters():
+                tensor.normal_(std=0.02)
+        kept_by_policy = {}
+        eager_block = compiled._policy_block(block.module, train, kept_by_policy) if op_policy else block.module
+        eager = compiled._saved_bytes(lambda: block.forward(eager_block), block.module, real, kept_by_policy)
         torch._dynamo.reset()
-    return eager, kept
+        try:
+            run = torch.compile(compiled._policy_block(block.module, train, None) if op_policy else block.module)
+            kept = compiled._saved_bytes(lambda: block.forward(run), block.module, real)
+        finally:
+            torch._dynamo.reset()
+    return eager, kept, compiled._storage_bytes(block.hidden)
 
 
-def test_compiled_blocks_keep_what_inductor_keeps():
+# Each strategy's block as it runs: FSDP2's bf16 weights; ddp's fp32 weights under autocast; tp's projections split
+# over 2 ranks under autocast, its input split over the sequence (sequence parallelism); tp_fsdp2's TP shards in
+# FSDP2's bf16.
+COMPILED_CASES = {"fsdp2": (1, {"strategy": "fsdp2"}), "ddp": (1, {"strategy": "ddp"}),
+                  "tp": (2, {"strategy": "tp", "tp_size": 2}), "tp_fsdp2": (4, {"strategy": "tp_fsdp2", "tp_size": 2})}
+
+
+@pytest.mark.parametrize("case", COMPILED_CASES)
+def test_compiled_blocks_keep_what_inductor_keeps(case):
     """The rehearsal's compiled-block saving (inductor's partitioner on fake tensors, nothing generated) equals
     the difference real inductor makes on CPU, and scales with the tokens of a micro-batch."""
-    trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=2)
-    eager, kept = _saved_by_real_inductor(trial)
+    workers, train = COMPILED_CASES[case]
+    trial = tiny_trial(workers, gpus=1, compile=True, seq_len=128, micro_batch=2, **train)
+    eager, kept, _ = _saved_by_real_inductor(trial)
     assert 0 < kept < eager
     saving = compiled.compiled_block_saving_gib(trial.config, trial.shape)
     assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
-    doubled = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=4)
+    doubled = tiny_trial(workers, gpus=1, compile=True, seq_len=128, micro_batch=4, **train)
     assert compiled.compiled_block_saving_gib(doubled.config, doubled.shape) == pytest.approx(2 * saving, rel=0.05)
 
 
@@ -404,20 +416,22 @@ def test_compiled_blocks_keep_what_inductor_keeps():
 TINY_POLICY = ["mm#0", "mm#2", "sdpa", "mul#2", "add#1"]
 
 
-def test_compiled_op_policy_blocks_keep_what_inductor_keeps():
+@pytest.mark.parametrize("case", ["fsdp2", "tp"])
+def test_compiled_op_policy_blocks_keep_what_inductor_keeps(case):
     """A block checkpointed with an op-level policy and compiled keeps what inductor's partitioner keeps given
     the policy's tags: the rehearsal's saving equals the one real inductor makes on CPU. Eager, the policy's
-    block keeps, beyond its input, what the whole trace holds per block over full AC."""
-    trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True, seq_len=128, micro_batch=2, ac_ratio="1",
-                       ac_mode="op", ac_saved_ops=TINY_POLICY)
-    eager, kept = _saved_by_real_inductor(trial, op_policy=True)
+    block keeps, beyond its input, what the whole trace holds per block over full AC: the block is counted in
+    its strategy's arrangement (under tp: this rank's shards, autocast's casts, the input split over the
+    sequence)."""
+    workers, train = COMPILED_CASES[case]
+    policy = {"seq_len": 128, "micro_batch": 2, "ac_ratio": "1", "ac_mode": "op", "ac_saved_ops": TINY_POLICY}
+    trial = tiny_trial(workers, gpus=1, compile=True, **policy, **train)
+    eager, kept, block_input = _saved_by_real_inductor(trial, op_policy=True)
     saving = compiled.compiled_block_saving_gib(trial.config, trial.shape, op_policy=True)
     assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
     assert saving != compiled.compiled_block_saving_gib(trial.config, trial.shape)  # the policy counts
-    eager_trial = tiny_trial(1, gpus=1, strategy="fsdp2", seq_len=128, micro_batch=2, ac_ratio="1",
-                             ac_mode="op", ac_saved_ops=TINY_POLICY)
-    full_ac = tiny_trial(1, gpus=1, strategy="fsdp2", seq_len=128, micro_batch=2, ac_ratio="1")
-    block_input = 2 * 128 * trial.shape.hidden_size * 2  # the micro-batch's hidden states, in FSDP2's bf16
+    eager_trial = tiny_trial(workers, gpus=1, **policy, **train)
+    full_ac = tiny_trial(workers, gpus=1, **{**policy, "ac_mode": "block", "ac_saved_ops": None}, **train)
     beyond_full_ac = (fake_trace(eager_trial).peak_gib - fake_trace(full_ac).peak_gib) * GIB
     assert eager - block_input == pytest.approx(beyond_full_ac / trial.shape.num_hidden_layers, rel=0.02)
     rehearsed = rehearsal.rehearse(trial.config, trial.shape, "H100 SXM")
@@ -427,12 +441,15 @@ def test_compiled_op_policy_blocks_keep_what_inductor_keeps():
     assert trace.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
 
-def test_compiled_trials_rehearse_with_fewer_activations():
-    eager = rehearsal.rehearse(tiny_trial(1, gpus=1, strategy="fsdp2").config, tiny_trial(1).shape, "H100 SXM")
-    compiled_trial = tiny_trial(1, gpus=1, strategy="fsdp2", compile=True)
+@pytest.mark.parametrize("case", ["fsdp2", "tp"])
+def test_compiled_trials_rehearse_with_fewer_activations(case):
+    workers, train = COMPILED_CASES[case]
+    eager_trial, compiled_trial = (tiny_trial(workers, gpus=1, compile=c, **train) for c in (False, True))
+    eager = rehearsal.rehearse(eager_trial.config, eager_trial.shape, "H100 SXM")
     rehearsed = rehearsal.rehearse(compiled_trial.config, compiled_trial.shape, "H100 SXM")
     saving = compiled.compiled_block_saving_gib(compiled_trial.config, compiled_trial.shape)
     blocks = compiled_trial.shape.num_hidden_layers
+    assert saving > 0
     assert rehearsed.memory_gib["activations"] == pytest.approx(eager.memory_gib["activations"] - blocks * saving)
     assert trace.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
