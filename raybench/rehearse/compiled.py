@@ -56,7 +56,7 @@ class _Block:
 
 
 @contextlib.contextmanager
-def block_world(train: TrainSpec) -> Iterator[DeviceMesh | None]:
+def block_world(train: TrainSpec, device_type: str = "cpu") -> Iterator[DeviceMesh | None]:
     """The mesh a tensor-parallel trial's block is split over: a fake group of its tp_size ranks, this process
     rank 0 (TP ranks hold equal shards); None for the other strategies, whose blocks hold whole weights."""
     if not train.tensor_parallel:
@@ -64,18 +64,20 @@ def block_world(train: TrainSpec) -> Iterator[DeviceMesh | None]:
         return
     init_fake_world(0, train.tp_size)
     try:
-        yield init_device_mesh("cpu", (train.tp_size,))  # built outside any fake mode (it fails inside one)
+        yield init_device_mesh(device_type, (train.tp_size,))  # built outside any fake mode (it fails inside one)
     finally:
         dist.destroy_process_group()
 
 
-def block_and_inputs(config: TrialConfig, shape: ModelShape, mode, mesh: DeviceMesh | None = None) -> _Block:
+def block_and_inputs(config: TrialConfig, shape: ModelShape, mode, mesh: DeviceMesh | None = None,
+                     device: torch.device = torch.device("cpu")) -> _Block:
     """One decoder block of the trial's model with its techniques applied and its storage created under `mode`
     (a FakeTensorMode: shapes only), in its strategy's arrangement: bf16 weights under FSDP2's mixed precision,
     fp32 weights under autocast for ddp and tp; under tp and tp_fsdp2 its projections split over `mesh` as
     `tp.block_plan` splits them (FSDP2 gathers a tp_fsdp2 block's TP shards before it runs), and under sequence
     parallelism its input split over the sequence. Inputs as the model passes them: hidden states of
-    micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have none)."""
+    micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have none). `device`: where
+    the block runs (the rehearsal's fake tensors are CPU ones; tests run real blocks on CUDA too)."""
     model, train = unwrapped_model(config)
     dtype = next(model.parameters()).dtype
     block = decoder_blocks(model)[-1]
@@ -84,16 +86,17 @@ def block_and_inputs(config: TrialConfig, shape: ModelShape, mode, mesh: DeviceM
     if mesh is not None:
         parallelize_module(block, mesh, tp.block_plan(block, sequence_parallel))
     with mode:
-        block.to_empty(device="cpu")
-        rotary.to_empty(device="cpu")
+        block.to_empty(device=device)
+        rotary.to_empty(device=device)
         tokens = train.seq_len // mesh.size() if sequence_parallel else train.seq_len
-        hidden = torch.randn(train.micro_batch, tokens, shape.hidden_size, dtype=dtype, requires_grad=True)
-        positions = torch.arange(train.seq_len).unsqueeze(0)
+        hidden = torch.randn(train.micro_batch, tokens, shape.hidden_size, dtype=dtype, device=device,
+                             requires_grad=True)
+        positions = torch.arange(train.seq_len, device=device).unsqueeze(0)
         rope = rotary(hidden, positions)
         if sequence_parallel:  # the embedding's output under sequence parallelism: split over the sequence
             hidden = DTensor.from_local(hidden, mesh, [tp.SEQUENCE])
     kwargs = {"position_ids": positions, "position_embeddings": rope, "attention_mask": None}
-    autocast = contextlib.nullcontext if train.fsdp2_sharded else strategies.autocast_for(train, torch.device("cpu"))
+    autocast = contextlib.nullcontext if train.fsdp2_sharded else strategies.autocast_for(train, device)
     return _Block(block, hidden, kwargs, autocast)
 
 

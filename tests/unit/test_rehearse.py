@@ -9,6 +9,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 import shutil
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from raybench.presets import PRESETS
 from raybench.rehearse import compiled, fitted, policy, rehearsal, roofline, step_time, trace
 from raybench.schema import GIB
 from raybench.strategies import RankContext
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from compiled_blocks import saved_by_real_inductor  # noqa: E402
 
 TINY_TRAIN = {"steps": 2, "warmup_steps": 1, "seq_len": 64, "micro_batch": 2, "precision": "bf16"}
 # Rehearsed vs real tensor memory per rank: the issue's bound.
@@ -368,29 +372,6 @@ def test_a_block_inductor_cannot_lower_is_priced_eager(monkeypatch):
     assert any("step priced eager (NotImplementedError: no lowering" in note for note in rehearsed.notes)
 
 
-def _saved_by_real_inductor(trial, op_policy: bool = False) -> tuple[int, int, int]:
-    """(eager, compiled, input) bytes one tiny block keeps for backward, run for real on CPU: inductor generates
-    and runs its kernels, and the hooks see what its compiled autograd function saves; input: the block's
-    input, on this rank. op_policy: the block checkpointed with the trial's op-level policy (eager, its cache
-    reported by the policy)."""
-    real, train = contextlib.nullcontext(), trial.config.train
-    with compiled.block_world(train) as mesh:  # a TP block's collectives run on the fake group, on real tensors
-        block = compiled.block_and_inputs(trial.config, trial.shape, real, mesh)
-        with torch.no_grad():
-            for tensor in block.module.parameters():
-                tensor.normal_(std=0.02)
-        kept_by_policy = {}
-        eager_block = compiled._policy_block(block.module, train, kept_by_policy) if op_policy else block.module
-        eager = compiled._saved_bytes(lambda: block.forward(eager_block), block.module, real, kept_by_policy)
-        torch._dynamo.reset()
-        try:
-            run = torch.compile(compiled._policy_block(block.module, train, None) if op_policy else block.module)
-            kept = compiled._saved_bytes(lambda: block.forward(run), block.module, real)
-        finally:
-            torch._dynamo.reset()
-    return eager, kept, compiled._storage_bytes(block.hidden)
-
-
 # Each strategy's block as it runs: FSDP2's bf16 weights; ddp's fp32 weights under autocast; tp's projections split
 # over 2 ranks under autocast, its input split over the sequence (sequence parallelism); tp_fsdp2's TP shards in
 # FSDP2's bf16.
@@ -404,7 +385,7 @@ def test_compiled_blocks_keep_what_inductor_keeps(case):
     the difference real inductor makes on CPU, and scales with the tokens of a micro-batch."""
     workers, train = COMPILED_CASES[case]
     trial = tiny_trial(workers, gpus=1, compile=True, seq_len=128, micro_batch=2, **train)
-    eager, kept, _ = _saved_by_real_inductor(trial)
+    eager, kept, _ = saved_by_real_inductor(trial)
     assert 0 < kept < eager
     saving = compiled.compiled_block_saving_gib(trial.config, trial.shape)
     assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
@@ -426,7 +407,7 @@ def test_compiled_op_policy_blocks_keep_what_inductor_keeps(case):
     workers, train = COMPILED_CASES[case]
     policy = {"seq_len": 128, "micro_batch": 2, "ac_ratio": "1", "ac_mode": "op", "ac_saved_ops": TINY_POLICY}
     trial = tiny_trial(workers, gpus=1, compile=True, **policy, **train)
-    eager, kept, block_input = _saved_by_real_inductor(trial, op_policy=True)
+    eager, kept, block_input = saved_by_real_inductor(trial, op_policy=True)
     saving = compiled.compiled_block_saving_gib(trial.config, trial.shape, op_policy=True)
     assert saving * GIB == pytest.approx(eager - kept, rel=0.02)
     assert saving != compiled.compiled_block_saving_gib(trial.config, trial.shape)  # the policy counts
