@@ -4,8 +4,10 @@ Set RAYBENCH_CUDA_MEMORY_SNAPSHOT to a directory and every CUDA rank of a trial 
 (`torch.cuda.memory._record_memory_history`, with the Python stack of each allocation) from before its model
 is built to the end of its timed steps, then writes there:
 - `<trial_id>-<host>-gpu<n>.pickle`: torch's snapshot, for https://pytorch.org/memory_viz;
-- `<trial_id>-<host>-gpu<n>-peak.json`: the most bytes live at once and the tensors live then, grouped by where
-  they were allocated (`live_at_peak`).
+- `<trial_id>-<host>-gpu<n>-peak.json`: the most bytes live at once in the training window (the one the row's
+  peak_alloc_gib covers: from the end of the build to the end of the steps) and the tensors live then, grouped by
+  where they were allocated (`live_at_peak`); `recording_peak_gib` is the peak of the whole recording (warm-up
+  and build included).
 
 Recording costs host time at every allocation: a recorded trial's timings are not the configuration's, only
 its memory is (its row says so through env_json). Diagnoses a row whose peak the rehearsal or the estimate
@@ -35,6 +37,9 @@ MAX_ENTRIES = 200_000
 _OWNERS = ("transformers/", "peft/", "liger_kernel/", "torch/nn/parallel/", "torch/distributed/", "torch/optim/",
            "torch/utils/checkpoint", "raybench/")
 _GROUPS_KEPT = 25
+# CUDA device index -> allocator events recorded before its training window opened (mark_training_start); an
+# entry exists while that device records.
+_training_starts: dict[int, int] = {}
 
 
 def requested() -> Path | None:
@@ -65,6 +70,8 @@ def recording(directory: Path, device, name: str) -> Iterator[None]:
     directory.mkdir(parents=True, exist_ok=True)
     # Python stacks only: unwinding C++ stacks at every allocation would slow the steps far more.
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=MAX_ENTRIES, device=device)
+    index = device.index or 0
+    _training_starts[index] = 0
     try:
         yield
     finally:
@@ -72,27 +79,47 @@ def recording(directory: Path, device, name: str) -> Iterator[None]:
         torch.cuda.memory._record_memory_history(enabled=None, device=device)
         with open(directory / f"{name}.pickle", "wb") as f:
             pickle.dump(snapshot, f)
-        events = snapshot["device_traces"][device.index or 0]
-        peak = {**live_at_peak(events), "history_complete": len(events) < MAX_ENTRIES}
+        events = snapshot["device_traces"][index]
+        complete = len(events) < MAX_ENTRIES
+        # A full history lost its oldest events, and with them the mark's position: then the whole recording.
+        start = _training_starts.pop(index) if complete else 0
+        peak = {**live_at_peak(events, since=start), "window": "training" if start else "recording",
+                "recording_peak_gib": live_at_peak(events)["peak_gib"], "history_complete": complete}
         (directory / f"{name}-peak.json").write_text(json.dumps(peak, indent=1))
 
 
-def live_at_peak(events: list[dict]) -> dict:
-    """Replay one device's allocator events: the most bytes live at once, and the allocations live then, grouped
-    by allocation site (`_owner`) with their sizes summed, largest first. What was allocated before the
-    recording began is not in the events and not counted: a worker records from before its model's build."""
+def mark_training_start(device) -> None:
+    """Open the training window where the worker resets CUDA's peak counter before the steps, so that the peak
+    file's peak is the row's peak_alloc_gib (a build or warm-up that peaked higher is not it). No-op unless
+    `device` is recording."""
+    index = device.index or 0
+    if device.type == "cuda" and index in _training_starts:
+        import torch
+
+        _training_starts[index] = len(torch.cuda.memory._snapshot(device)["device_traces"][index])
+
+
+def live_at_peak(events: list[dict], since: int = 0) -> dict:
+    """Replay one device's allocator events: the most bytes live at once from event `since` on, and the
+    allocations live then, grouped by allocation site (`_owner`) with their sizes summed, largest first. The
+    window opens with what is live at `since` (as CUDA's peak counter does when reset). What was allocated before
+    the recording began is not in the events and not counted: a worker records from before its model's build."""
     live: dict[int, dict] = {}
     total = peak = 0
     at_peak: list[dict] = []
-    for event in events:
+    for i, event in enumerate(events):
+        if i == since:
+            peak, at_peak = total, list(live.values())
         action = event["action"]
         if action == "alloc":
             live[event["addr"]] = event
             total += event["size"]
-            if total > peak:
+            if total > peak and i >= since:
                 peak, at_peak = total, list(live.values())
         elif action == "free_completed" and event["addr"] in live:
             total -= live.pop(event["addr"])["size"]
+    if since >= len(events):  # the window opened after the last event: what was live then
+        peak, at_peak = total, list(live.values())
     groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for event in at_peak:
         group = groups[_owner(event.get("frames", []))]

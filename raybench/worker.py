@@ -331,6 +331,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     # are those of training, from here on.
     build_peaks = _peaks(ctx.device, held_gib, file_at_reset_gib, gpu_held_gib)
     _, file_at_reset_gib = _reset_peaks(ctx.device)
+    cuda_snapshot.mark_training_start(ctx.device)
     # The build of a warm actor's first trial on a model fills its weights cache: held for later trials.
     held_gib += _cache_gib() - cache_before_build_gib
     # Ranks of one tensor-parallel group share a batch: data is drawn per data-parallel rank.

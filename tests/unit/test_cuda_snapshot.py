@@ -49,6 +49,24 @@ def test_the_peak_is_what_was_live_at_once_grouped_by_the_model_line():
     assert peak["other_gib"] == 0
 
 
+def test_the_training_window_leaves_out_a_higher_build_peak():
+    """The peak file's peak is the row's peak_alloc_gib: CUDA's counter is reset after the build, so a build
+    that peaked higher (a full-precision copy of the weights, say) is not it; what the build left live is."""
+    events = [
+        alloc(1, 2.0, frame(MODEL, 50, "__init__")),  # the weights: held throughout
+        alloc(2, 6.0, frame(STEP, 40, "build")),  # the build's temporary: 8 live, the recording's peak
+        free(2, 6.0),
+        alloc(3, 1.0, frame(MODEL, 210, "forward")),  # the training window opens here, with 2 live
+        alloc(4, 2.0, frame(MODEL, 300, "forward")),  # its peak: 2 + 1 + 2
+        free(3, 1.0), free(4, 2.0),
+    ]
+    assert cuda_snapshot.live_at_peak(events)["peak_gib"] == pytest.approx(8.0)
+    training = cuda_snapshot.live_at_peak(events, since=3)
+    assert training["peak_gib"] == pytest.approx(5.0) and training["allocations"] == 3
+    # A window that opens after the last event holds what was live then.
+    assert cuda_snapshot.live_at_peak(events[:3], since=3)["peak_gib"] == pytest.approx(2.0)
+
+
 def test_a_cpu_rank_refuses_the_request(tmp_path):
     with (pytest.raises(ValueError, match="RAYBENCH_CUDA_MEMORY_SNAPSHOT=.*needs a CUDA device.*unset"),
           cuda_snapshot.recording(tmp_path / "snap", torch.device("cpu"), "t-rank0")):
