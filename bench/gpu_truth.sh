@@ -23,10 +23,13 @@ done
 run_sweep() {  # sweep file, seconds allowed
   echo "== $(date -u +%FT%TZ) raybench run $1 (limit $2 s)"
   timeout -k 30 "$2" python3 -m raybench run "$1" --store "$store" --quiet
-  echo "== exit $?"
+  local rc=$?
+  # The time says whether a 124 (the limit) came during the trials or after the summary was printed.
+  echo "== exit $rc at $(date -u +%FT%TZ)"
 }
 
 for stage in "$@"; do
+  echo "== $(date -u +%FT%TZ) stage $stage" | tee -a "$log"
   case $stage in
     env)
       nvidia-smi -q > "$out/nvidia-smi.txt"
@@ -42,7 +45,7 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     seed000) run_sweep sweeps/gpu-seed000-1gpu.yaml 190 ;;
     sac) run_sweep sweeps/gpu-sac-1b.yaml ${RAYBENCH_GPU_SAC_S:-540} ;;
     rehearse) run_sweep sweeps/gpu-rehearse-check.yaml ${RAYBENCH_GPU_REHEARSE_S:-540} ;;
-    recheck) run_sweep sweeps/gpu-h100-recheck.yaml 240 ;;
+    recheck) run_sweep sweeps/gpu-h100-recheck.yaml 330 ;;  # 6 trials took 239 s on an H100 (2026-11-26)
     # What holds DDP's peak (docs/results/rehearse-2026-11-26.md): the allocator's history of three steps, and
     # the tensors live at the peak by allocation site (OUT_DIR/snapshot/*-peak.json, printed to the log).
     snapshot) RAYBENCH_CUDA_MEMORY_SNAPSHOT=$out/snapshot timeout -k 10 240 \
