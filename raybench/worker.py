@@ -155,7 +155,7 @@ def run(payload: TrialPayload) -> dict | None:
     held_gib = held_from_earlier_trials_gib()
     prepare_process(payload.config)
     try:
-        with _recording(payload):
+        with _recording(payload), compile.trial_scope(payload.config.train):
             return _benchmark(payload, held_gib)
     except (RuntimeError, MemoryError) as err:
         # CUDA raises torch.OutOfMemoryError; the CPU allocator a plain RuntimeError ("can't allocate memory").

@@ -7,6 +7,7 @@ every FSDP2 hook. The HF forward must run with use_cache=False or each layer rec
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 
@@ -28,6 +29,20 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     for block in decoder_blocks(model):
         compiled_region(block, train).compile()
     return model
+
+
+def trial_scope(train: TrainSpec) -> contextlib.AbstractContextManager:
+    """What the whole trial (build, warm-up and steps: a block compiles at its first call) runs under: AOT
+    autograd's on-disk cache off for a compiled tensor-parallel trial, and as it was for every other trial.
+
+    A warm pool actor that ran compiled TP blocks before, other trials in between, crashed in a later compiled TP
+    trial (SIGSEGV in a block's first kernel, or AsyncCollectiveTensor's missing `.elem`) in 6 of 6 three-round
+    runs with the cache on, and in none with it off (docs/results/warm-fidelity-2026-11-26.md): a cached graph can
+    expect the other kind of block input (the collective's wrapper or a plain tensor). Scoped, so the actor's
+    other trials keep their cache hits; inductor's own FX graph cache stays on."""
+    if train.compile and train.tensor_parallel:
+        return torch._functorch.config.patch(enable_autograd_cache=False)
+    return contextlib.nullcontext()
 
 
 def compiled_region(block: nn.Module, train: TrainSpec) -> nn.Module:

@@ -68,3 +68,28 @@ def test_other_strategies_and_op_level_blocks_compile_with_their_checkpoint():
     for train in (TrainSpec(strategy="fsdp2", ac_ratio="1", compile=True),
                   TRAIN.model_copy(update={"ac_mode": "op"})):
         assert compile.compiled_region(block, train) is block
+
+
+def autograd_cache_lookups(train: TrainSpec) -> int:
+    """AOT autograd cache hits and misses of one inductor compile (forward and backward) under the trial's
+    scope; 0 when the cache is off."""
+    from torch._dynamo.utils import counters
+
+    def lookups() -> int:
+        return counters["aot_autograd"]["autograd_cache_hit"] + counters["aot_autograd"]["autograd_cache_miss"]
+
+    torch.compiler.reset()
+    before = lookups()
+    with compile.trial_scope(train):
+        x = torch.randn(8, requires_grad=True)
+        torch.compile(lambda t: (t.sin() * 2).sum())(x).backward()
+    return lookups() - before
+
+
+def test_compiled_tensor_parallel_trials_run_without_the_autograd_cache():
+    """A warm actor's later compiled TP trials crashed on cached graphs (docs/results/warm-fidelity-2026-11-26.md):
+    TP trials compile without AOT autograd's cache, the other trials keep it, and the setting is restored."""
+    assert autograd_cache_lookups(TrainSpec(strategy="fsdp2", compile=True)) == 1
+    assert autograd_cache_lookups(TRAIN) == 0
+    assert autograd_cache_lookups(TrainSpec(strategy="tp_fsdp2", tp_size=2, compile=True)) == 0
+    assert torch._functorch.config.enable_autograd_cache
