@@ -53,7 +53,7 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
               cat "$out"/snapshot/*-peak.json ;;
     # Every GPU test runs whatever another one does (no -x): each outcome is a measurement; -rA prints what the
     # passing ones printed (the compiled-block byte counts, CUDA against the CPU rehearsal).
-    tests) timeout -k 10 240 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
+    tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"
 done
