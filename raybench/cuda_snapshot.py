@@ -80,9 +80,10 @@ def recording(directory: Path, device, name: str) -> Iterator[None]:
         with open(directory / f"{name}.pickle", "wb") as f:
             pickle.dump(snapshot, f)
         events = snapshot["device_traces"][index]
+        start = _training_starts.pop(index)
         complete = len(events) < MAX_ENTRIES
-        # A full history lost its oldest events, and with them the mark's position: then the whole recording.
-        start = _training_starts.pop(index) if complete else 0
+        if not complete:  # a full history lost its oldest events, and with them the mark's position
+            start = 0
         peak = {**live_at_peak(events, since=start), "window": "training" if start else "recording",
                 "recording_peak_gib": live_at_peak(events)["peak_gib"], "history_complete": complete}
         (directory / f"{name}-peak.json").write_text(json.dumps(peak, indent=1))
