@@ -60,7 +60,8 @@ def fake_trace(trial, skip_propagation: bool = True) -> trace.StepTrace:
 # (trace.one_sequence_per_row).
 REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size": 2},
               "ddp": {"strategy": "ddp"}, "ddp-lora": {"strategy": "ddp", "finetune": "lora"},
-              "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256}}
+              "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256},
+              "ddp-liger": {"strategy": "ddp", "liger": True, "seq_len": 256}}
 
 
 def _real_rank(rank: int, world: int, init_file: str, out) -> None:
@@ -113,6 +114,16 @@ def test_fake_rank_matches_real_gloo_ranks(case, real):
     for category, real_gib in measured["resident_gib"].items():
         assert_close(fake.resident_gib[category], real_gib, f"resident {category}")
     assert_close(fake.peak_gib, sum(measured["memory_gib"].values()), "peak")
+
+
+def test_liger_is_traced_on_plain_tensors_only():
+    """Liger's reference operators take plain tensors: fsdp2 and ddp trials trace (and match real ranks above),
+    tensor-parallel ones fall back to the analytic estimate and say why."""
+    for strategy in ("fsdp2", "ddp"):
+        assert rehearsal.why_not_traceable(tiny_trial(2, strategy=strategy, liger=True).config) is None
+    for world, strategy in ((2, "tp"), (4, "tp_fsdp2")):
+        why = rehearsal.why_not_traceable(tiny_trial(world, strategy=strategy, tp_size=2, liger=True).config)
+        assert f"liger is not traced under {strategy}" in why and "DTensors" in why
 
 
 @pytest.mark.parametrize("world", [1, 2, 8])
