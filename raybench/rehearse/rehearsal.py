@@ -77,9 +77,6 @@ def why_not_traceable(config: TrialConfig) -> str | None:
         return f"strategy {train.strategy} is not traced (it needs real storage or communication)"
     if train.finetune == "qlora":
         return "qlora is not traced (bitsandbytes quantizes real weights on CUDA)"
-    if train.liger and train.tensor_parallel:
-        return (f"liger is not traced under {train.strategy} (its reference operators take plain tensors, "
-                "tensor-parallel blocks run on DTensors)")
     return None
 
 
