@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
-#   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env overhead validate seed000 sac rehearse recheck snapshot tests
+#   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env overhead validate seed000 sac rehearse recheck snapshot ddp-liger tests
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -51,6 +51,9 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     snapshot) RAYBENCH_CUDA_MEMORY_SNAPSHOT=$out/snapshot timeout -k 10 240 \
                 python3 -m raybench trial sweeps/gpu-ddp-snapshot.yaml 0 --store "$store"
               cat "$out"/snapshot/*-peak.json ;;
+    # ddp + Liger (needs the Liger wheel): the rehearsal traces it since 2026-11-26 (26.17 GiB, 0.170 s on an
+    # H100, docs/results/rehearse-2026-11-26.md §9); no GPU has run it. Its row lands in gpu-validate.parquet.
+    ddp-liger) timeout -k 10 240 python3 -m raybench trial sweeps/gpu-validate.yaml 9f29bd997b04e189 --store "$store" ;;
     # Every GPU test runs whatever another one does (no -x): each outcome is a measurement; -rA prints what the
     # passing ones printed (the compiled-block byte counts, CUDA against the CPU rehearsal).
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
