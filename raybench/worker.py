@@ -217,11 +217,12 @@ def warm_up(payload: TrialPayload, ctx: RankContext, shape: ModelShape) -> float
     the warm-up both start from the same state. Then the heap that exists is frozen out of the garbage
     collector's scans, so collections during the trial cost the same, and the global random generators are
     seeded with the trial's seed (dropout draws from them; a warm actor's would be wherever earlier trials left
-    them). torch.compile is left out: its state is reset between trials in every executor.
+    them). A compiled trial compiles the miniature too: the compiler's first use in a process (inductor's modules,
+    its code caches, its worker pool) would otherwise land in a fresh process's training peak and not in a warm
+    actor's; its compiled graphs are then dropped, so the trial compiles its own shapes from a clean state.
     """
     t0 = time.perf_counter()
-    train = payload.config.train.model_copy(update={"compile": False, "seq_len": WARM_UP_TOKENS, "micro_batch": 1,
-                                                    "grad_accum": 1})
+    train = payload.config.train.model_copy(update={"seq_len": WARM_UP_TOKENS, "micro_batch": 1, "grad_accum": 1})
     mini = miniature_shape(shape, train.tp_size)
     config = payload.config.model_copy(update={"train": train})
     trainable = build_and_wrap(payload.replace(config=config, weights_cache_gib=0.0), ctx, mini).trainable
@@ -229,6 +230,8 @@ def warm_up(payload: TrialPayload, ctx: RankContext, shape: ModelShape) -> float
     bench.train_step(trainable, iter([{"input_ids": ids, "labels": ids}]), train, ctx.device,
                      bench.PhaseClock(ctx.device))
     del trainable
+    if train.compile:
+        torch.compiler.reset()
     gc.collect()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)

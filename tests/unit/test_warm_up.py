@@ -1,0 +1,38 @@
+"""worker.warm_up: a compiled trial's warm-up compiles its miniature (so the compiler's first use in a process is
+not in a fresh process's training peak; docs/results/warm-fidelity-2026-11-26.md) and leaves no compiled graph
+behind for the trial's own shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._dynamo import convert_frame
+
+from raybench import worker
+from raybench.config import parse_sweep
+from raybench.plan import plan
+from raybench.rehearse.trace import init_fake_world
+from raybench.strategies import RankContext
+from raybench.techniques import compile
+
+
+@pytest.fixture
+def one_rank():
+    init_fake_world(0, 1)  # the strategy's collectives on a 1-rank group; the step itself runs for real
+    yield RankContext(0, 1, 0, torch.device("cpu"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_compiled_trials_warm_up_compiles_its_miniature_then_drops_it(one_rank, compiled):
+    spec = parse_sweep({"name": "warm-up", "model": {"preset": "tiny"},
+                        "train": {"strategy": "fsdp2", "steps": 2, "warmup_steps": 1, "seq_len": 32,
+                                  "precision": "fp32", "compile": compiled}})
+    (trial,) = plan(spec)
+    torch.compiler.reset()
+    before = compile.dynamo_counts()
+    worker.warm_up(trial.as_payload(), one_rank, trial.shape)
+    graphs = compile.compiled_since(before)["compile_graphs"]
+    assert graphs > 0 if compiled else graphs == 0
+    assert not convert_frame.input_codes.seen  # reset: the trial compiles its own shapes from a clean state
