@@ -17,10 +17,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from raybench import executors
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.trial import run_trial
+from raybench.drivers import executors
+from raybench.drivers.trial import run_trial
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 SHAPE = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
              num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024)

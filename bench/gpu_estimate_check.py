@@ -17,9 +17,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
-from raybench import store
-from raybench.config import parse_sweep
-from raybench.plan import plan
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_OF_NAME = {"NVIDIA H100 80GB HBM3": "H100 SXM"}  # nvidia-smi name -> the estimate's GPU table key

@@ -65,7 +65,7 @@ done
 python3 - "$store" "$out" <<'PY' 2>&1 | tee -a "$log"
 import sys
 import pyarrow.parquet as pq
-from raybench import store
+from raybench.results import store
 root, out = sys.argv[1], sys.argv[2]
 for sweep_dir in sorted(store.Path(root).glob("sweep=*")):
     sweep = sweep_dir.name.removeprefix("sweep=")

@@ -36,8 +36,8 @@ def bare_loop(trainable, batches, steps: int, sync) -> list[float]:
 
 
 def instrumented_loop(trainable, batches, train, device) -> list[float]:
-    from raybench import bench
-    from raybench.sampler import Sampler
+    from raybench.runtime import bench
+    from raybench.runtime.sampler import Sampler
 
     return bench.timed_loop(trainable, batches, train, device, Sampler(None)).step_times_s
 
@@ -46,11 +46,11 @@ def run_rank(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from raybench import data, strategies
-    from raybench.config import TrialConfig
-    from raybench.model import build_model
-    from raybench.plan import model_shape
-    from raybench.strategies import RankContext
+    from raybench.runtime import data, strategies
+    from raybench.runtime.model import build_model
+    from raybench.runtime.strategies import RankContext
+    from raybench.spec.presets import model_shape
+    from raybench.spec.sweep_spec import TrialConfig
 
     gpu = args.device == "cuda"
     dist.init_process_group("nccl" if gpu else "gloo")

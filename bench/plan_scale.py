@@ -13,8 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
-from raybench.config import load_sweep
-from raybench.plan import plan
+from raybench.planning.plan import plan
+from raybench.spec.load import load_sweep
 
 SWEEP = Path(__file__).resolve().parent.parent / "sweeps" / "grid-10k.yaml"
 

@@ -18,9 +18,9 @@ import statistics
 import tempfile
 import time
 
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.sweep import ray_cluster
+from raybench.drivers.sweep import ray_cluster
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 PARTS = ("wall_s", "loop_s", "worker_beyond_loop_s", "driver_side_s", "step_time_p50_s")
 
@@ -35,7 +35,7 @@ def main() -> None:
     trials = plan(spec)
     by_strategy: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as cache, ray_cluster(None):
-        from raybench.executors import pool  # imports Ray, which must follow ray_cluster's token set-up
+        from raybench.drivers.executors import pool  # imports Ray, which must follow ray_cluster's token set-up
 
         for index in range(args.trials):
             trial = trials[index % len(trials)]

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from raybench import calibration
+from raybench.planning import calibration
+from raybench.planning.plan import plan
 from raybench.rehearse import fitted, rehearsal
-from raybench.best import predicted_best
-from raybench.config import load_sweep
-from raybench.plan import plan
+from raybench.rehearse.choice import predicted_best
+from raybench.spec.load import load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = ("gpu-sac-1b", "gpu-seed000-1gpu")

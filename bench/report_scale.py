@@ -20,10 +20,10 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from raybench import compare, export, frames, report_files, store
-from raybench.config import load_sweep
-from raybench.plan import plan
-from raybench.trial import build_row
+from raybench.drivers.trial import build_row
+from raybench.planning.plan import plan
+from raybench.results import compare, export, frames, report_files, store
+from raybench.spec.load import load_sweep
 
 GRID = Path(__file__).resolve().parent.parent / "sweeps" / "grid-10k.yaml"
 SYSTEMS = {"site-a": 2619.0, "site-b": 1593.0}  # GPU memory clock, MHz

@@ -8,7 +8,7 @@ on the tiny preset, 2 CPU ranks per trial. Rows already stored in --store are re
 straight to phase 2.
 
 Phase 2 replays searchers offline against the recorded rows, many seeds each, with the product's own search
-code (`raybench.search.PlannedSearch` and `make_sampler`): a proposed point "costs" its recorded trial time.
+code (`raybench.drivers.search.PlannedSearch` and `make_sampler`): a proposed point "costs" its recorded trial time.
 Measured per run: the fraction of the whole grid's trial time spent until a trial within --within (3%) of the
 grid's best tok/s/device has been evaluated. Searchers: the grid in declared order, the grid in a random order,
 search.algo random, search.algo optuna (TPE), optuna with Optuna's default 10 random start-up proposals instead
@@ -25,11 +25,12 @@ import statistics
 import tempfile
 from collections.abc import Callable, Iterator
 
-from raybench import store
-from raybench.api import run_sweep
-from raybench.config import SweepSpec, parse_sweep
-from raybench.plan import PlannedTrial, plan
-from raybench.sweep import ray_cluster
+from raybench.drivers.api import run_sweep
+from raybench.drivers.sweep import ray_cluster
+from raybench.planning.plan import PlannedTrial, plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
+from raybench.spec.sweep_spec import SweepSpec
 
 METRIC = "tok_per_s_per_device"
 GRID = {"train.ac_ratio": ["0", "1/4", "1/2", "3/4", "1"], "train.micro_batch": [1, 2, 4, 8],
@@ -79,11 +80,11 @@ def replay_search(spec: SweepSpec, recorded: dict, target: float, algo: str, see
     """(trial seconds spent, points run) until the searcher evaluated a point reaching `target`; nan if it
     stopped first. Each proposal is answered with the recorded rows of its trials, as a driver would.
     `tpe_startup` replaces the product's TPE start-up rule (for comparison with Optuna's default)."""
-    # Imported here: raybench.search imports ray, which must come after the embedded Ray's auth is chosen.
+    # Imported here: raybench.drivers.search imports ray, which must come after the embedded Ray's auth is chosen.
     import optuna
     from ray.tune.search import Searcher
 
-    from raybench.search import PlannedSearch, SearchSpace, make_sampler
+    from raybench.drivers.search import PlannedSearch, SearchSpace, make_sampler
 
     space = SearchSpace(spec, plan(spec, keep_invalid=True))
     sampler = make_sampler(algo, seed, len(space.points)) if tpe_startup is None else \

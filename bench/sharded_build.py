@@ -46,11 +46,11 @@ def child(candidate: str, preset: str, weights_dir: str, out: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from raybench.config import ModelSpec, TrainSpec
-    from raybench.model import build_meta, fill
-    from raybench.presets import PRESETS
-    from raybench.strategies import RankContext, fsdp2
-    from raybench.techniques import lora
+    from raybench.runtime.model import build_meta, fill
+    from raybench.runtime.strategies import RankContext, fsdp2
+    from raybench.runtime.techniques import lora
+    from raybench.spec.presets import PRESETS
+    from raybench.spec.sweep_spec import ModelSpec, TrainSpec
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -113,8 +113,8 @@ def run(candidate: str, preset: str, ranks: int, weights_dir: str) -> dict:
 def save_weights(preset: str, directory: Path) -> None:
     import torch
 
-    from raybench.config import ModelSpec
-    from raybench.model import build_model
+    from raybench.runtime.model import build_model
+    from raybench.spec.sweep_spec import ModelSpec
 
     model, _ = build_model(ModelSpec(preset=preset), torch.device("cpu"), seed=0)
     model.save_pretrained(directory, safe_serialization=True, max_shard_size="500MB")

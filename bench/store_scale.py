@@ -36,11 +36,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from raybench import compaction, query, store
-from raybench.api import AUTO_COMPACT_FILES
-from raybench.config import load_sweep
-from raybench.plan import plan
-from raybench.trial import build_row
+from raybench.drivers.api import AUTO_COMPACT_FILES
+from raybench.drivers.trial import build_row
+from raybench.planning.plan import plan
+from raybench.results import compaction, query, store
+from raybench.spec.load import load_sweep
 
 GRID = Path(__file__).resolve().parent.parent / "sweeps" / "grid-10k.yaml"
 SWEEPS = 10

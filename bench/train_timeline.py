@@ -22,10 +22,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from raybench.config import parse_sweep
-from raybench.executors import train
-from raybench.plan import plan
-from raybench.sweep import OWNER_FILE, TEMP_ROOT, ray_cluster
+from raybench.drivers.executors import train
+from raybench.drivers.sweep import OWNER_FILE, TEMP_ROOT, ray_cluster
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 # The controller's log lines that mark each step (the start of the message is enough).
 MOMENTS = {

@@ -20,11 +20,11 @@ import json
 import statistics
 import tempfile
 
-from raybench import executors
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.sweep import ray_cluster
-from raybench.trial import run_trial
+from raybench.drivers import executors
+from raybench.drivers.sweep import ray_cluster
+from raybench.drivers.trial import run_trial
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 CONFIGS = {
     "ddp": {"train.strategy": "ddp"},

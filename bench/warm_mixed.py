@@ -16,10 +16,10 @@ import json
 import tempfile
 import time
 
-from raybench import store
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.sweep import ray_cluster, run_planned
+from raybench.drivers.sweep import ray_cluster, run_planned
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 
 def sweep_spec(name: str, setups: list[dict], steps: int):

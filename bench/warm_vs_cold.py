@@ -19,10 +19,10 @@ import statistics
 import tempfile
 import time
 
-from raybench import store
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.sweep import ray_cluster, run_planned
+from raybench.drivers.sweep import ray_cluster, run_planned
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 EXECUTORS = ("pool", "train", "torchrun")
 

@@ -11,7 +11,7 @@ __all__ = ["load_sweep", "plan", "read_results", "run_sweep"]
 
 def __getattr__(name: str):
     if name in __all__:
-        from raybench import api  # the API's modules load pyarrow (the store): on first use only
+        from raybench.drivers import api  # the API's modules load pyarrow (the store): on first use only
 
         return getattr(api, name)
     raise AttributeError(f"module 'raybench' has no attribute {name!r}")

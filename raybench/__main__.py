@@ -2,6 +2,6 @@
 
 import sys
 
-from raybench.cli import main
+from raybench.cli.main import main
 
 sys.exit(main())

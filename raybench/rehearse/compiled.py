@@ -16,15 +16,15 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from raybench import strategies
-from raybench.config import TrainSpec, TrialConfig
-from raybench.model import decoder_blocks
-from raybench.presets import ModelShape
 from raybench.rehearse.roofline import Roofline, fusable
 from raybench.rehearse.trace import fake_mode, init_fake_world, liger_rope, unwrapped_model
-from raybench.schema import GIB
-from raybench.strategies import tp
-from raybench.techniques import activation_checkpointing
+from raybench.runtime import strategies
+from raybench.runtime.model import decoder_blocks
+from raybench.runtime.strategies import tp
+from raybench.runtime.techniques import activation_checkpointing
+from raybench.spec.presets import ModelShape
+from raybench.spec.schema import GIB
+from raybench.spec.sweep_spec import TrainSpec, TrialConfig
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from raybench.config import TrialConfig
-from raybench.presets import ModelShape
 from raybench.rehearse.compiled import compiled_block_saving_gib
 from raybench.rehearse.fitted import ALLOCATOR_RESERVE, ROOFLINE_EFFICIENCY
 from raybench.rehearse.roofline import Roofline, flop_formulas, gpu_roofline
@@ -24,8 +22,10 @@ from raybench.rehearse.trace import (
     one_sequence_per_row,
     unwrapped_model,
 )
-from raybench.schema import GIB
-from raybench.techniques import activation_checkpointing
+from raybench.runtime.techniques import activation_checkpointing
+from raybench.spec.presets import ModelShape
+from raybench.spec.schema import GIB
+from raybench.spec.sweep_spec import TrialConfig
 
 
 def _sac_estimator(roofline: Roofline):

@@ -11,9 +11,7 @@ from fractions import Fraction
 import torch
 import torch.distributed as dist
 
-from raybench.config import TrialConfig
-from raybench.plan import checkpointed_blocks, config_id
-from raybench.presets import ModelShape
+from raybench.planning.plan import config_id
 from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block_traffic
 from raybench.rehearse.fitted import ALLOCATOR_RESERVE, ROOFLINE_EFFICIENCY
 from raybench.rehearse.policy import block_ops
@@ -27,7 +25,10 @@ from raybench.rehearse.trace import (
     traced_config,
     traced_train,
 )
-from raybench.strategies import RankContext
+from raybench.runtime.strategies import RankContext
+from raybench.spec.presets import ModelShape
+from raybench.spec.sac import checkpointed_blocks
+from raybench.spec.sweep_spec import TrialConfig
 
 
 @dataclass

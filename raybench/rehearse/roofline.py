@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from raybench.hardware import matmul_efficiency, memory_bandwidth_tb_per_s, peak_tflops
 from raybench.rehearse.fitted import ROOFLINE_REFERENCE_GPU
-from raybench.techniques import liger_reference
+from raybench.runtime.techniques import liger_reference
+from raybench.spec.hardware import matmul_efficiency, memory_bandwidth_tb_per_s, peak_tflops
 
 
 def flop_formulas() -> dict:

@@ -21,16 +21,16 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
 
-from raybench import bench, strategies
-from raybench.config import TrainSpec, TrialConfig
-from raybench.materialize import to_empty_keeping_ties
-from raybench.model import build_meta
-from raybench.presets import ModelShape
 from raybench.rehearse.roofline import Roofline, fusable, gpu_roofline
-from raybench.schema import GIB
-from raybench.strategies import RankContext
-from raybench.techniques import liger_reference
-from raybench.worker import prepare_model
+from raybench.runtime import bench, strategies
+from raybench.runtime.materialize import to_empty_keeping_ties
+from raybench.runtime.model import build_meta
+from raybench.runtime.strategies import RankContext
+from raybench.runtime.techniques import liger_reference
+from raybench.runtime.worker import prepare_model
+from raybench.spec.presets import ModelShape
+from raybench.spec.schema import GIB
+from raybench.spec.sweep_spec import TrainSpec, TrialConfig
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 # Strategies the fake process group can drive. DeepSpeed's engine needs real communication and storage at
@@ -391,7 +391,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         with mode:
             to_empty_keeping_ties(model, ctx.device)  # as the worker does: a tied head stays the embedding
         if not fake:  # real runs need real values for a finite loss; fake ones have none to give
-            from raybench.model import fill
+            from raybench.runtime.model import fill
 
             fill(model, ctx.device, source, info, whole)
 

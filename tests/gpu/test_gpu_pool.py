@@ -8,11 +8,11 @@ import pytest
 import ray
 import torch
 
-from raybench import store
-from raybench.config import parse_sweep
-from raybench.executors.pool import manager
-from raybench.plan import plan
-from raybench.sweep import ray_cluster, run_planned
+from raybench.drivers.executors.pool import manager
+from raybench.drivers.sweep import ray_cluster, run_planned
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -43,7 +43,7 @@ def test_liger_and_zero3_patches_are_restored():
     import torch.nn.functional as F
     from transformers.models.llama import modeling_llama
 
-    from raybench import isolation
+    from raybench.runtime import isolation
 
     linear, rms_norm = F.linear, modeling_llama.LlamaRMSNorm
     before = isolation.snapshot()

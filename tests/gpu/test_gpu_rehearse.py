@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from raybench.config import parse_sweep
-from raybench.plan import plan
+from raybench.planning.plan import plan
 from raybench.rehearse import compiled
-from raybench.schema import GIB
+from raybench.spec.load import parse_sweep
+from raybench.spec.schema import GIB
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compiled_blocks import saved_by_real_inductor  # noqa: E402

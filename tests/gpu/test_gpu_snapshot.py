@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from raybench.config import parse_sweep
-from raybench.executors import torchrun
-from raybench.plan import plan
+from raybench.drivers.executors import torchrun
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raybench.config import parse_sweep
-from raybench.executors import torchrun
-from raybench.plan import plan
+from raybench.drivers.executors import torchrun
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -67,9 +67,9 @@ def test_flash_attention_2(data):
 
 
 def test_cuda_oom_is_an_oom_row_with_memory_at_oom(tmp_path):
-    from raybench.executors import get
-    from raybench.store import read_results
-    from raybench.trial import run_trial
+    from raybench.drivers.executors import get
+    from raybench.drivers.trial import run_trial
+    from raybench.results.store import read_results
 
     # Logits alone: 4096 x 2048 x 2000 fp32 = 67 GB, beyond one 80 GB GPU with the rest of the step.
     spec = parse_sweep({"name": "gpu-oom", "model": {"preset": "tiny"},
@@ -89,9 +89,9 @@ def test_qlora_counts_the_weights_not_the_packed_storage():
     pytest.importorskip("bitsandbytes")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from raybench.config import TrainSpec
-    from raybench.model import count_params
-    from raybench.techniques import qlora
+    from raybench.runtime.model import count_params
+    from raybench.runtime.techniques import qlora
+    from raybench.spec.sweep_spec import TrainSpec
 
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=128)

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from raybench import cli, store
+from raybench.cli import main as cli
+from raybench.results import store
 
 pytestmark = pytest.mark.integration
 

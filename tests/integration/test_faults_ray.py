@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from raybench import store
-from raybench.sweep import OWNER_FILE, TEMP_ROOT
+from raybench.drivers.sweep import OWNER_FILE, TEMP_ROOT
+from raybench.results import store
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def _write(tmp_path, body: str) -> Path:
 
 def _start(sweep: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    return subprocess.Popen([sys.executable, "-m", "raybench.cli", "run", str(sweep)], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "raybench", "run", str(sweep)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

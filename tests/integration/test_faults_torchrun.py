@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from raybench import cli, store
+from raybench.cli import main as cli
+from raybench.results import store
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ def _ranks() -> dict[int, psutil.Process]:
     found = {}
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "raybench.worker" in proc.cmdline() and "RANK" in proc.environ():
+            if "raybench.runtime.worker" in proc.cmdline() and "RANK" in proc.environ():
                 found[int(proc.environ()["RANK"])] = proc
         except psutil.Error:
             continue

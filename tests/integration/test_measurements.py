@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from raybench import executors, store
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.trial import run_trial
+from raybench.drivers import executors
+from raybench.drivers.trial import run_trial
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 pytestmark = pytest.mark.integration
 SECRETS = {"HF_TOKEN": "hf_s3cr3tvalue111", "WANDB_API_KEY": "wandb-s3cr3t-222", "TORCH_FAKE_API_KEY": "s3cr3t-333"}

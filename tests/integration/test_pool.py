@@ -11,12 +11,12 @@ import time
 import pytest
 import ray
 
-from raybench import store
-from raybench.config import parse_sweep
-from raybench.executors.pool import manager
-from raybench.plan import plan
-from raybench.progress import SweepProgress
-from raybench.sweep import ray_cluster, run_planned
+from raybench.drivers.executors.pool import manager
+from raybench.drivers.progress import SweepProgress
+from raybench.drivers.sweep import ray_cluster, run_planned
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -80,8 +80,8 @@ def test_failed_trial_keeps_group_usable(cluster, tmp_path, model_dir):
                        "resources": {"workers": 2}})
     rows = run(bad, tmp_path)
     assert list(rows.status) == ["error"] and "fewer than one sequence" in rows.message.iloc[0]
-    # The failing rank's own traceback, for debugging later: its frames down to the raise in raybench.data.
-    assert 'raybench/data.py", line' in rows.error_detail.iloc[0] and "\x1b" not in rows.error_detail.iloc[0]
+    # The failing rank's own traceback, for debugging later: its frames down to the raise in raybench.runtime.data.
+    assert 'raybench/runtime/data.py", line' in rows.error_detail.iloc[0] and "\x1b" not in rows.error_detail.iloc[0]
     rows = run(pool_sweep("pool-after-fail", {"train.lr": [1e-4]}), tmp_path)
     assert list(rows.status) == ["ok"]
     assert {g["id"] for g in groups()} == before  # the same group served the failing and the next trial

@@ -8,7 +8,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from raybench import cli, read_results
+from raybench import read_results
+from raybench.cli import main as cli
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

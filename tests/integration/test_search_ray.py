@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from raybench import cli, store
-from raybench.api import run_sweep
-from raybench.config import parse_sweep
-from raybench.sweep import ray_cluster
+from raybench.cli import main as cli
+from raybench.drivers.api import run_sweep
+from raybench.drivers.sweep import ray_cluster
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from raybench.config import parse_sweep
-from raybench.executors import torchrun
-from raybench.plan import plan
+from raybench.drivers.executors import torchrun
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 pytestmark = pytest.mark.integration
 VALUES_SCRIPT = Path(__file__).with_name("sharded_values.py")
@@ -80,8 +80,8 @@ def test_sharded_random_init_costs_each_rank_under_half_the_model(tmp_path):
 def test_weights_from_a_directory_cost_the_node_about_one_copy(tmp_path):
     import torch
 
-    from raybench.config import ModelSpec
-    from raybench.model import build_model
+    from raybench.runtime.model import build_model
+    from raybench.spec.sweep_spec import ModelSpec
 
     model, _ = build_model(ModelSpec(preset="llama-3.2-1b"), torch.device("cpu"), seed=0)
     # Several files, as checkpoints of this size ship: each rank maps one file at a time while reading.

@@ -29,7 +29,7 @@ from slurm_cluster import missing_reason, slurm_cluster  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-RAYBENCH = [sys.executable, "-m", "raybench.cli"]
+RAYBENCH = [sys.executable, "-m", "raybench"]
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import itertools
 
 import pytest
 
-from raybench.config import parse_sweep
-from raybench.executors import torchrun
-from raybench.plan import plan
+from raybench.drivers.executors import torchrun
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,8 @@ CASES = {
     # compiled: its checkpointed blocks compile inside their checkpoints (compile.compiled_region)
     "tp": ({"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2", "optimizer": "adamw_fused", "compile": True}, {}, 2),
     "tp-fsdp2": ({"strategy": "tp_fsdp2", "tp_size": 2}, {}, 4),
-    # Sharded builds give every rank its part of the same random init at any world size (raybench/materialize.py).
+    # Sharded builds give every rank its part of the same random init at any world size
+    # (raybench/runtime/materialize.py).
     "fsdp2": ({"strategy": "fsdp2"}, {}, 2),
     "fsdp2-1rank": ({"strategy": "fsdp2"}, {}, 1),
     "ddp-4ranks": ({}, {}, 4),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from raybench import cli, store
+from raybench.cli import main as cli
+from raybench.results import store
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ import time
 
 import psutil
 
-from raybench.config import parse_sweep
-from raybench.executors import train
-from raybench.plan import plan
-from raybench.sweep import DRIVER_RESOURCE, ray_cluster
+from raybench.drivers.executors import train
+from raybench.drivers.sweep import DRIVER_RESOURCE, ray_cluster
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
 
 GRACE_S = 30  # an actor whose owner let go of it is reaped within seconds
 PER_TRIAL = ("ray::TrainController", "ray::DatasetManager")  # actors each Train run starts

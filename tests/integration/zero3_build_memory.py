@@ -11,11 +11,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from raybench.config import ModelSpec, TrainSpec
-from raybench.model import build_meta, fill
-from raybench.strategies import RankContext, deepspeed
-from raybench.techniques import lora
-from raybench.worker import _peak_host_memory_gib, _reset_peaks
+from raybench.runtime.model import build_meta, fill
+from raybench.runtime.strategies import RankContext, deepspeed
+from raybench.runtime.techniques import lora
+from raybench.runtime.worker import _peak_host_memory_gib, _reset_peaks
+from raybench.spec.sweep_spec import ModelSpec, TrainSpec
 
 CPU = torch.device("cpu")
 

@@ -10,10 +10,10 @@ from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from pathlib import Path
 
-from raybench import store
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.trial import build_row
+from raybench.drivers.trial import build_row
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 SWEEP = "planted"
 # What separates the two GPU systems (seed 000's finding, plus an interconnect and a library version).

@@ -19,7 +19,7 @@ def test_import_raybench_loads_no_pyarrow_torch_or_ray():
     # ... and the public API is still there, loaded on first use.
     code = "import raybench; print(raybench.load_sweep.__module__, raybench.run_sweep.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["raybench.config", "raybench.api"]
+    assert out.split() == ["raybench.spec.load", "raybench.drivers.api"]
 
 
 # Private Ray APIs raybench relies on (Ray is pinned): each behind one function, and pinned by a test of its own.
@@ -39,3 +39,29 @@ def test_no_module_imports_another_modules_private_names():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ray._private"):
                 offenders.append(f"{path.name}: {node.module}")
     assert sorted(set(offenders) - ALLOWED_PRIVATE) == []
+
+
+def test_a_ranks_modules_load_no_pyarrow():
+    """A synthetic trial's ranks import the worker and every strategy: none of that loads the store's pyarrow."""
+    code = ("import sys, raybench.runtime.worker, raybench.runtime.strategies.fsdp2; "
+            "print('pyarrow' in sys.modules, 'ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def _imported_roots(tree: ast.AST) -> set[str]:
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_only_the_drivers_import_ray():
+    """Every module of the package is scanned (function-level imports included): Ray belongs to the drivers."""
+    importers = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if "ray" in _imported_roots(ast.parse(p.read_text()))}
+    assert importers, "the scan found no Ray import at all: it is not looking at the package"
+    assert sorted(p for p in importers if not p.startswith("drivers/")) == []

@@ -17,10 +17,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raybench import cli
-from raybench.config import ConfigError, SweepSpec, load_sweep, parse_ratio, parse_sweep
-from raybench.plan import plan
-from raybench.sweep import TEMP_ROOT
+from raybench.cli import main as cli
+from raybench.drivers.sweep import TEMP_ROOT
+from raybench.planning.plan import plan
+from raybench.spec.errors import ConfigError
+from raybench.spec.load import load_sweep, parse_sweep
+from raybench.spec.sweep_spec import SweepSpec
+from raybench.spec.values import parse_ratio
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "bad_sweeps"
 BAD = sorted(CORPUS.glob("*.yaml"))
@@ -68,7 +71,7 @@ def test_bad_sweep_exits_2_and_launches_nothing(path, tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["ac_ratio_code", "yaml_python_tag", "unknown_train_key"])
 def test_bad_sweep_as_a_real_process(name):
-    proc = subprocess.run([sys.executable, "-m", "raybench.cli", "validate", str(CORPUS / f"{name}.yaml")],
+    proc = subprocess.run([sys.executable, "-m", "raybench", "validate", str(CORPUS / f"{name}.yaml")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
     assert _expected_field(CORPUS / f"{name}.yaml") in proc.stderr

@@ -7,11 +7,12 @@ from fractions import Fraction
 
 import pytest
 
-from raybench import cli, store
-from raybench.best import best_configs, best_per_axis_value, front_report, read_rows
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.trial import build_row
+from raybench.cli import main as cli
+from raybench.drivers.trial import build_row
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.results.best import best_configs, best_per_axis_value, front_report, read_rows
+from raybench.spec.load import parse_sweep
 
 # One sweep per system (a trial id names a configuration, not the machine it ran on).
 GPUS = {"sac-h100": ("NVIDIA H100 80GB HBM3", 1000.0), "sac-a100": ("NVIDIA A100-SXM4-40GB", 400.0)}

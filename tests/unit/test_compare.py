@@ -10,11 +10,13 @@ import pandas as pd
 import pytest
 from planted_rows import GPU_SYSTEMS, plant_gpu_store
 
-from raybench import compare, fingerprint, frames, store
-from raybench.cli import main
-from raybench.config import ConfigError, parse_sweep
-from raybench.plan import plan
-from raybench.trial import build_row
+from raybench.cli.main import main
+from raybench.drivers.trial import build_row
+from raybench.planning.plan import plan
+from raybench.results import compare, frames, store
+from raybench.runtime import fingerprint
+from raybench.spec.errors import ConfigError
+from raybench.spec.load import parse_sweep
 
 PLANTED_DIFFERENCES = {"gpu_mem_clock_max_mhz", "interconnect", "allreduce_busbw_gbps", "nccl_version"}
 

@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from raybench.techniques import compile
+from raybench.runtime.techniques import compile
 
 
 class Breaking(torch.nn.Module):

@@ -6,8 +6,10 @@ from fractions import Fraction
 
 import pytest
 
-from raybench import cli
-from raybench.config import ConfigError, load_sweep, parse_ratio, parse_sweep
+from raybench.cli import main as cli
+from raybench.spec.errors import ConfigError
+from raybench.spec.load import load_sweep, parse_sweep
+from raybench.spec.values import parse_ratio
 
 BASE = {"name": "t", "model": {"preset": "tiny"}}
 

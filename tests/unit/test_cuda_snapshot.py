@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raybench import cuda_snapshot
-from raybench.cli import main
-from raybench.schema import GIB
+from raybench.cli.main import main
+from raybench.runtime import cuda_snapshot
+from raybench.spec.schema import GIB
 
 MODEL = "/site-packages/transformers/models/llama/modeling_llama.py"
-STEP = "/work/raybench/strategies/__init__.py"
+STEP = "/work/raybench/runtime/strategies/__init__.py"
 
 
 def frame(filename: str, line: int, name: str) -> dict:
@@ -44,7 +44,7 @@ def test_the_peak_is_what_was_live_at_once_grouped_by_the_model_line():
     assert peak["peak_gib"] == pytest.approx(9.0) and peak["allocations"] == 4
     groups = {g["allocated_at"]: (g["gib"], g["allocations"]) for g in peak["groups"]}
     assert groups == {"transformers/models/llama/modeling_llama.py:210:forward": (4.0, 2),
-                      "/work/raybench/strategies/__init__.py:90:setup": (4.0, 1),
+                      "/work/raybench/runtime/strategies/__init__.py:90:setup": (4.0, 1),
                       "transformers/models/llama/modeling_llama.py:300:forward": (1.0, 1)}
     assert peak["other_gib"] == 0
 

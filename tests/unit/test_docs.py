@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from raybench.reference import render
+from raybench.spec.reference import render
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_sweep_reference_is_current():
     assert (REPO / "docs" / "sweep-reference.md").read_text() == render(), (
-        "regenerate: python -m raybench.reference > docs/sweep-reference.md")
+        "regenerate: python -m raybench.spec.reference > docs/sweep-reference.md")

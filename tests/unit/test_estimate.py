@@ -12,12 +12,16 @@ from fractions import Fraction
 
 import pytest
 
-from raybench import calibration, cli, estimate, report, store
-from raybench.api import run_sweep
-from raybench.config import LoraSpec, TrainSpec, TrialConfig, parse_sweep
-from raybench.plan import checkpointed_blocks, plan
-from raybench.presets import PRESETS, ModelShape
-from raybench.trial import build_row
+from raybench.cli import main as cli
+from raybench.drivers.api import run_sweep
+from raybench.drivers.trial import build_row
+from raybench.planning import calibration, estimate, tables
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
+from raybench.spec.presets import PRESETS, ModelShape
+from raybench.spec.sac import checkpointed_blocks
+from raybench.spec.sweep_spec import LoraSpec, TrainSpec, TrialConfig
 
 GIB = 2**30
 # Llama-3-8B by hand: hidden 4096, 32 layers, 32 heads of 128, 8 KV heads (1024), MLP 14336, vocab 128256.
@@ -55,8 +59,8 @@ def test_parameter_counts_match_published_sizes():
 def test_parameter_counts_match_a_real_model(model_type):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from raybench.model import count_params
-    from raybench.techniques import lora
+    from raybench.runtime.model import count_params
+    from raybench.runtime.techniques import lora
 
     shape = ModelShape(model_type, 64, 2, 4, 2, 96, 300, 512, model_type == "qwen2")  # qwen2: biases, tied head
     hf = AutoConfig.for_model(model_type, **shape.hf_config_kwargs())
@@ -190,7 +194,7 @@ def _saved_bytes_per_token(model, batch: int, seq: int, autocast: bool) -> float
     """
     import torch
 
-    from raybench.model import decoder_blocks
+    from raybench.runtime.model import decoder_blocks
 
     inside = [False]
     block = decoder_blocks(model)[1]
@@ -221,7 +225,7 @@ def test_block_activations_match_what_torch_saves(strategy, precision, finetune,
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from raybench.techniques import lora
+    from raybench.runtime.techniques import lora
 
     shape = ModelShape("llama", 256, 3, 4, 2, 512, 1000, 2048, False)
     train = TrainSpec(strategy=strategy, precision=precision, finetune=finetune,
@@ -376,6 +380,6 @@ def test_skipped_trials_become_rows_once_and_never_hide_a_measurement(tmp_path):
 
 def test_estimate_table_puts_an_invalid_points_reason_under_status(tmp_path):
     sweep = tiny_sweep(tmp_path, {}, **{"train.tp_size": [1, 3]})  # tp 3 on 2 workers: invalid
-    table = report.estimate_table(plan(parse_sweep(sweep), keep_invalid=True))
+    table = tables.estimate_table(plan(parse_sweep(sweep), keep_invalid=True))
     header, invalid = table.splitlines()[0], [line for line in table.splitlines() if "invalid:" in line]
     assert len(invalid) == 1 and invalid[0].index("invalid:") == header.index("status")

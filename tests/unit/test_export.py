@@ -13,9 +13,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from planted_rows import plant_gpu_store
 
-from raybench import export, store
-from raybench.cli import main
-from raybench.config import ConfigError
+from raybench.cli.main import main
+from raybench.results import export, store
+from raybench.spec.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""raybench.isolation on the real modules: what a trial changes process-wide is found and put back."""
+"""raybench.runtime.isolation on the real modules: what a trial changes process-wide is found and put back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama import modeling_llama
 
-from raybench import isolation
+from raybench.runtime import isolation
 
 
 def test_patched_names_flags_and_environment_are_restored():

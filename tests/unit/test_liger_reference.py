@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama
 
-from raybench.techniques import liger_reference
+from raybench.runtime.techniques import liger_reference
 
 
 def tiny_llama() -> LlamaForCausalLM:

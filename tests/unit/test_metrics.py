@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raybench import hardware, metrics
+from raybench.spec import hardware, metrics
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
@@ -79,9 +79,9 @@ def _measured_row(step_times_s: list[float], tokens_per_step: int, nonpad_tokens
 
 
 def test_row_projection_uses_real_tokens_and_the_mean_step():
-    from raybench.config import parse_sweep
-    from raybench.plan import plan
-    from raybench.trial import build_row
+    from raybench.drivers.trial import build_row
+    from raybench.planning.plan import plan
+    from raybench.spec.load import parse_sweep
 
     spec = parse_sweep({"name": "proj", "model": {"preset": "tiny"}, "resources": {"workers": 2},
                         "projection": {"dataset_tokens": 1e6, "epochs": 2}})
@@ -97,7 +97,7 @@ def test_row_projection_uses_real_tokens_and_the_mean_step():
 
 
 def test_bus_bandwidth_formula_matches_nccl_tests():
-    from raybench.probe import bus_bandwidth_gbps
+    from raybench.runtime.probe import bus_bandwidth_gbps
 
     # nccl-tests: 8 ranks, 1 GB in 10 ms -> algbw 100 GB/s, busbw = 100 * 2 * 7 / 8 = 175 GB/s.
     assert bus_bandwidth_gbps(10**9, 0.01, 8) == pytest.approx(175.0)

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from raybench import data
-from raybench.config import ModelSpec
-from raybench.model import build_meta, build_model, count_params, decoder_blocks
+from raybench.runtime import data
+from raybench.runtime.model import build_meta, build_model, count_params, decoder_blocks
+from raybench.spec.sweep_spec import ModelSpec
 
 
 @pytest.mark.parametrize("preset, billions", [("llama-3.2-1b", 1.236), ("llama-3-8b", 8.03), ("qwen2.5-14b", 14.77)])
@@ -63,8 +63,8 @@ def test_pack_and_pad():
 
 
 def test_text_batches_mask_padding_in_labels(model_dir, alpaca_file):
-    from raybench.config import TrialConfig
-    from raybench.plan import model_shape
+    from raybench.spec.presets import model_shape
+    from raybench.spec.sweep_spec import TrialConfig
 
     config = TrialConfig.model_validate({
         "model": {"path": str(model_dir)},
@@ -81,7 +81,7 @@ def test_text_batches_mask_padding_in_labels(model_dir, alpaca_file):
 def test_tokenized_data_cached_as_arrow_and_keyed_by_content(tmp_path, model_dir, alpaca_file, packing):
     import pyarrow as pa
 
-    from raybench.config import DataSpec
+    from raybench.spec.sweep_spec import DataSpec
 
     spec = DataSpec(source="json", path=str(alpaca_file), packing=packing)
     data._MEMORY_CACHE.clear()
@@ -107,10 +107,10 @@ def test_only_padded_batches_reach_the_model_with_a_mask(model_dir, alpaca_file,
     device, a host sync per micro-batch); the non-padding token count is the same as with a mask."""
     import contextlib
 
-    from raybench import bench
-    from raybench.config import TrialConfig
-    from raybench.plan import model_shape
-    from raybench.strategies import Trainable
+    from raybench.runtime import bench
+    from raybench.runtime.strategies import Trainable
+    from raybench.spec.presets import model_shape
+    from raybench.spec.sweep_spec import TrialConfig
 
     config = TrialConfig.model_validate({
         "model": {"path": str(model_dir)},
@@ -147,10 +147,10 @@ def test_large_presets_build_on_the_meta_device_without_allocating():
     """The worker builds every model on meta first; a 72B shape must cost no memory until its shards are made."""
     import resource
 
-    from raybench import estimate
-    from raybench.config import TrainSpec
-    from raybench.model import build_meta
-    from raybench.presets import PRESETS
+    from raybench.planning import estimate
+    from raybench.runtime.model import build_meta
+    from raybench.spec.presets import PRESETS
+    from raybench.spec.sweep_spec import TrainSpec
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     model, source, _ = build_meta(ModelSpec(preset="qwen2.5-72b"), seed=0)
@@ -164,7 +164,7 @@ def test_large_presets_build_on_the_meta_device_without_allocating():
 def test_a_tied_output_head_stays_the_embedding_after_materializing():
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from raybench.materialize import materialize
+    from raybench.runtime.materialize import materialize
 
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -179,8 +179,8 @@ def test_a_tied_output_head_stays_the_embedding_after_materializing():
 def test_warm_up_miniature_keeps_the_architecture_and_divides_by_tp(preset, tp_size):
     """Every executor warms up on a miniature of the trial's architecture (worker.warm_up): same transformers
     class and tying, two blocks, heads a TP wrap can split."""
-    from raybench.presets import PRESETS
-    from raybench.worker import miniature_shape
+    from raybench.runtime.worker import miniature_shape
+    from raybench.spec.presets import PRESETS
 
     shape = PRESETS[preset]
     mini = miniature_shape(shape, tp_size)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from raybench.config import load_sweep, parse_sweep
-from raybench.plan import checkpointed_blocks, plan
+from raybench.planning.plan import plan
+from raybench.spec.load import load_sweep, parse_sweep
+from raybench.spec.sac import checkpointed_blocks
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -68,7 +69,7 @@ def test_committed_gpu_rows_keep_their_ids():
 
 
 def test_plan_output_identical_across_processes():
-    cmd = [sys.executable, "-m", "raybench.cli", "plan", str(REPO / "sweeps" / "smoke-cpu.yaml")]
+    cmd = [sys.executable, "-m", "raybench", "plan", str(REPO / "sweeps" / "smoke-cpu.yaml")]
     first = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     second = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert first == second and "0,2" in first

@@ -6,7 +6,7 @@ import io
 import math
 import time
 
-from raybench.progress import SweepProgress, TrialState, as_progress, duration, eta_s, peak_gib, render_live
+from raybench.drivers.progress import SweepProgress, TrialState, as_progress, duration, eta_s, peak_gib, render_live
 
 
 def states() -> list[TrialState]:

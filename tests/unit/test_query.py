@@ -11,10 +11,10 @@ from datetime import timedelta
 import pandas as pd
 import polars as pl
 import pytest
-
-from raybench import query, store
-from raybench.cli import main
 from test_store_scale import OLD_DROPPED, T0, make_rows, write_old_schema_file
+
+from raybench.cli.main import main
+from raybench.results import query, store
 
 GPUS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H200")
 

@@ -17,15 +17,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raybench import calibration, limits
-from raybench.best import predicted_best
-from raybench.cli import main
-from raybench.config import load_sweep, parse_sweep
-from raybench.plan import plan
-from raybench.presets import PRESETS
+from raybench.cli.main import main
+from raybench.planning import calibration
+from raybench.planning.plan import plan
 from raybench.rehearse import compiled, fitted, policy, rehearsal, roofline, step_time, trace
-from raybench.schema import GIB
-from raybench.strategies import RankContext
+from raybench.rehearse.choice import predicted_best
+from raybench.runtime import limits
+from raybench.runtime.strategies import RankContext
+from raybench.spec.load import load_sweep, parse_sweep
+from raybench.spec.presets import PRESETS
+from raybench.spec.schema import GIB
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compiled_blocks import saved_by_real_inductor  # noqa: E402
@@ -570,7 +571,7 @@ def test_sac_estimator_times_operators_with_the_hardware_tables_roofline():
     from torch.distributed._tools.runtime_estimator import RuntimeEstimator
     from torch.distributed._tools.sac_estimator import SACEstimator
 
-    from raybench.hardware import memory_bandwidth_tb_per_s, peak_tflops
+    from raybench.spec.hardware import memory_bandwidth_tb_per_s, peak_tflops
 
     assert SACEstimator()._estimate_runtime == RuntimeEstimator._roofline_estimate  # what the hook replaces
     tokens, d_in, d_out = 4096, 2048, 8192

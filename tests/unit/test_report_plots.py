@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from planted_rows import GPU_SYSTEMS, plant_cpu_store, plant_gpu_store
 
-from raybench import frames, plots, report_files, store
-from raybench.cli import main
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.trial import build_row
+from raybench.cli.main import main
+from raybench.drivers.trial import build_row
+from raybench.planning.plan import plan
+from raybench.results import frames, plots, report_files, store
+from raybench.spec.load import parse_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

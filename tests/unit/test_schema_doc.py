@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from raybench import schema_doc, store
+from raybench.results import schema_doc, store
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_schema_page_is_current():
     assert (REPO / "docs" / "schema.md").read_text() == schema_doc.render(), (
-        "regenerate: python -m raybench.schema_doc > docs/schema.md")
+        "regenerate: python -m raybench.results.schema_doc > docs/schema.md")
 
 
 def test_every_column_is_described_once():

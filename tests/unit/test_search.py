@@ -8,9 +8,10 @@ from fractions import Fraction
 
 import pytest
 
-from raybench.config import ConfigError, parse_sweep
-from raybench.plan import plan
-from raybench.search import FINISHED, PlannedSearch, SearchSpace, make_sampler, outcome_from_rows
+from raybench.drivers.search import FINISHED, PlannedSearch, SearchSpace, make_sampler, outcome_from_rows
+from raybench.planning.plan import plan
+from raybench.spec.errors import ConfigError
+from raybench.spec.load import parse_sweep
 
 BASE = {"name": "s", "model": {"preset": "tiny"}, "resources": {"workers": 2}}
 
@@ -226,9 +227,9 @@ def test_a_search_needs_axes():
 def test_stored_rows_reuse_ok_and_oom_but_not_errors(tmp_path):
     from datetime import datetime, timedelta, timezone
 
-    from raybench import store
-    from raybench.search import stored_rows
-    from raybench.trial import build_row
+    from raybench.drivers.search import stored_rows
+    from raybench.drivers.trial import build_row
+    from raybench.results import store
 
     spec = sweep({"train.micro_batch": [1, 2, 4]})
     a, b, c = (t.as_payload() for t in plan(spec))
@@ -262,8 +263,8 @@ def test_excluded_points_are_told_infeasible_without_rows():
 
 
 def test_grid_rerun_writes_invalid_rows_once(tmp_path):
-    from raybench import store
-    from raybench.api import run_sweep
+    from raybench.drivers.api import run_sweep
+    from raybench.results import store
 
     spec = parse_sweep({**BASE, "axes": {"train.tp_size": [3, 4]}})  # tp_size applies to tp only: both invalid
     for _ in range(2):

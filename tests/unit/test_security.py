@@ -13,9 +13,11 @@ import sys
 import pytest
 import torch
 
-from raybench import cli, store
-from raybench.config import ModelSpec, check_model_dir
-from raybench.fingerprint import captured_env
+from raybench.cli import main as cli
+from raybench.results import store
+from raybench.runtime.fingerprint import captured_env
+from raybench.spec.load import check_model_dir
+from raybench.spec.sweep_spec import ModelSpec
 
 SECRETS = {"NCCL_IB_TOKEN": "tok-123", "AWS_SECRET_ACCESS_KEY": "aws-456", "HF_TOKEN": "hf_789",
            "CUDA_API_KEY": "cuda-000", "TORCH_PASSWORD": "pw-111", "RAY_AUTH_TOKEN": "ray-222",
@@ -30,9 +32,9 @@ def test_env_capture_redacts_secrets_and_keeps_the_allow_list():
 
 
 def test_failed_trial_detail_keeps_the_traceback_and_drops_secret_values(tmp_path, monkeypatch):
-    from raybench.config import parse_sweep
-    from raybench.plan import plan
-    from raybench.trial import ERROR_DETAIL_CHARS, run_trial
+    from raybench.drivers.trial import ERROR_DETAIL_CHARS, run_trial
+    from raybench.planning.plan import plan
+    from raybench.spec.load import parse_sweep
 
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
@@ -95,7 +97,7 @@ def _pickle_model_dir(directory):
 
 
 def test_pickle_weights_refused_unless_allowed_with_a_warning(tmp_path, caplog):
-    from raybench.model import build_model
+    from raybench.runtime.model import build_model
 
     directory = _pickle_model_dir(tmp_path / "m")
     assert not list(directory.glob("*.safetensors"))
@@ -120,7 +122,7 @@ def test_secret_embedded_ray_uses_token_auth(tmp_path):
 import os, subprocess, sys
 for k in [k for k in os.environ if k.startswith("RAY_")]:
     del os.environ[k]
-from raybench.sweep import ray_cluster
+from raybench.drivers.sweep import ray_cluster
 with ray_cluster(None):
     import ray  # raybench sets the auth mode before Ray is first imported
     assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) >= 32

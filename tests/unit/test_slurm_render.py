@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from raybench import cli
-from raybench.slurm import SlurmOptions, option_problems, render
+from raybench.cli import main as cli
+from raybench.drivers.slurm import SlurmOptions, option_problems, render
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "sweeps" / "smoke-cpu.yaml")
 

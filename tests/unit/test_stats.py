@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from raybench.stats import dominates, format_ci, mean_ci95, pareto_mask, repeat_summary, t95
+from raybench.spec.stats import dominates, format_ci, mean_ci95, pareto_mask, repeat_summary, t95
 
 
 def test_t_quantiles_from_the_table_and_beyond():

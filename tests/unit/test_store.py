@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raybench import store
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.trial import build_row
+from raybench.drivers.trial import build_row
+from raybench.planning.plan import plan
+from raybench.results import store
+from raybench.spec.load import parse_sweep
 
 
 def rows_for(sweep: str = "s", n: int = 3) -> list[dict]:
@@ -86,7 +86,7 @@ def test_same_trial_in_two_sweeps_stays_two_rows(tmp_path):
     store.write_row(tmp_path, a100)
     store.write_row(tmp_path, h100)
     assert sorted(store.read_results(tmp_path).sweep) == ["grid-a100", "grid-h100"]
-    from raybench.query import connect
+    from raybench.results.query import connect
 
     assert connect(tmp_path).execute("select count(*) from trials").fetchone()[0] == 2
 

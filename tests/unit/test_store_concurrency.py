@@ -10,7 +10,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from raybench import store
+from raybench.results import store
 
 WRITERS, ROWS = 8, 1000
 SWEEP = "concurrent"

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raybench import compaction, query, store
-from raybench.config import parse_sweep
-from raybench.plan import plan
-from raybench.trial import build_row
+from raybench.drivers.trial import build_row
+from raybench.planning.plan import plan
+from raybench.results import compaction, query, store
+from raybench.spec.load import parse_sweep
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 
@@ -204,7 +204,7 @@ def test_writers_compactions_and_a_reader_at_once_lose_and_double_nothing(tmp_pa
 
 
 def test_a_run_compacts_a_partition_of_many_files(tmp_path, monkeypatch):
-    from raybench import api
+    from raybench.drivers import api
 
     monkeypatch.setattr(api, "AUTO_COMPACT_FILES", 10)
     for row in make_rows(n=11):

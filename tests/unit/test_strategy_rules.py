@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from raybench.config import ConfigError, parse_sweep
-from raybench.plan import plan
-from raybench.store import CONFIG_COLUMNS, flatten_config
+from raybench.planning.plan import plan
+from raybench.results.store import CONFIG_COLUMNS, flatten_config
+from raybench.spec.errors import ConfigError
+from raybench.spec.load import parse_sweep
 
 BASE = {"name": "rules", "model": {"preset": "tiny"}, "train": {"steps": 4, "warmup_steps": 1}}
 
@@ -111,8 +112,8 @@ def test_env_is_checked_and_stored_as_json():
 def test_gpu_only_techniques_fail_clearly_on_cpu():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from raybench.config import TrainSpec
-    from raybench.techniques import liger, qlora
+    from raybench.runtime.techniques import liger, qlora
+    from raybench.spec.sweep_spec import TrainSpec
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU error path")
@@ -125,8 +126,8 @@ def test_gpu_only_techniques_fail_clearly_on_cpu():
 
 
 def test_deepspeed_offload_fails_clearly_on_cpu():
-    from raybench.config import TrainSpec
-    from raybench.strategies import RankContext, deepspeed
+    from raybench.runtime.strategies import RankContext, deepspeed
+    from raybench.spec.sweep_spec import TrainSpec
 
     ctx = RankContext(0, 1, 0, torch.device("cpu"))
     with pytest.raises(ValueError, match="offload='optimizer' .* needs GPUs"):
@@ -134,8 +135,8 @@ def test_deepspeed_offload_fails_clearly_on_cpu():
 
 
 def test_deepspeed_config_uses_no_jit_optimizer():
-    from raybench.config import TrainSpec
-    from raybench.strategies.deepspeed import ds_config
+    from raybench.runtime.strategies.deepspeed import ds_config
+    from raybench.spec.sweep_spec import TrainSpec
 
     config = ds_config(TrainSpec(strategy="deepspeed", zero_stage=3, micro_batch=2, grad_accum=4), 8, True)
     assert "optimizer" not in config  # a config optimizer would JIT-build fused_adam

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raybench.strategies.tp import clip_grad_norm
+from raybench.runtime.strategies.tp import clip_grad_norm
 
 
 def params_with_grads(*grads: torch.Tensor) -> list[torch.Tensor]:

@@ -10,12 +10,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from raybench.config import ModelSpec, TrainSpec
-from raybench.model import build_meta, build_model, decoder_blocks
-from raybench.presets import PRESETS
 from raybench.rehearse.trace import init_fake_world
-from raybench.strategies import tp
-from raybench.techniques import activation_checkpointing, compile
+from raybench.runtime.model import build_meta, build_model, decoder_blocks
+from raybench.runtime.strategies import tp
+from raybench.runtime.techniques import activation_checkpointing, compile
+from raybench.spec.presets import PRESETS
+from raybench.spec.sweep_spec import ModelSpec, TrainSpec
 
 TRAIN = TrainSpec(strategy="tp", tp_size=2, ac_ratio="1", compile=True)
 

@@ -17,11 +17,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from raybench.config import ModelSpec, TrainSpec
-from raybench.model import build_meta
-from raybench.presets import PRESETS
 from raybench.rehearse.trace import init_fake_world
-from raybench.strategies import tp
+from raybench.runtime.model import build_meta
+from raybench.runtime.strategies import tp
+from raybench.spec.presets import PRESETS
+from raybench.spec.sweep_spec import ModelSpec, TrainSpec
 
 
 @pytest.fixture

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from raybench.trial import classify
+from raybench.drivers.trial import classify
 
 # Ray Train 2.60's text for a worker killed mid-training (shortened), and for one killed while its group started.
 WORKER_ERRORS = """Traceback (most recent call last):
-  File "raybench/executors/train.py", line 62, in _fit
+  File "raybench/drivers/executors/train.py", line 62, in _fit
     raise result.error
 ray.train.WorkerGroupError: Training failed due to worker errors:
 [Rank 0 Error Snippet]:
@@ -15,7 +15,7 @@ The actor died unexpectedly before finishing this task.
 The actor is dead because its worker process has died. Some common causes include: (1) the process was killed
 by the OOM killer due to high memory usage"""
 CONTROLLER_ERROR = """ray::_fit() (pid=3446, ip=192.0.2.2)
-  File "raybench/executors/train.py", line 62, in _fit
+  File "raybench/drivers/executors/train.py", line 62, in _fit
     result = trainer.fit()
 ray.train.ControllerError: Training failed due to controller error:
 At least one of the worker actors failed to initialize."""
@@ -48,12 +48,12 @@ Traceback (most recent call last):
   File "torch/distributed/run.py", line 1032, in <module>
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-raybench.worker FAILED
+raybench.runtime.worker FAILED
 Explanation: not an exception"""
 
 
 def test_a_qualified_exception_of_any_name_is_the_message():
-    from raybench.executors.torchrun import _failure_text
+    from raybench.drivers.executors.torchrun import _failure_text
 
     assert _failure_text(1, RECOMPILE_LIMIT_LOG).splitlines()[0] == (
         "torchrun exited 1: torch._dynamo.exc.FailOnRecompileLimitHit: Hard failure due to "

@@ -9,12 +9,12 @@ import torch
 import torch.distributed as dist
 from torch._dynamo import convert_frame
 
-from raybench import worker
-from raybench.config import parse_sweep
-from raybench.plan import plan
+from raybench.planning.plan import plan
 from raybench.rehearse.trace import init_fake_world
-from raybench.strategies import RankContext
-from raybench.techniques import compile
+from raybench.runtime import worker
+from raybench.runtime.strategies import RankContext
+from raybench.runtime.techniques import compile
+from raybench.spec.load import parse_sweep
 
 
 @pytest.fixture

@@ -7,10 +7,11 @@ import shutil
 import pytest
 import torch
 
-from raybench import weights
-from raybench.config import ModelSpec, parse_sweep
-from raybench.model import build_model
-from raybench.plan import plan
+from raybench.planning.plan import plan
+from raybench.runtime import weights
+from raybench.runtime.model import build_model
+from raybench.spec.load import parse_sweep
+from raybench.spec.sweep_spec import ModelSpec
 
 
 def test_copy_is_made_once_and_addressed_by_content(tmp_path, model_dir):
@@ -91,7 +92,7 @@ def test_memory_cap_is_the_trials_own_on_top_of_what_the_process_holds():
     import subprocess
     import sys
 
-    code = ("import resource; from raybench import limits; limits.apply_memory_limit(2, held_bytes=2**29); "
+    code = ("import resource; from raybench.runtime import limits; limits.apply_memory_limit(2, held_bytes=2**29); "
             "print(resource.getrlimit(resource.RLIMIT_DATA)[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert int(out) == 2 * 2**30 + 2**29
@@ -103,7 +104,7 @@ def test_a_cap_the_process_is_already_over_fails_the_trial_in_python():
     import subprocess
     import sys
 
-    code = ("import resource; from raybench import limits\n"
+    code = ("import resource; from raybench.runtime import limits\n"
             "before = resource.getrlimit(resource.RLIMIT_DATA)\n"
             "try:\n    limits.apply_memory_limit(0.001)\nexcept MemoryError as err:\n    print(err)\n"
             "assert resource.getrlimit(resource.RLIMIT_DATA) == before")

@@ -1,0 +1,377 @@
+"""raybench command line: a thin layer over raybench.drivers.api.
+
+Exit codes: 0 success (every trial ok), 1 the sweep ran but some trials did not end ok, 2 bad input
+(nothing was launched or written).
+
+Commands that need heavy libraries import them when they run (the API and sweep driver load Optuna and,
+when a sweep starts, Ray; `best` and result views load pandas), so `validate`, `plan` and `estimate` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from raybench.cli import results as cli_results
+from raybench.cli import store as cli_store
+from raybench.drivers import slurm
+from raybench.drivers.slurm import SlurmError, SlurmOptions
+from raybench.planning.plan import plan
+from raybench.planning.tables import estimate_summary, estimate_table, plan_table, rehearsal_table
+from raybench.results.report import results_table
+from raybench.runtime import cuda_snapshot
+from raybench.spec.errors import ConfigError
+from raybench.spec.load import load_sweep
+
+EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130  # SIGTERM / Ctrl-C: stored rows are kept; the same command resumes the sweep
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own usage errors are bad input too
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _validate(args) -> int:
+    spec = load_sweep(args.sweep)
+
+    trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep)
+    print(f"{args.sweep}: ok ({len(trials)} trials)")
+    return EXIT_OK
+
+
+def _plan(args) -> int:
+
+    spec = load_sweep(args.sweep)
+    trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=args.store or spec.store)
+    if args.json:
+        for t in trials:
+            print(json.dumps({**t.as_payload(), "status": t.status, "reasons": list(t.reasons)}, sort_keys=True))
+    else:
+        print(plan_table(trials))
+        print(f"\n{len(trials)} trials, sweep '{spec.name}', executor {spec.executor}")
+    return EXIT_OK
+
+
+def _estimate(args) -> int:
+
+    spec = load_sweep(args.sweep)
+    store_path = args.store or spec.store
+    trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=store_path)
+    if args.json:
+        for t in trials:
+            print(json.dumps({"index": t.index, "trial_id": t.trial_id, "axis_values": t.axis_values,
+                              "status": t.status, "reasons": list(t.reasons), "estimate": t.estimate}, sort_keys=True))
+    else:
+        print(estimate_table(trials))
+        print(f"\n{estimate_summary(trials, store_path)}")
+    return EXIT_OK
+
+
+def _rehearse(args) -> int:
+    from raybench.planning import calibration
+    from raybench.rehearse import rehearsal
+
+    spec = load_sweep(args.sweep)
+    store_path = args.store or spec.store
+    trials = plan(spec, source=args.sweep, store_path=store_path)
+    if args.trial is not None:
+        trials = [t for t in trials if args.trial in (t.trial_id, t.config_id, str(t.index))]
+        if not trials:
+            print(f"{args.sweep}: no trial with id or index {args.trial!r} (--trial); see `raybench plan "
+                  f"{args.sweep}`", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    if args.busbw is not None and not 0 < args.busbw <= 100_000:
+        print(f"--busbw {args.busbw}: a bus bandwidth in GB/s, above 0 and at most 100000 (e.g. nccl-tests' "
+              "all_reduce busbw of the cluster)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    set_busbw = args.busbw or spec.estimate.busbw_gbps
+    seen, traced, rows = set(), {}, []
+    for t in trials:
+        if t.config_id in seen:  # repeats of one configuration rehearse once
+            continue
+        seen.add(t.config_id)
+        gpu = (args.gpu or spec.estimate.gpu) if t.config.resources.gpus_per_worker > 0 else None
+        busbw, source = set_busbw, "set"
+        if not busbw:
+            busbw, source = calibration.probe_busbw_gbps(store_path, t.world_size, gpu), "probe"
+        # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
+        result = rehearsal.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.estimate,
+                                   traces=traced).as_dict()
+        calibration.save_rehearsal(store_path, t.config_id, result)
+        row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
+               "gpu": gpu, **result}
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row, sort_keys=True), flush=True)
+    if not args.json:
+        print(rehearsal_table(rows))
+        print(f"\n{len(rows)} configuration(s) rehearsed; stored in {store_path}/{calibration.REHEARSALS_DIR} "
+              f"(`raybench estimate {args.sweep}` fits them by their rehearsal)")
+    return EXIT_OK
+
+
+def _run(args) -> int:
+    from raybench.drivers.api import read_results, run_sweep
+
+    spec = load_sweep(args.sweep)
+    address = args.address
+    if args.cluster:  # before anything imports ray: the cluster's token must be in the environment first
+
+        address = slurm.connect(args.cluster)
+    store_path = args.store or spec.store
+    from raybench.drivers.progress import SweepProgress
+    from raybench.drivers.sweep import Terminated, terminate_on_sigterm
+
+    try:
+        with terminate_on_sigterm(), SweepProgress.for_terminal(args.quiet, args.verbose) as progress:
+            trials = run_sweep(spec, address=address, store_path=store_path, keep_invalid=args.keep_invalid,
+                               rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
+    except (Terminated, KeyboardInterrupt) as why:
+        # Every finished trial's row is already stored (each is written atomically when its trial ends).
+        print(f"interrupted ({why or 'Ctrl-C'}); finished trials are stored in {store_path}; "
+              f"run the same command again to resume", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    rows = read_results(store_path, spec.name)
+    print(results_table(rows))
+    if spec.search.algo != "grid" or not isinstance(spec.search.metric, str):
+        from raybench.results.best import front_report
+
+        print("\n" + front_report(rows, spec.search.objectives()))
+    ran = rows[rows.trial_id.isin({t.trial_id for t in trials})]
+    failed = int((ran.status != "ok").sum())
+    print(f"\n{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
+    return EXIT_TRIALS_FAILED if failed else EXIT_OK
+
+
+def _trial(args) -> int:
+    from raybench.drivers import executors
+    from raybench.drivers.api import read_results
+    from raybench.drivers.trial import run_trial
+
+    spec = load_sweep(args.sweep)
+    trials = plan(spec, source=args.sweep, store_path=args.store or spec.store)
+    chosen = [t for t in trials if args.id in (t.trial_id, t.config_id, str(t.index))]
+    if not chosen:
+        print(f"{args.sweep}: no trial with id or index {args.id!r}; see `raybench plan {args.sweep}`",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cuda_snapshot.check(chosen, args.sweep)
+    store_path = args.store or spec.store
+    row = run_trial(chosen[0].as_payload(), spec.name, store_path, "torchrun", executors.get("torchrun"))
+    rows = read_results(store_path, spec.name)
+    print(results_table(rows[rows.trial_id == row["trial_id"]]))
+    return EXIT_OK if row["status"] == "ok" else EXIT_TRIALS_FAILED
+
+
+def _report(args) -> int:
+    return cli_results.report(args)
+
+
+def _best(args) -> int:
+    from raybench.planning import calibration
+    from raybench.rehearse.choice import predicted_best_report
+    from raybench.results.best import best_report, read_rows, resolve_source
+
+    if args.predict:
+        if not args.source.endswith((".yaml", ".yml")):
+            print(f"raybench best --predict: {args.source} is not a sweep file; --predict needs the sweep YAML "
+                  "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        spec = load_sweep(args.source)
+        if args.gpu:  # the GPU whose memory the rehearsals must fit in (estimate.gpu; not part of trial ids)
+            spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
+        store_path = args.store or spec.store
+        trials = plan(spec, source=args.source, store_path=store_path)
+        print(predicted_best_report(trials, args.axis or "train.ac_ratio", calibration.rehearsals(store_path)))
+        return EXIT_OK
+
+    store_path, sweep = resolve_source(args.source, args.sweep)
+    rows = read_rows(store_path, sweep)
+    print(best_report(rows, by=args.by, metric=args.metric, mode=args.mode, axis=args.axis,
+                      max_mem_gib=args.max_mem_gib, source=args.source))
+    return EXIT_OK if (rows.status == "ok").any() else EXIT_TRIALS_FAILED
+
+
+def _slurm_options(args):
+
+    return SlurmOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
+                        mem=args.mem, time=args.time, partition=args.partition, account=args.account,
+                        container_cmd=args.container_cmd, port=args.port)
+
+
+def _slurm_submit(args) -> int:
+
+    extra = [flag for flag, on in (("--rerun", args.rerun), ("--keep-invalid", args.keep_invalid)) if on]
+    job_id, job_dir = slurm.submit(args.sweep, _slurm_options(args), args.store, extra)
+    print(f"submitted job {job_id}; script, log and token in {job_dir}", flush=True)
+    if not args.wait:
+        return EXIT_OK
+    code = slurm.sweep_exit_code(job_id, job_dir)
+    print(f"job {job_id} finished: the sweep exited {code}; log: {sorted(job_dir.glob('slurm-*.out'))[-1]}")
+    return code
+
+
+def _cluster_up(args) -> int:
+
+    record = slurm.cluster_up(args.name, _slurm_options(args), ready_timeout=args.ready_timeout)
+    print(f"cluster {args.name} up: job {record['job_id']}, address {record['address']}; "
+          f"run sweeps with `raybench run SWEEP --cluster {args.name}`")
+    return EXIT_OK
+
+
+def _cluster_status(args) -> int:
+
+    status = slurm.cluster_status(args.name)
+    print(json.dumps(status) if args.json else
+          f"cluster {status['name']}: job {status['job_id']} {status['state']}, address {status['address'] or '-'}")
+    return EXIT_OK if status["state"] != "GONE" else EXIT_TRIALS_FAILED
+
+
+def _cluster_down(args) -> int:
+
+    job_id = slurm.cluster_down(args.name, timeout=args.timeout)
+    print(f"cluster {args.name} down (job {job_id} ended)")
+    return EXIT_OK
+
+
+def _add_slurm_options(p) -> None:
+    p.add_argument("--nodes", type=int, default=1, help="nodes (Ray head on the first, a worker on each other)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (sbatch --gpus-per-node)")
+    p.add_argument("--cpus-per-node", type=int, help="CPUs per node (default: the partition's default)")
+    p.add_argument("--mem", help="memory per node, e.g. 200G (default: the partition's default)")
+    p.add_argument("--time", default="01:00:00", help="time limit, e.g. 30, 02:00:00, 1-00:00:00")
+    p.add_argument("--partition", help="SLURM partition")
+    p.add_argument("--account", help="SLURM account")
+    p.add_argument("--container-cmd", help="prefix for ray and raybench, e.g. 'apptainer exec --nv img.sif'")
+    p.add_argument("--port", type=int, default=6379,
+                   help="Ray GCS port; node i uses port+1000*i … port+1000*i+999 (default 6379)")
+
+
+def _add_slurm_parsers(sub) -> None:
+    slurm = sub.add_parser("slurm", help="run a sweep as one SLURM job").add_subparsers(
+        dest="slurm_command", required=True, parser_class=_Parser)
+    p = slurm.add_parser("submit", help="allocation → Ray cluster → sweep → results → exit (one job)")
+    p.add_argument("sweep")
+    _add_slurm_options(p)
+    p.add_argument("--store", help="result store directory, on a filesystem every node sees")
+    p.add_argument("--rerun", action="store_true", help="run trials again even if stored as ok")
+    p.add_argument("--keep-invalid", action="store_true", help="record impossible grid points as invalid rows")
+    p.add_argument("--wait", action="store_true", help="wait for the job; exit with the sweep's exit code")
+    p.set_defaults(func=_slurm_submit)
+
+    cluster = sub.add_parser("cluster", help="hold a warm Ray cluster on a SLURM allocation").add_subparsers(
+        dest="cluster_command", required=True, parser_class=_Parser)
+    p = cluster.add_parser("up", help="submit a job holding a Ray cluster; wait until it is up")
+    p.add_argument("name")
+    _add_slurm_options(p)
+    p.add_argument("--ready-timeout", type=float, default=900, help="seconds to wait for the cluster (900)")
+    p.set_defaults(func=_cluster_up)
+    p = cluster.add_parser("status", help="the cluster's job state and address")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cluster_status)
+    p = cluster.add_parser("down", help="scancel the cluster's job and wait until every process is gone")
+    p.add_argument("name")
+    p.add_argument("--timeout", type=float, default=300, help="seconds to wait for the job to end (300)")
+    p.set_defaults(func=_cluster_down)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="raybench", description="Benchmark LLM fine-tuning configurations as Ray sweeps.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("validate", help="check a sweep file; report every problem at once")
+    p.add_argument("sweep")
+    p.add_argument("--keep-invalid", action="store_true", help="accept impossible grid points (as invalid rows)")
+    p.set_defaults(func=_validate)
+
+    p = sub.add_parser("plan", help="print the expanded trial table (starts nothing)")
+    p.add_argument("sweep")
+    p.add_argument("--keep-invalid", action="store_true", help="list impossible grid points as invalid")
+    p.add_argument("--json", action="store_true", help="one JSON object per trial instead of a table")
+    p.add_argument("--store", help="result store whose measured peaks calibrate the estimate (default: the sweep's)")
+    p.set_defaults(func=_plan)
+
+    p = sub.add_parser("estimate", help="per-trial memory (params/grads/optimizer/activations) and step-time guess")
+    p.add_argument("sweep")
+    p.add_argument("--store", help="result store whose measured peaks calibrate the estimate (default: the sweep's)")
+    p.add_argument("--keep-invalid", action="store_true", help="list impossible grid points as invalid")
+    p.add_argument("--json", action="store_true", help="one JSON object per trial instead of a table")
+    p.set_defaults(func=_estimate)
+
+    p = sub.add_parser("rehearse", help="trace each trial's step at its full world size in one CPU process "
+                       "(fake tensors and ranks): memory by category, communication, predicted step time")
+    p.add_argument("sweep")
+    p.add_argument("--trial", help="only this trial (trial id, config id, or plan index)")
+    p.add_argument("--store", help="result store: its all-reduce probes give the bus bandwidth, and the rehearsals "
+                   "are kept there for `raybench estimate` (default: the sweep's)")
+    p.add_argument("--gpu", help="GPU to predict step times for (default: the sweep's estimate.gpu), e.g. 'H100 SXM'")
+    p.add_argument("--busbw", type=float, metavar="GBPS", help="bus bandwidth of the cluster's collectives, GB/s "
+                   "(nccl-tests' busbw; default: the sweep's estimate.busbw_gbps, else the store's probe, else "
+                   "nominal links)")
+    p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
+    p.set_defaults(func=_rehearse)
+
+    p = sub.add_parser("run", help="run a sweep on an embedded local Ray, or on --address")
+    p.add_argument("sweep")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--address", help="existing Ray cluster (ray://… or host:port); default: private local Ray")
+    where.add_argument("--cluster", metavar="NAME", help="a cluster started by `raybench cluster up NAME`")
+    p.add_argument("--store", help="result store directory (overrides the sweep's store)")
+    p.add_argument("--keep-invalid", action="store_true", help="record impossible grid points as invalid rows")
+    p.add_argument("--rerun", action="store_true", help="run trials again even if stored as ok")
+    p.add_argument("--quiet", action="store_true", help="no progress output (batch jobs); the results table "
+                   "still ends the run. Default: a live view on a terminal, one line per finished trial otherwise")
+    p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("trial", help="run one planned trial under plain torchrun (no Ray)")
+    p.add_argument("sweep")
+    p.add_argument("id", help="trial id, config id, or plan index")
+    p.add_argument("--store", help="result store directory (overrides the sweep's store)")
+    p.set_defaults(func=_trial)
+
+    p = sub.add_parser("report", help="stored results as a table, or a Markdown/HTML/PNG report with figures")
+    p.add_argument("store", nargs="?", default="./raybench-results")
+    p.add_argument("--sweep", help="only this sweep")
+    p.add_argument("--all-attempts", action="store_true", help="every attempt, not only the latest per trial")
+    cli_results.add_report_options(p)
+    p.set_defaults(func=_report)
+    cli_results.add_parsers(sub)  # compare, export
+    cli_store.add_parsers(sub)  # query, compact
+
+    p = sub.add_parser("best", help="best configuration (or best value of one axis) per GPU type and model")
+    p.add_argument("source", nargs="?", default="./raybench-results", help="result store, or a sweep file")
+    p.add_argument("--sweep", help="only this sweep (default: the sweep file's, or every sweep in the store)")
+    p.add_argument("--by", default="gpu_name", help="group by this result column (gpu_name; CPU rows: 'cpu')")
+    p.add_argument("--metric", default="tok_per_s_per_device", help="rank by this result column")
+    p.add_argument("--mode", choices=["max", "min"], help="default: inferred from the metric's name")
+    p.add_argument("--axis", help="best value of this config field per group and model, e.g. train.ac_ratio")
+    p.add_argument("--max-mem-gib", type=float, help="only configurations whose mean peak memory per device "
+                   "(GPU reserved, CPU RSS) is at most this")
+    p.add_argument("--predict", action="store_true", help="before running: the best --axis value (default "
+                   "train.ac_ratio) per group from the sweep's rehearsals (`raybench rehearse SWEEP` first)")
+    p.add_argument("--store", help="with --predict: the store holding the rehearsals (default: the sweep's)")
+    p.add_argument("--gpu", help="with --predict: the GPU whose memory they must fit (default: estimate.gpu)")
+    p.set_defaults(func=_best)
+    _add_slurm_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(err.report(), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SlurmError as err:
+        print(f"raybench: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The small public API; the CLI is a thin layer over these functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raybench.drivers import sweep
+from raybench.planning.plan import PlannedTrial, plan
+from raybench.results import compaction, store
+from raybench.runtime import cuda_snapshot
+from raybench.spec.load import load_sweep
+from raybench.spec.sweep_spec import SweepSpec
+
+# A sweep partition holding more result files than this is compacted at the end of a run: one file per trial
+# attempt keeps writers independent, but readers pay per file (docs/results/store-scale-2026-11-22.md).
+AUTO_COMPACT_FILES = 100
+
+
+def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | None = None,
+              keep_invalid: bool = False, rerun: bool = False, progress=print, verbose: bool = False,
+              source: str = "<sweep>") -> list[PlannedTrial]:
+    """Plan and run a sweep, or search it (spec.search); returns the trials that were run (stored ok trials are
+    skipped unless rerun; a search answers them from the store). A search keeps invalid points as rows.
+
+    Raises ConfigError before anything starts if the sweep cannot be planned.
+    """
+    store_path = str(Path(store_path or spec.store))
+    if cuda_snapshot.requested():
+        cuda_snapshot.check(plan(spec, keep_invalid=True, source=source), source)
+    if spec.search.algo != "grid":
+        ran = sweep.run_search(spec, store_path=store_path, address=address, rerun=rerun, progress=progress,
+                         verbose=verbose, source=source).ran
+    else:
+        ran = _run_grid(spec, store_path, address, keep_invalid, rerun, progress, verbose, source)
+    compact_if_many_files(store_path, spec.name, progress)
+    return ran
+
+
+def compact_if_many_files(store_path: str, sweep_name: str, progress=print) -> None:
+    if len(store.result_files(store_path, sweep_name)) > AUTO_COMPACT_FILES:
+        done = compaction.compact_sweep(store_path, sweep_name)
+        progress(f"compacted {done.files_before} result files of sweep {sweep_name} into {done.files_after}")
+
+
+def _run_grid(spec: SweepSpec, store_path: str, address: str | None, keep_invalid: bool, rerun: bool, progress,
+              verbose: bool, source: str) -> list[PlannedTrial]:
+    trials = plan(spec, keep_invalid=keep_invalid, source=source, store_path=store_path)
+    # A trial counts as stored only when the executor the sweep asks for measured it (docs/executors.md).
+    stored = {} if rerun else store.attempt_statuses(store_path, spec.name, spec.executor)  # one read of the rows
+    done = {trial_id for trial_id, statuses in stored.items() if "ok" in statuses}
+    unrun = [t for t in trials if t.status != "planned"]
+    todo = [t for t in trials if t.status == "planned" and t.trial_id not in done]
+    skipped = len(trials) - len(unrun) - len(todo)
+    if skipped:
+        progress(f"{skipped} trial(s) already stored as ok in {store_path}; skipping them (--rerun to repeat)")
+    # An invalid point's row says the same on every run: write it once. A trial now estimated not to fit keeps
+    # the row it has: a measured row outranks the estimate.
+    unrun = [t for t in unrun if not ("invalid" in stored.get(t.trial_id, ())
+                                      or (t.status == "skipped" and t.trial_id in stored))]
+    sweep.write_unrun(unrun, spec.name, store_path)
+    if todo:
+        sweep.run_planned(todo, spec.name, store_path, spec.executor, address=address, progress=progress,
+                          verbose=verbose)
+    return todo
+
+
+def read_results(store_path: str = store.DEFAULT_STORE, sweep: str | None = None, latest: bool = True):
+    """Stored result rows as a pandas DataFrame."""
+    return store.read_results(store_path, sweep, latest)
+
+
+__all__ = ["load_sweep", "plan", "run_sweep", "read_results"]

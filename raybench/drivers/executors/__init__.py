@@ -1,0 +1,20 @@
+"""Executors start a trial's ranks and return rank 0's metrics: `execute(payload) -> dict`.
+
+- train:    a Ray Train V2 TorchTrainer per trial (new worker processes every trial).
+- torchrun: plain `torchrun` on this machine, no Ray (for `raybench trial` and debugging).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+# Ray starts its worker processes at niceness 15, so that its own daemons win the CPU; a trial's ranks (pool
+# actors, Ray Train workers, and torchrun ranks, which inherit their trial driver's niceness) would then lose
+# time slices to every other busy process of the node, which a process started from a shell (niceness 0) does
+# not (docs/results/warm-fidelity-2026-11-24.md). Every process raybench starts through Ray runs at niceness 0.
+RAY_WORKER_ENV = {"RAY_worker_niceness": "0"}
+
+
+def get(name: str) -> Callable[[dict], dict]:
+    return importlib.import_module(f"raybench.drivers.executors.{name}").execute

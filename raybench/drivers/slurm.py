@@ -1,0 +1,331 @@
+"""Ray clusters on SLURM allocations: render the sbatch template, submit one-shot sweeps, hold warm clusters.
+
+Everything a job needs lives in a job directory under RAYBENCH_HOME (default ~/.raybench, which must be on a
+filesystem every node sees): the rendered script, the per-job Ray auth token (0600), the address file the job
+writes once its Ray cluster is up, the SLURM log and, for one-shot sweeps, the sweep's exit code.
+A warm cluster is also recorded by name in RAYBENCH_HOME/clusters/NAME.json (0600: it holds the token), which
+is where `raybench run --cluster NAME` finds its address and token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from raybench.planning.plan import plan
+from raybench.spec.errors import ConfigError, Problem
+from raybench.spec.load import load_sweep
+
+# The template lives in the checkout's cluster_yaml/ (scripts/setup.sh installs raybench editable from it);
+# RAYBENCH_SBATCH_TEMPLATE points at a site's own copy.
+TEMPLATE = Path(__file__).resolve().parents[2] / "cluster_yaml" / "raybench.sbatch.tmpl"
+GONE_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+               "PREEMPTED", "TIMEOUT"}
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")  # sbatch --time forms: M, M:S, H:M:S, D-H[:M[:S]]
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+
+
+class SlurmError(Exception):
+    """A SLURM command failed or a job did not do what it should; `exit_code` is the CLI's exit status."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What to ask SLURM for; every field is a `raybench slurm submit` / `cluster up` option."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_node: int | None = None  # None: the partition's default
+    mem: str | None = None  # sbatch --mem per node (e.g. 64G); None: the partition's default
+    time: str = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    container_cmd: str | None = None  # prefix for ray and raybench commands, e.g. "apptainer exec --nv img.sif"
+    port: int = 6379  # Ray GCS port; each node uses the next 999 ports (node i: port + 1000*i + 1 …)
+    min_shm_mb: int = 512
+
+
+def option_problems(opts: SlurmOptions) -> list[Problem]:
+    """Every bad option, named as the CLI spells it, with the fix."""
+    problems = []
+    if opts.nodes < 1:
+        problems.append(Problem("--nodes", opts.nodes, "must be at least 1"))
+    if opts.gpus_per_node < 0:
+        problems.append(Problem("--gpus-per-node", opts.gpus_per_node, "must be 0 (CPU) or more"))
+    if opts.cpus_per_node is not None and opts.cpus_per_node < 1:
+        problems.append(Problem("--cpus-per-node", opts.cpus_per_node, "must be at least 1 (or leave it out)"))
+    if not _TIME.match(opts.time):
+        problems.append(Problem("--time", opts.time, "use an sbatch time limit: MINUTES, HH:MM:SS or D-HH:MM:SS"))
+    for flag, value in (("--partition", opts.partition), ("--account", opts.account)):
+        if value is not None and not _NAME.match(value):
+            problems.append(Problem(flag, value, "letters, digits, '_', '.', '-' only"))
+    if opts.mem is not None and not _MEM.match(opts.mem):
+        problems.append(Problem("--mem", opts.mem, "use an sbatch memory size such as 64G or 200000M"))
+    if not 1024 <= opts.port <= 65535 - 1000 * opts.nodes:
+        problems.append(Problem("--port", opts.port, f"use 1024 … {65535 - 1000 * opts.nodes}: node i takes "
+                                                     "the ports from port + 1000*i to port + 1000*i + 999"))
+    if opts.container_cmd is not None:
+        try:
+            if not shlex.split(opts.container_cmd):
+                raise ValueError("empty")
+        except ValueError as why:
+            problems.append(Problem("--container-cmd", opts.container_cmd,
+                                    f"not a shell command line ({why}); e.g. 'apptainer exec --nv image.sif'"))
+    return problems
+
+
+def check_options(opts: SlurmOptions) -> None:
+    if problems := option_problems(opts):
+        raise ConfigError("slurm options", problems)
+
+
+def raybench_home() -> Path:
+    return Path(os.environ.get("RAYBENCH_HOME") or Path.home() / ".raybench")
+
+
+def _directives(opts: SlurmOptions) -> str:
+    lines = []
+    if opts.cpus_per_node:
+        lines.append(f"#SBATCH --cpus-per-task={opts.cpus_per_node}")
+    if opts.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={opts.gpus_per_node}")
+    for flag, value in (("mem", opts.mem), ("partition", opts.partition), ("account", opts.account)):
+        if value:
+            lines.append(f"#SBATCH --{flag}={value}")
+    return "\n".join(lines)
+
+
+def _container(opts: SlurmOptions) -> str:
+    return shlex.join(shlex.split(opts.container_cmd)) if opts.container_cmd else ""
+
+
+def render(opts: SlurmOptions, job_dir: Path, payload: str, template: Path | None = None) -> str:
+    """The sbatch script for `opts`: every {{name}} in the template replaced, an unknown or unused name is a bug."""
+    values = {
+        "nodes": str(opts.nodes), "time": opts.time, "directives": _directives(opts),
+        "job_dir": shlex.quote(str(job_dir)), "port": str(opts.port), "gpus_per_node": str(opts.gpus_per_node),
+        "min_shm_mb": str(opts.min_shm_mb), "payload": payload,
+        "container": _container(opts),
+        "ray": shlex.quote(str(Path(sys.executable).parent / "ray")), "python": shlex.quote(sys.executable),
+    }
+    text = Path(template or os.environ.get("RAYBENCH_SBATCH_TEMPLATE") or TEMPLATE).read_text()
+    used = set(re.findall(r"\{\{(\w+)\}\}", text))
+    if used != set(values):
+        raise RuntimeError(f"sbatch template placeholders {sorted(used)} do not match {sorted(values)}")
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], text)
+
+
+HOLD_PAYLOAD = """# Hold the cluster until scancel (`raybench cluster down`) or the time limit; end if a Ray step dies.
+wait -n "${step_pids[@]}"
+echo "raybench: a Ray node step ended; the cluster goes down" >&2
+exit 1
+"""
+
+
+def _job_dir(kind: str, name: str) -> Path:
+    """A new private job directory with a fresh per-job Ray auth token (0600)."""
+    root = raybench_home() / kind
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    job_dir = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    job_dir.mkdir(mode=0o700)
+    token = job_dir / "token"
+    token.touch(mode=0o600)
+    token.write_text(secrets.token_hex(32))
+    return job_dir
+
+
+def _slurm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(list(args), capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise SlurmError(f"{args[0]} not found: run raybench where the SLURM client commands are on PATH", 2)
+    if check and done.returncode:
+        raise SlurmError(f"{shlex.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def sbatch(script: str, job_dir: Path, job_name: str) -> str:
+    """Submit the rendered script; returns the job id. A rejected job (bad partition, …) is bad input."""
+    path = job_dir / "raybench.sbatch"
+    path.write_text(script)
+    done = _slurm("sbatch", "--parsable", f"--job-name={job_name}", f"--output={job_dir}/slurm-%j.out",
+                  f"--chdir={job_dir}", str(path), check=False)
+    if done.returncode:
+        raise SlurmError(f"sbatch rejected the job: {done.stderr.strip()}", 2)
+    return done.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str) -> str | None:
+    """The job's SLURM state, or None once it has left the queue (finished and purged, or unknown)."""
+    for attempt in range(5):
+        done = _slurm("squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T", check=False)
+        if done.returncode == 0 or "Invalid job id" in done.stderr:
+            break
+        time.sleep(2 * attempt + 1)  # slurmctld busy or restarting: a failed query does not mean the job is gone
+    else:
+        raise SlurmError(f"squeue cannot tell the state of job {job_id}: {done.stderr.strip()}")
+    state = done.stdout.strip()
+    if done.returncode or not state or state in GONE_STATES:
+        return None
+    return state
+
+
+def wait_gone(job_id: str, timeout: float | None = None, poll: float = 1.0) -> bool:
+    """Wait until the job has ended completely (COMPLETING included); False on timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while job_state(job_id) is not None:
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+def log_tail(job_dir: Path, lines: int = 30) -> str:
+    logs = sorted(job_dir.glob("slurm-*.out"))
+    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else "(no SLURM log)"
+
+
+def submit(sweep: str, opts: SlurmOptions, store: str | None = None, extra: list[str] = ()) -> tuple[str, Path]:
+    """One-shot job: allocation → Ray cluster → `raybench run` → rows in the store → exit.
+
+    The sweep is validated here first: a bad sweep or bad options raise ConfigError and submit nothing.
+    Returns (job id, job dir).
+    """
+    problems = option_problems(opts)
+    try:
+        spec = load_sweep(sweep)
+        plan(spec, keep_invalid="--keep-invalid" in extra, source=sweep)
+    except ConfigError as err:  # report the sweep's problems and the options' together
+        raise ConfigError(err.source, problems + err.problems) from None
+    if problems:
+        raise ConfigError("slurm options", problems)
+    store_path = Path(store or spec.store).resolve()  # the job runs in its own directory
+    job_dir = _job_dir("jobs", spec.name)
+    job_id = sbatch(render(opts, job_dir, _run_payload(opts, Path(sweep).resolve(), store_path, list(extra))),
+                    job_dir, f"raybench-{spec.name}")
+    return job_id, job_dir
+
+
+def sweep_exit_code(job_id: str, job_dir: Path) -> int:
+    """Wait until a one-shot job has left the queue; the exit code of its sweep."""
+    wait_gone(job_id)
+    code_file = job_dir / "exit_code"
+    code = int(code_file.read_text()) if code_file.is_file() else None
+    if code is None:
+        raise SlurmError(f"job {job_id} ended before the sweep finished; its log ends:\n{log_tail(job_dir)}")
+    return code
+
+
+def _run_payload(opts: SlurmOptions, sweep: Path, store: Path, extra: list[str]) -> str:
+    """Template payload of a one-shot job: run the sweep on the job's cluster and exit with its exit code."""
+    cmd = shlex.join([sys.executable, "-m", "raybench", "run", str(sweep), "--store", str(store), *extra])
+    return (f'{_container(opts)} {cmd} --address "$RAY_ADDRESS"\n'
+            'rc=$?\necho $rc > "$RAYBENCH_JOB_DIR/exit_code"\nexit $rc\n')
+
+
+# ----- warm clusters, recorded by name -----
+
+def _record_path(name: str) -> Path:
+    if not _NAME.match(name):
+        raise ConfigError("cluster name", [Problem("NAME", name, "letters, digits, '_', '.', '-' (at most 64)")])
+    return raybench_home() / "clusters" / f"{name}.json"
+
+
+def load_record(name: str) -> dict:
+    path = _record_path(name)
+    if not path.is_file():
+        raise SlurmError(f"no cluster named {name!r} (no {path}); start one with `raybench cluster up {name}`", 2)
+    return json.loads(path.read_text())
+
+
+def _save_record(record: dict) -> None:
+    path = _record_path(record["name"])
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    tmp.touch(mode=0o600)  # it holds the cluster's token: owner only, before a byte is written
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(path)
+
+
+def cluster_up(name: str, opts: SlurmOptions, ready_timeout: float = 900) -> dict:
+    """Submit a job that holds a Ray cluster, record it under `name`, wait until its address is known."""
+    check_options(opts)
+    path = _record_path(name)
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if job_state(old["job_id"]) is not None:
+            raise SlurmError(f"cluster {name!r} is already up (job {old['job_id']}); "
+                             f"`raybench cluster down {name}` first, or pick another name", 2)
+    job_dir = _job_dir("clusters", name)
+    job_id = sbatch(render(opts, job_dir, HOLD_PAYLOAD), job_dir, f"raybench-{name}")
+    record = {"name": name, "job_id": job_id, "job_dir": str(job_dir), "address": None,
+              "token": (job_dir / "token").read_text(), "options": asdict(opts)}
+    _save_record(record)
+    deadline = time.monotonic() + ready_timeout
+    while (address := _address(record)) is None:
+        if job_state(job_id) is None:
+            raise SlurmError(f"cluster {name!r} (job {job_id}) ended before Ray came up; its log ends:\n"
+                             f"{log_tail(job_dir)}")
+        if time.monotonic() > deadline:
+            raise SlurmError(f"cluster {name!r} (job {job_id}) is not up after {ready_timeout:.0f} s (still "
+                             f"{job_state(job_id)}); see `raybench cluster status {name}`")
+        time.sleep(1)
+    record["address"] = address
+    _save_record(record)
+    return record
+
+
+def _address(record: dict) -> str | None:
+    path = Path(record["job_dir"]) / "address"
+    return path.read_text().strip() if path.is_file() else None
+
+
+def cluster_status(name: str) -> dict:
+    record = load_record(name)
+    state = job_state(record["job_id"])
+    return {"name": name, "job_id": record["job_id"], "state": state or "GONE",
+            "address": _address(record) if state else None, "job_dir": record["job_dir"]}
+
+
+def cluster_down(name: str, timeout: float = 300) -> str:
+    """scancel the cluster's job and wait until SLURM has ended every process of it; forget the name."""
+    record = load_record(name)
+    job_id = record["job_id"]
+    if job_state(job_id) is not None:
+        _slurm("scancel", job_id)
+        if not wait_gone(job_id, timeout):
+            raise SlurmError(f"job {job_id} of cluster {name!r} is still {job_state(job_id)} after {timeout} s")
+    _record_path(name).unlink(missing_ok=True)
+    return job_id
+
+
+def connect(name: str) -> str:
+    """Address of the named cluster, with its token put in this process's environment for Ray clients.
+
+    Must run before `import ray`: Ray fixes its auth mode when it is first imported.
+    """
+    record = load_record(name)
+    if job_state(record["job_id"]) is None:
+        raise SlurmError(f"cluster {name!r} is not running (job {record['job_id']} has ended); "
+                         f"`raybench cluster up {name}` to start it again", 2)
+    address = _address(record)
+    if address is None:
+        raise SlurmError(f"cluster {name!r} (job {record['job_id']}) is not up yet; "
+                         f"see `raybench cluster status {name}`", 2)
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = record["token"]
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    return address

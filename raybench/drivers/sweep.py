@@ -1,0 +1,413 @@
+"""Run a planned sweep on Ray: Ray Tune schedules one lightweight driver per trial; each driver runs its
+trial through the executor and writes the row itself, so a row exists even when Tune loses track of a trial.
+A search (`raybench.drivers.search`) is a strategy this driver hands to Tune: it picks the points, Tune runs them.
+
+This module, `trial` and the executors are the only ones that import Ray, always inside functions: Ray fixes
+its auth mode when it is first imported (`use_token_auth` must run before), and `raybench plan`, `validate`
+and `estimate` never need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from raybench.drivers import executors
+from raybench.drivers.executors import RAY_WORKER_ENV, train
+from raybench.drivers.progress import SweepProgress, as_progress, peak_gib
+from raybench.drivers.search import ANSWERED, FINISHED, PlannedSearch, SearchSpace, make_sampler, stored_rows
+from raybench.drivers.trial import build_row, run_trial, summary
+from raybench.planning.payload import TrialPayload
+from raybench.planning.plan import PlannedTrial, plan
+from raybench.results import store
+from raybench.spec.sweep_spec import SweepSpec
+
+# Trial drivers only wait on their trainer; they hold one slot of this custom resource instead of real CPUs
+# (a Tune trial cannot ask for zero resources), so drivers never steal cores from the workers.
+DRIVER_RESOURCE = "raybench_driver"
+DRIVER_SLOTS = 1000
+GRID_CHUNK_TRIALS = 200  # planned trials per Ray Tune experiment (see run_planned)
+# Embedded Ray clusters live in TEMP_ROOT/rb-*; OWNER_FILE there names the raybench process that owns one.
+TEMP_ROOT = "/tmp"
+OWNER_FILE = "raybench-owner"
+
+
+class Terminated(BaseException):
+    """SIGTERM (end of allocation, scancel) reached the sweep: stop now, keep what is stored."""
+
+
+@contextlib.contextmanager
+def terminate_on_sigterm():
+    """Turn SIGTERM into `Terminated` in the main thread so that every `finally` (Ray shutdown) runs."""
+    def handler(signum, frame):
+        raise Terminated(f"received signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _process_id(pid: int) -> str:
+    """pid plus start time: a pid alone may be reused by an unrelated process."""
+    return f"{pid} {psutil.Process(pid).create_time()}"
+
+
+def _owner_alive(temp_dir: Path) -> bool:
+    try:
+        recorded = (temp_dir / OWNER_FILE).read_text().strip()
+        return _process_id(int(recorded.split()[0])) == recorded
+    except (OSError, ValueError, psutil.Error):
+        return False
+
+
+def _processes_using(directory: Path) -> list:
+    """This user's processes with an open file or working directory inside `directory`."""
+    prefix, found = str(directory) + "/", []
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            if proc.info["uids"].real != os.getuid() or proc.pid == os.getpid():
+                continue
+            paths = [f.path for f in proc.open_files()] + [proc.cwd()]
+            if any(p.startswith(prefix) for p in paths):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def reap_stale_clusters(root: str = TEMP_ROOT) -> list[Path]:
+    """Kill what is left of embedded Rays whose raybench process died (kill -9, OOM killer) and delete their
+    temp dirs. Only dirs with an owner file whose process is gone are touched; other Rays are never seen."""
+    reaped = []
+    for temp_dir in Path(root).glob("rb-*"):
+        owned = (temp_dir / OWNER_FILE).is_file() and temp_dir.stat().st_uid == os.getuid()
+        if not owned or _owner_alive(temp_dir):
+            continue
+        remove_cluster_dir(temp_dir)
+        reaped.append(temp_dir)
+    return reaped
+
+
+def remove_cluster_dir(temp_dir: Path) -> None:
+    """Stop the processes that still use an embedded Ray's temp dir (SIGTERM, then SIGKILL), then delete it."""
+    procs = _processes_using(temp_dir)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def ray_cluster(address: str | None, verbose: bool = False):
+    """Connect to `address`, or start a private local Ray that touches no other Ray on this host; yields the
+    Ray dashboard's URL (None when that Ray runs none, or was connected before)."""
+    if not address:
+        use_token_auth()  # before `import ray`
+    import ray
+
+    if ray.is_initialized():
+        yield _dashboard.get("url")  # an outer ray_cluster's, or None when Ray was started by someone else
+        return
+    log = dict(log_to_driver=verbose, logging_level="INFO" if verbose else "WARNING")
+    if address:
+        context = ray.init(address=address, runtime_env={"env_vars": RAY_WORKER_ENV}, **log)
+        try:
+            yield _remember_dashboard(context.dashboard_url)
+        finally:
+            ray.shutdown()
+            _dashboard.clear()
+        return
+    reap_stale_clusters()
+    temp_dir = tempfile.mkdtemp(prefix="rb-", dir=TEMP_ROOT)  # short: Ray's unix sockets need paths <= 107 bytes
+    Path(temp_dir, OWNER_FILE).write_text(_process_id(os.getpid()))
+    try:
+        # Ray's gRPC servers listen on every interface whatever the node IP: token auth is what keeps other
+        # hosts out. The dashboard listens on localhost only. It must run: Train V2's placement-group cleaner
+        # asks it whether a Train controller is alive, and without it a controller killed at a trial's timeout
+        # leaves its placement group (the trial's CPUs/GPUs) reserved for good.
+        context = ray.init(address="local", _temp_dir=temp_dir, resources={DRIVER_RESOURCE: DRIVER_SLOTS},
+                           include_dashboard=_dashboard_installed(), dashboard_host="127.0.0.1",
+                           runtime_env={"env_vars": RAY_WORKER_ENV}, **log)
+        yield _remember_dashboard(context.dashboard_url)
+    finally:
+        ray.shutdown()
+        _dashboard.clear()
+        remove_cluster_dir(Path(temp_dir))  # Ray's agents can outlive shutdown and keep writing logs there
+
+
+_dashboard: dict[str, str | None] = {}  # the dashboard of the Ray this process connected to last
+
+
+def _remember_dashboard(address: str | None) -> str | None:
+    _dashboard["url"] = f"http://{address}" if address and "://" not in address else address or None
+    return _dashboard["url"]
+
+
+def _dashboard_installed() -> bool:
+    """Whether Ray's dashboard can start (ray[default]). Without it (a minimal Ray) runs still work, but the
+    train executor cannot reclaim a timed-out trial's placement group: say so instead of failing ray.init."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401  (Ray's own test of a dashboard-capable install)
+    except ImportError as err:
+        warnings.warn(f"Ray dashboard dependencies are missing ({err}); running without the dashboard. Install "
+                      "ray[default] for it: the train executor needs it to free a timed-out trial's resources.",
+                      stacklevel=2)
+        return False
+    return True
+
+
+def use_token_auth() -> None:
+    """Embedded Ray runs with token auth and a fresh random token unless the user chose a mode explicitly
+    (an implicit mode is a trap: a stray ~/.ray token switches token auth on silently).
+
+    Ray fixes its auth mode when `ray` is first imported, so this must run before that import. If Ray was
+    imported earlier without a mode, the mode it runs with (disabled) is made explicit and said out loud.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    if "ray" in sys.modules:
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        warnings.warn("ray was imported before raybench could enable token auth; the embedded Ray runs without "
+                      "it. Set RAY_AUTH_MODE (and RAY_AUTH_TOKEN) before importing ray to choose.", stacklevel=2)
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+
+
+def max_concurrent(trials: list[PlannedTrial], cluster: dict[str, float]) -> int:
+    """How many of the largest trial fit on the cluster at once (at least one)."""
+    need_cpu = max(t.config.resources.workers * t.config.resources.cpus_per_worker for t in trials)
+    need_gpu = max(t.config.resources.workers * t.config.resources.gpus_per_worker for t in trials)
+    fits = math.floor(cluster.get("CPU", 0) / need_cpu)
+    if need_gpu:
+        fits = min(fits, math.floor(cluster.get("GPU", 0) / need_gpu))
+    return max(1, fits)
+
+
+def _driver_resources(cluster: dict[str, float]) -> dict[str, float]:
+    if cluster.get(DRIVER_RESOURCE, 0) >= 1:
+        return {"cpu": 0, DRIVER_RESOURCE: 1}
+    return {"cpu": 0.02}  # a cluster raybench did not start: take a sliver of a CPU
+
+
+def _trial_driver(config: dict) -> None:
+    """Ray Tune function trainable: run one trial, store its row, report the headline metrics to Tune."""
+    from ray import tune
+
+    job = config["job"]
+    rows = []
+    # A grid trial is one payload; a searched point is one payload per repeat.
+    for payload in _payloads(config):
+        rows.append(run_trial(TrialPayload.from_dict(payload), job["sweep"], job["store"], job["executor"],
+                              executors.get(job["executor"])))
+        row = rows[-1]
+        # A searcher learns the point's outcome from the rows it reported (JSON: Tune results stay flat).
+        fields = ("trial_id", "status", "message", "trial_wall_s", *job.get("metrics", ()))
+        tune.report({"status": row["status"], "tok_per_s_per_device": row.get("tok_per_s_per_device") or 0.0,
+                     "trial_id": row["trial_id"], "summary": summary(row), "peak_gib": peak_gib(row),
+                     "rows_json": json.dumps([{k: r.get(k) for k in fields} for r in rows])})
+
+
+def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
+                address: str | None = None, progress: Callable[[str], None] = print, verbose: bool = False,
+                search: PlannedSearch | None = None, max_in_flight: int | None = None) -> None:
+    """Run every planned trial through Ray Tune (grid order), or with `search` the points that searcher picks
+    among them (at most `max_in_flight` at once); rows land in the store as trials finish."""
+    if not address:
+        use_token_auth()  # before `import ray`
+    import ray
+    from ray import tune
+
+    store_path = str(Path(store_path).resolve())  # drivers run with another working directory
+    # Tune's own console tables duplicate what raybench prints (its result files go to a temp dir).
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Ctrl-C must stop the sweep like SIGTERM does, not make Tune end its trials and return as if it had run
+    # them (the trials would then get "driver died" error rows).
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    job = {"sweep": sweep, "store": store_path, "executor": executor}
+    total = len(trials) if search is None else search.budget
+    reporter = as_progress(progress)  # a plain function gets one line per finished trial
+
+    # ray.init installs its own SIGTERM handler (a stack dump, then death with no cleanup): ours goes on after it.
+    with ray_cluster(address, verbose) as dashboard, terminate_on_sigterm(), \
+            tempfile.TemporaryDirectory(prefix="raybench-tune-") as tune_dir:
+        if executor != "pool":
+            from raybench.drivers.executors import pool  # imports Ray, which must follow use_token_auth
+
+            pool.release_idle()
+        cluster = ray.cluster_resources()
+        reporter.start(total, dashboard)
+        in_flight = min(max_concurrent(trials, cluster), max_in_flight or math.inf)
+
+        def fit(name: str, space: dict, **sampling) -> None:
+            callbacks = [tune_callback(reporter)]
+            if executor == "train":  # Ray Train can leave an ended trial's placement group reserved
+                callbacks.append(train.orphan_reaper())
+            tune.Tuner(
+                tune.with_resources(_trial_driver, _driver_resources(cluster)),
+                param_space={"job": job, **space},
+                # A warm pool's trial drivers are as reusable as its workers.
+                tune_config=tune.TuneConfig(max_concurrent_trials=in_flight, reuse_actors=executor == "pool",
+                                            **sampling),
+                run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=0, callbacks=callbacks),
+            ).fit()
+
+        if search is None:
+            # One Tuner per chunk of the grid: Tune keeps every trial of an experiment in the driver and rescans
+            # them at each step, so one Tuner over thousands of trials grows the driver and slows every trial.
+            chunk = max(GRID_CHUNK_TRIALS, 8 * in_flight)  # large enough that draining between chunks is rare
+            for start in range(0, len(trials), chunk):
+                fit(f"{sweep}-{start}", {"payload": tune.grid_search([t.as_payload().to_dict() for t in
+                                                                      trials[start:start + chunk]])})
+        else:  # the searcher hands each trial its payloads and says when it is done
+            job["metrics"] = search.metrics
+            fit(sweep, {}, search_alg=tune_searcher(search), num_samples=-1)
+
+    # A driver killed from outside (node loss, OOM killer) wrote nothing: give its trial an error row.
+    stored = set(store.read_table(store_path, sweep, latest=False).column("trial_id").to_pylist())
+    for t in trials if search is None else search.dispatched:
+        if t.trial_id not in stored:
+            store.write_row(store_path, build_row(t.as_payload(), sweep, "error",
+                                                  "trial driver died before storing a row",
+                                                  executor=executor))
+
+
+def write_unrun(trials: list[PlannedTrial], sweep: str, store_path: str) -> None:
+    """Rows for planned points that are not run (invalid combinations kept with --keep-invalid)."""
+    for t in trials:
+        store.write_row(store_path, build_row(t.as_payload(), sweep, t.status, "; ".join(t.reasons)))
+
+
+def tune_searcher(search: PlannedSearch):
+    """Ray Tune's view of a PlannedSearch (which speaks Tune's searcher protocol but does not import Ray)."""
+    from ray.tune.search import Searcher
+
+    class TuneSearcher(Searcher):
+        def __init__(self, inner: PlannedSearch):
+            super().__init__()
+            self.inner = inner
+
+        def suggest(self, trial_id: str):
+            return self.inner.suggest(trial_id)
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            self.inner.on_trial_complete(trial_id, result, error)
+
+        def save(self, checkpoint_path: str) -> None:
+            """Nothing to save: the result store is a search's checkpoint (a re-run replays from it)."""
+
+        def restore(self, checkpoint_path: str) -> None:
+            """See save()."""
+
+    return TuneSearcher(search)
+
+
+@dataclass
+class SearchResult:
+    ran: list[PlannedTrial]  # trials this run started
+    searcher: PlannedSearch = field(repr=False)
+
+
+def run_search(spec: SweepSpec, *, store_path: str, address: str | None = None, rerun: bool = False,
+               progress: Callable[[str], None] = print, verbose: bool = False, source: str = "<sweep>") -> SearchResult:
+    """Search the sweep's grid with spec.search; rows land in the store like a grid sweep's."""
+    trials = plan(spec, keep_invalid=True, source=source, store_path=store_path)  # invalid points included
+    objectives = spec.search.objectives()
+    stored = {} if rerun else stored_rows(store_path, spec.name, [m for m, _ in objectives], spec.executor)
+    space = SearchSpace(spec, trials)
+    searcher = PlannedSearch(
+        space, objectives, make_sampler(spec.search.algo, spec.search.seed, len(space.points)),
+        num_samples=spec.search.num_samples, early_stop=spec.search.early_stop, stored=stored,
+        record_unrun=lambda unrun: write_unrun(unrun, spec.name, store_path), log=progress)
+    runnable = [t for t in trials if t.status == "planned"]
+    if all(stored.get(t.trial_id, {}).get("status") in ANSWERED for t in runnable):
+        # Everything the searcher could ask for is stored: replay it here, without starting Ray.
+        if searcher.suggest("stored") != FINISHED:
+            raise AssertionError("a search whose every runnable trial is stored proposed a trial to run")
+    else:
+        run_planned(runnable, spec.name, store_path, spec.executor, address=address, progress=progress,
+                    verbose=verbose, search=searcher, max_in_flight=spec.search.max_concurrent)
+    progress(searcher.summary())
+    return SearchResult(searcher.dispatched, searcher)
+
+
+def _payloads(config: dict) -> list[dict]:
+    return config.get("payloads") or [config["payload"]]
+
+
+def tune_callback(progress: SweepProgress):
+    """The Ray Tune callback that feeds `progress`. A Tune trial runs one payload (a grid point), or one payload
+    per repeat of a searched point, one after the other, reporting a result after each."""
+    from ray import tune
+
+    class Progress(tune.Callback):
+        def __init__(self, progress: SweepProgress):
+            self.progress = progress
+            self.results: dict[str, int] = {}  # results seen per Tune trial: the k-th is its k-th payload's
+
+        def __getstate__(self) -> dict:
+            # Tune pickles its callbacks into the experiment state; the view (a lock, a thread, the terminal)
+            # belongs to this process only.
+            return {"progress": None, "results": {}}
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            first = _payloads(trial.config)[0]
+            self.progress.trial_started(first["trial_id"], first["axis_values"])
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            # (result["trial_id"] is Tune's own trial id, not raybench's)
+            k = self.results[trial.trial_id] = self.results.get(trial.trial_id, -1) + 1
+            payloads = _payloads(trial.config)
+            self.progress.trial_finished(payloads[k]["trial_id"], result)
+            if k + 1 < len(payloads):
+                self.progress.trial_started(payloads[k + 1]["trial_id"], payloads[k + 1]["axis_values"])
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            for p in _payloads(trial.config):
+                state = self.progress.states.get(p["trial_id"])
+                if state is not None and state.status == "running":
+                    self.progress.trial_failed(p["trial_id"], "trial driver died before reporting")
+
+    return Progress(progress)
+
+
+# ----- run inside the job by the template -----
+
+def wait_for_nodes(count: int, timeout: float) -> None:
+    """Block until `count` Ray nodes are alive on the cluster at RAY_ADDRESS (the job's own cluster)."""
+    import ray
+
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, logging_level="WARNING")
+    try:
+        deadline = time.monotonic() + timeout
+        while sum(n["Alive"] for n in ray.nodes()) < count:
+            if time.monotonic() > deadline:
+                sys.exit(f"raybench: only {sum(n['Alive'] for n in ray.nodes())} of {count} Ray nodes joined")
+            time.sleep(1)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["wait-nodes"]:
+    wait_for_nodes(int(sys.argv[2]), float(sys.argv[3]))

@@ -1,0 +1,142 @@
+"""One trial: run it through an executor, turn the outcome (failure included) into a row, store the row.
+
+A failed trial is a result row with a status and a one-line message, never an aborted sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from raybench.planning import estimate
+from raybench.planning.payload import TrialPayload
+from raybench.results import store
+from raybench.results.store import SCHEMA, flatten_config, json_column
+from raybench.runtime import fingerprint
+from raybench.spec.metrics import projection as metrics_projection
+from raybench.spec.redact import ANSI_ESCAPE, without_secrets
+
+STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
+# "ValueError: ...", and a qualified exception of any name ("torch._dynamo.exc.FailOnRecompileLimitHit: ...").
+EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s|^((?:[a-z_]\w*\.)+[A-Z]\w*):\s")
+# CUDA OOM, and a host allocation refused under resources.memory_limit_gib (torch's CPU allocator, Python).
+_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "OOM", "can't allocate memory",
+                "Cannot allocate memory", "MemoryError")
+# A torch.distributed collective that outlived the process-group timeout is a hang, not a crash.
+_TIMEOUT_MARKERS = ("Timed out waiting", "timed out after", "Watchdog caught collective operation timeout")
+# Enough for a deep traceback and a log tail; rows stay small enough to scan by the hundred thousand.
+ERROR_DETAIL_CHARS = 8000
+
+
+def one_line_message(text: str, limit: int = 500) -> str:
+    """The most telling line of an error text: its last 'SomeError: ...' line, else its first line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    picked = max((i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)), default=0)
+    message = lines[picked]
+    if message.endswith(":"):  # a heading ("Training failed due to worker errors:"): the reason comes next
+        reason = next((line for line in lines[picked + 1:] if not line.endswith(":")), "")
+        message = f"{message} {reason}".strip()
+    return message[:limit]
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(status, one-line message) of a failed trial; the message is the line that explains the status."""
+    # Ray's dead-worker message lists guesses ("killed by the OOM killer", ...) after this phrase: they are
+    # not findings, so they must not decide the status.
+    text = error_text(exc).split("Some common causes include")[0]
+    if isinstance(exc, TimeoutError):
+        return "timeout", one_line_message(text)
+    for status, markers in (("oom", _OOM_MARKERS), ("timeout", _TIMEOUT_MARKERS)):
+        lines = [line.strip() for line in text.splitlines() if any(m in line for m in markers)]
+        if lines:
+            return status, lines[-1][:500]
+    return "error", one_line_message(text)
+
+
+def error_text(exc: BaseException) -> str:
+    """A failure's whole text without secret values (removed before any cut, which could leave part of one)
+    or terminal colours (Ray colours its frame headers)."""
+    return without_secrets(ANSI_ESCAPE.sub("", f"{type(exc).__name__}: {exc}"))
+
+
+def error_detail(exc: BaseException) -> str:
+    """The end of a failed trial's error text: the remote traceback Ray carries, or torchrun's log tail."""
+    return error_text(exc)[-ERROR_DETAIL_CHARS:]
+
+
+def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metrics: dict | None = None,
+              started_at: datetime | None = None, ended_at: datetime | None = None,
+              wall_s: float | None = None, executor: str | None = None, detail: str | None = None) -> dict:
+    """A trial's result row: identity, config columns, what the worker measured (`metrics`: TrialMetrics fields
+    and provenance columns; a key outside the schema is an error) and what the plan derives from it."""
+    metrics = dict(metrics or {})
+    config = payload.config.model_dump(mode="json")
+    row = {
+        "sweep": sweep,
+        "trial_id": payload.trial_id,
+        "config_id": payload.config_id,
+        "repeat": payload.repeat,
+        "status": status,
+        "message": message,
+        "error_detail": detail,
+        "executor": executor,
+        "started_at": started_at,
+        "ended_at": ended_at or datetime.now(timezone.utc),
+        "trial_wall_s": wall_s,
+        **flatten_config(config),
+        "world_size": config["resources"]["workers"],
+        "num_layers": payload.num_layers,
+        "ac_blocks": list(payload.ac_blocks),
+        "axis_values_json": json_column(payload.axis_values),
+        "config_json": json_column(config),
+        "env_json": json_column(metrics.pop("env", None)),
+        # Failed trials carry no worker fingerprint; the driver runs on the same system, so its label holds.
+        "system": metrics.pop("system", None) or fingerprint.system_label(),
+    }
+    unknown = sorted(set(metrics) - set(SCHEMA.names))
+    if unknown:  # a misspelled metric must fail loudly, not become a null column
+        raise ValueError(f"trial {payload.trial_id}: result keys outside the row schema: {unknown}")
+    row.update({k: v for k, v in metrics.items() if k not in row})
+    plan = payload.projection
+    if row.get("tok_per_s") and row.get("nonpad_tok_per_s") and row.get("tokens_per_step"):
+        nonpad_fraction = row["nonpad_tok_per_s"] / row["tok_per_s"]  # the share of processed tokens that are real
+        step_s = row["tokens_per_step"] / row["tok_per_s"]  # the throughput columns' time per step
+        row.update(metrics_projection(step_s, row["tokens_per_step"], nonpad_fraction, row["world_size"],
+                                      plan.dataset_tokens, plan.epochs, plan.total_steps))
+    row.update(estimate.row_fields(payload.estimate, row))  # and, for ok rows, the estimate's error
+    return row
+
+
+def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
+              execute: Callable[[TrialPayload], dict]) -> dict:
+    """Execute one planned trial and store its row; never raises for a failure of the trial itself."""
+    started_at = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    # Per-cluster measurements (the all-reduce probe) are cached next to the results they explain.
+    payload = payload.replace(cache_dir=str(Path(store_path) / "_cache"))
+    detail = None
+    try:
+        metrics, status, message = execute(payload), "ok", ""
+    except Exception as exc:  # any failure of the benchmark becomes the row's status
+        metrics = {}
+        (status, message), detail = classify(exc), error_detail(exc)
+    row = build_row(payload, sweep, status, message, metrics, started_at, datetime.now(timezone.utc),
+                    time.perf_counter() - t0, executor, detail)
+    store.write_row(store_path, row)
+    return row
+
+
+def summary(row: dict) -> str:
+    """One progress line for a finished trial."""
+    axes = json.loads(row["axis_values_json"] or "{}")
+    where = " ".join(f"{k.split('.')[-1]}={v}" for k, v in axes.items())
+    if row["status"] == "ok":
+        return (f"{row['trial_id']} ok  {where}  {row['tok_per_s_per_device']:.0f} tok/s/device  "
+                f"step p50 {row['step_time_p50_s'] * 1000:.0f} ms")
+    return f"{row['trial_id']} {row['status']}  {where}  {row['message']}"

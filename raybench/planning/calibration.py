@@ -1,0 +1,78 @@
+"""Calibrate the memory estimate with measured peaks: per model x strategy x device type, the median of
+measured / estimated over the store's ok rows (every sweep in the store, latest attempt per trial).
+
+A row's `est_peak_error` is measured / raw estimate - 1, so the ratio is 1 + est_peak_error. Rows stored before
+the estimate existed have no error and do not count.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from raybench.results import store
+from raybench.spec.hardware import find_gpu
+from raybench.spec.sweep_spec import TrialConfig
+
+Key = tuple[str, str, str]  # (model preset or path, strategy, device type)
+
+
+def key_of(config: TrialConfig) -> Key:
+    model = config.model.preset or config.model.path or ""
+    return model, config.train.strategy, "cuda" if config.resources.gpus_per_worker > 0 else "cpu"
+
+
+def factors(store_path: str | Path | None) -> dict[Key, tuple[float, int]]:
+    """{key: (median measured/estimated ratio, rows)} from the store's ok rows that carry an estimate error."""
+    if store_path is None or not Path(store_path).is_dir():
+        return {}
+    table = store.read_table(store_path)
+    columns = ("status", "model_preset", "model_path", "train_strategy", "device_type", "est_peak_error")
+    rows = zip(*(table.column(c).to_pylist() for c in columns))
+    ratios: dict[Key, list[float]] = {}
+    for status, preset, path, strategy, device, error in rows:
+        if status == "ok" and error is not None and device:
+            ratios.setdefault((preset or path or "", strategy, device), []).append(1 + error)
+    return {k: (statistics.median(v), len(v)) for k, v in ratios.items()}
+
+
+# Rehearsals (`raybench rehearse`) are kept beside the store's rows, one JSON file per trial config.
+REHEARSALS_DIR = "rehearsals"
+
+
+def rehearsal_path(store_path: str | Path, config_id: str) -> Path:
+    return Path(store_path) / REHEARSALS_DIR / f"{config_id}.json"
+
+
+def rehearsals(store_path: str | Path | None) -> dict[str, dict]:
+    """{config_id: rehearsal} of every rehearsal stored in the store (see raybench/rehearse/)."""
+    if store_path is None or not (Path(store_path) / REHEARSALS_DIR).is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text()) for p in sorted((Path(store_path) / REHEARSALS_DIR).glob("*.json"))
+            if not p.name.startswith(".")}
+
+
+def save_rehearsal(store_path: str | Path, config_id: str, rehearsal: dict) -> Path:
+    path = rehearsal_path(store_path, config_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(rehearsal, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def probe_busbw_gbps(store_path: str | Path | None, world_size: int, gpu: str | None) -> float | None:
+    """The highest all-reduce bus bandwidth (GB/s) stored rows of this world size on this GPU measured; None
+    without such rows (the probe runs only when a sweep runs multi-rank trials for a store)."""
+    if store_path is None or not Path(store_path).is_dir() or world_size < 2:
+        return None
+    table = store.read_table(store_path)
+    columns = ("world_size", "gpu_name", "allreduce_busbw_gbps")
+    found = [bw for world, name, bw in zip(*(table.column(c).to_pylist() for c in columns))
+             if world == world_size and bw and (gpu is None or _same_gpu(name, gpu))]
+    return max(found) if found else None
+
+
+def _same_gpu(name: str | None, gpu: str) -> bool:
+    return name is not None and find_gpu(name) is not None and find_gpu(name) == find_gpu(gpu)

@@ -1,0 +1,228 @@
+"""Grid expansion, cross-field checks and content-hash trial ids. Starts nothing and imports no torch."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from raybench.planning import calibration, estimate
+from raybench.planning.payload import TrialPayload
+from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
+from raybench.spec.errors import ConfigError, Problem
+from raybench.spec.presets import ModelShape, model_shape
+from raybench.spec.sac import checkpointed_blocks
+from raybench.spec.sweep_spec import CacheSpec, PoolSpec, ProjectionSpec, SweepSpec, TrialConfig
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One point of the grid (one repeat of it), ready to run or marked invalid with reasons."""
+
+    index: int
+    trial_id: str
+    config_id: str
+    repeat: int
+    config: TrialConfig
+    axis_values: dict[str, Any]
+    shape: ModelShape
+    ac_blocks: tuple[int, ...]
+    status: str = "planned"  # or "invalid", or "skipped" (estimated not to fit in device memory)
+    reasons: tuple[str, ...] = field(default=())
+    projection: ProjectionSpec = field(default_factory=ProjectionSpec)  # the planned full run; not part of the id
+    pool: PoolSpec = field(default_factory=PoolSpec)  # warm-pool settings; not part of the id
+    caches: CacheSpec = field(default_factory=CacheSpec)  # weights and compile cache settings; not part of the id
+    estimate: dict = field(default_factory=dict)  # memory/step-time estimate (estimate.assess); not part of the id
+
+    @property
+    def world_size(self) -> int:
+        return self.config.resources.workers
+
+    def as_payload(self) -> TrialPayload:
+        """What a trial driver, its executor and its ranks get."""
+        return TrialPayload(
+            trial_id=self.trial_id, config_id=self.config_id, repeat=self.repeat, config=self.config,
+            axis_values=self.axis_values, ac_blocks=self.ac_blocks, num_layers=self.shape.num_hidden_layers,
+            projection=self.projection, pool=self.pool, caches=self.caches, estimate=self.estimate,
+        )
+
+
+def config_id(config: TrialConfig) -> str:
+    """Stable content hash of a resolved trial config: same config, same id, on every run and machine."""
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def trial_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[str, str]]:
+    """Cross-field rules: (field, reason) for each way this combination cannot run."""
+    train, res = config.train, config.resources
+    problems = []
+    if train.warmup_steps >= train.steps:
+        problems.append(("train.warmup_steps", f"warmup_steps ({train.warmup_steps}) must be below steps "
+                         f"({train.steps}) so that some steps are timed"))
+    if train.seq_len > shape.max_position_embeddings:
+        problems.append(("train.seq_len", f"seq_len {train.seq_len} exceeds the model's "
+                         f"max_position_embeddings {shape.max_position_embeddings}"))
+    if config.data.pin_memory and res.gpus_per_worker == 0:
+        problems.append(("data.pin_memory", "pin_memory needs GPUs (resources.gpus_per_worker: 1)"))
+    if config.data.prefetch_factor is not None and config.data.num_workers == 0:
+        problems.append(("data.prefetch_factor", "prefetch_factor needs loader workers (data.num_workers > 0); "
+                         "remove it or add workers"))
+    return problems + parallelism_problems(config, shape) + technique_problems(config)
+
+
+def parallelism_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[str, str]]:
+    """Rules for strategy, tp_size, ZeRO offload: what the mesh and the engines can express."""
+    train, workers = config.train, config.resources.workers
+    problems = []
+    if train.strategy == "tp" and train.tp_size != workers:
+        problems.append(("train.tp_size", f"strategy tp puts all {workers} ranks in one TP group: set "
+                         f"train.tp_size: {workers} (or use tp_fsdp2 for TP groups smaller than the world)"))
+    elif train.strategy == "tp_fsdp2" and (train.tp_size < 2 or workers % train.tp_size):
+        problems.append(("train.tp_size", f"tp_fsdp2 needs a tp_size >= 2 that divides resources.workers "
+                         f"({workers}); got {train.tp_size}"))
+    elif train.strategy == "deepspeed" and train.tp_size != 1:
+        problems.append(("train.tp_size", "tensor parallelism with deepspeed is not supported (ZeRO shards over "
+                         "data-parallel ranks only); use strategy tp_fsdp2, or tp_size: 1"))
+    elif not train.tensor_parallel and train.tp_size != 1:
+        problems.append(("train.tp_size", f"tp_size applies to strategies tp and tp_fsdp2, not "
+                         f"{train.strategy}; set train.tp_size: 1"))
+    if train.tensor_parallel:
+        for what, heads in (("attention heads", shape.num_attention_heads), ("KV heads", shape.num_key_value_heads)):
+            if heads % train.tp_size:
+                problems.append(("train.tp_size", f"tp_size {train.tp_size} must divide the model's {heads} "
+                                 f"{what} (each rank holds whole heads)"))
+        if train.finetune != "full":
+            problems.append(("train.finetune", f"{train.strategy} splits nn.Linear weights and cannot split PEFT "
+                             "adapter layers; use finetune: full, or strategy ddp/fsdp2 for LoRA"))
+    if train.offload != "none":
+        if train.strategy != "deepspeed":
+            problems.append(("train.offload", f"offload is a DeepSpeed ZeRO option; strategy is {train.strategy}"))
+        if config.resources.gpus_per_worker == 0:
+            problems.append(("train.offload", "offload moves ZeRO state from GPU to host memory and needs GPUs "
+                             "(resources.gpus_per_worker: 1); set train.offload: none on CPU"))
+        if train.offload == "optimizer_params" and train.zero_stage != 3:
+            problems.append(("train.offload", "parameter offload needs train.zero_stage: 3 (stages 1-2 keep "
+                             "full parameters on every GPU)"))
+    return problems
+
+
+def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
+    """Rules for precision, QLoRA, Liger, attention kernel and AC mode."""
+    train, gpus = config.train, config.resources.gpus_per_worker
+    problems = []
+    if train.precision == "fp16":
+        if not train.grad_scaler:
+            problems.append(("train.grad_scaler", "fp16 gradients underflow without loss scaling; set "
+                             "train.grad_scaler: true, or use precision bf16"))
+        if train.strategy not in ("ddp", "deepspeed"):
+            problems.append(("train.precision", f"fp16 loss scaling is wired for ddp (GradScaler) and deepspeed "
+                             f"(its own scaler), not {train.strategy}; use bf16 with {train.strategy}"))
+    if train.compile and train.strategy == "deepspeed" and train.zero_stage == 3:
+        problems.append(("train.compile", "DeepSpeed ZeRO-3 gathers and frees parameters in hooks on every "
+                         "submodule, which split each compiled block apart and recompile for every module past "
+                         "torch.compile's limit; compile with fsdp2 (the same sharding) or zero_stage 1/2, or set "
+                         "train.compile: false"))
+    if train.optimizer == "adafactor" and train.strategy in ("fsdp2", "tp", "tp_fsdp2"):
+        problems.append(("train.optimizer", f"torch's Adafactor updates its factored statistics in place, which "
+                         f"DTensor parameters ({train.strategy}) reject; use adafactor with ddp or deepspeed, or "
+                         "adamw/sgd"))
+    if train.finetune == "qlora":
+        if gpus == 0:
+            problems.append(("train.finetune", "qlora needs CUDA (bitsandbytes 4-bit kernels; "
+                             "resources.gpus_per_worker: 1); on CPU use finetune: lora"))
+        if train.strategy != "ddp":
+            problems.append(("train.finetune", f"qlora runs with strategy ddp: 4-bit weights are not sharded by "
+                             f"{train.strategy} here"))
+    if train.liger and gpus == 0:
+        problems.append(("train.liger", "Liger kernels need CUDA (Triton; resources.gpus_per_worker: 1); "
+                         "set train.liger: false on CPU"))
+    if config.model.attn_implementation == "flash_attention_2" and gpus == 0:
+        problems.append(("model.attn_implementation", "flash_attention_2 needs CUDA; use sdpa on CPU"))
+    if train.ac_saved_ops is not None and train.ac_mode != "op":
+        problems.append(("train.ac_saved_ops", "lists what op-level AC keeps; set train.ac_mode: op"))
+    unknown = _unknown_operators(train.ac_saved_ops or [])
+    if unknown:
+        problems.append(("train.ac_saved_ops", f"{unknown[0]!r} is not an aten operator, so nothing would be kept "
+                         "for it; use the names `raybench best --predict` prints (mm, sdpa, mul#2, ...)"))
+    if (train.compile and train.tensor_parallel and train.ac_saved_ops is not None
+            and not {"sdpa", "sdpa#0"} & set(train.ac_saved_ops)):  # a block's one attention call
+        problems.append(("train.ac_saved_ops", f"{train.strategy} with compile cannot recompute attention in a "
+                         "checkpointed block (torch 2.13's compiler fails on its random state next to the "
+                         "DeviceMesh); add 'sdpa' to the list, or set train.compile: false"))
+    if train.ac_mode == "op" and Fraction(train.ac_ratio) == 0:
+        problems.append(("train.ac_mode", "op-level AC applies to the blocks ac_ratio selects and ac_ratio is 0; "
+                         "set train.ac_ratio (1 = every block)"))
+    return problems
+
+
+def _unknown_operators(saved_ops: list[str]) -> list[str]:
+    """Entries of train.ac_saved_ops that name no aten operator ("sdpa" stands for every attention kernel)."""
+    if not saved_ops:
+        return []
+    import torch  # only for sweeps that list operators: planning stays torch-free otherwise
+
+    names = {entry.split("#")[0] for entry in saved_ops} - {"sdpa"}
+    return sorted(name for name in names if not hasattr(torch.ops.aten, name))
+
+
+def _grid(spec: SweepSpec):
+    """Axis-value dicts in declaration order (first axis varies slowest), excluded points removed."""
+    keys = list(spec.axes)
+    for combo in itertools.product(*(spec.axes[k] for k in keys)):
+        values = dict(zip(keys, combo))
+        if not excluded(values, spec.exclude):
+            yield values
+
+
+def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
+         store_path: str | Path | None = None) -> list[PlannedTrial]:
+    """Expand the grid into trials. Invalid points raise one ConfigError, or stay as invalid rows if asked.
+
+    Every valid trial gets a memory/step-time estimate, calibrated by the measured rows in `store_path` when
+    given; with spec.estimate.prune, trials that would not fit in device memory are marked skipped.
+    """
+    factors = calibration.factors(store_path)
+    rehearsed = calibration.rehearsals(store_path)
+    base = spec.base_trial()
+    shapes: dict[tuple, ModelShape] = {}
+    trials, problems = [], []
+    for grid_values in _grid(spec):
+        raw = copy_trial(base)
+        # Bundle axes set several fields per value; trials show every field an axis set, by its dotted path.
+        values = {path: leaf for key, value in grid_values.items()
+                  for path, leaf in axis_assignments(key, value).items()}
+        for key, value in values.items():
+            set_path(raw, key, value)
+        config = TrialConfig.model_validate(raw)  # each axis value was validated alone in load_sweep
+        key = (config.model.preset, config.model.path)
+        shape = shapes.get(key) or shapes.setdefault(key, model_shape(config))
+        reasons = trial_problems(config, shape)
+        cid = config_id(config)
+        blocks = tuple(checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
+        if reasons and not keep_invalid:
+            where = ", ".join(f"{k}={v!r}" for k, v in values.items()) or "base config"
+            problems += [Problem(f, where, f"{why}; drop this point with `exclude:`, or pass --keep-invalid "
+                                 "to record it as an invalid row") for f, why in reasons]
+            continue
+        status, why_not = ("invalid", tuple(why for _, why in reasons)) if reasons else ("planned", ())
+        est = {}
+        if not reasons:  # an invalid combination has no meaningful estimate (its mesh may not even exist)
+            raw_est = estimate.estimate(config, shape, blocks, spec.estimate.gpu)
+            est, skip = estimate.assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)),
+                                        rehearsed.get(cid))
+            if skip:
+                status, why_not = "skipped", (skip,)
+        for repeat in range(spec.repeats):
+            trials.append(PlannedTrial(
+                index=len(trials), trial_id=f"{cid}-r{repeat}", config_id=cid, repeat=repeat, config=config,
+                axis_values=values, shape=shape, ac_blocks=blocks, status=status, reasons=why_not,
+                projection=spec.projection, pool=spec.pool, caches=spec.caches, estimate=est,
+            ))
+    if problems:
+        raise ConfigError(source, problems)
+    return trials

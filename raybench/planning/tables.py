@@ -1,0 +1,84 @@
+"""Text tables of planned trials: the plan, its estimates and its rehearsals."""
+
+from __future__ import annotations
+
+from raybench.planning import estimate
+from raybench.planning.plan import PlannedTrial
+from raybench.results.report import cell, render
+
+
+def plan_table(trials: list[PlannedTrial]) -> str:
+    axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
+    headers = ["#", "trial_id", *axes, "world", "layers", "ac_blocks", "status"]
+    rows = [
+        [str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes), str(t.world_size),
+         str(t.shape.num_hidden_layers), ",".join(map(str, t.ac_blocks)) or "-",
+         t.status if not t.reasons else f"{t.status}: {'; '.join(t.reasons)}"]
+        for t in trials
+    ]
+    return render(headers, rows)
+
+
+def estimate_table(trials: list[PlannedTrial]) -> str:
+    """One line per planned trial: axis values, the components, peak (raw and calibrated), fits, step guess."""
+    axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
+    headers = ["#", "trial_id", *(a.split(".")[-1] for a in axes), "world", "params", "grads", "optim", "activ",
+               "other", "peak GiB", "calib", "calibrated", "rehearsed", "limit", "fits", "step s (guess)",
+               "step s (rehearsed)", "status"]
+    rows = []
+    for t in trials:
+        e = t.estimate
+        if not e:  # invalid points (--keep-invalid) have no estimate
+            rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes),
+                         str(t.world_size), *["-"] * 13, f"{t.status}: {'; '.join(t.reasons)}"])
+            continue
+        fits = {True: "yes", False: "NO", None: "-"}[e["fits"]]
+        limit = None if e["memory_gib"] is None else e["memory_gib"] - e["margin_gib"]
+        rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes), str(t.world_size),
+                     *(cell(e[k], ".2f") for k in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib",
+                                            "other_gib", "peak_gib")),
+                     cell(e["calibration"], ".2f"), cell(e["peak_calibrated_gib"], ".2f"),
+                     cell(e.get("rehearsed_peak_gib"), ".2f"), cell(limit, ".2f"), fits,
+                     cell(e["step_time_s"], ".3g"), cell(e.get("rehearsed_step_time_s"), ".3g"), t.status])
+    return render(headers, rows)
+
+
+def rehearsal_table(rows: list[dict]) -> str:
+    """One line per rehearsed configuration: peak memory by category, communication, predicted step time."""
+    axes = list(dict.fromkeys(k for r in rows for k in r["axis_values"]))
+    headers = ["#", "config_id", *(a.split(".")[-1] for a in axes), "world", "method", "params", "grads", "optim",
+               "activ", "temp", "peak GiB", "reserved", "comm GB", "busbw", "compute s", "exposed comm s", "step s",
+               "trace s", "notes"]
+    lines = []
+    for r in rows:
+        m = r["memory_gib"]
+        comm = sum(r["comm_bytes"].values()) / 1e9 if r["comm_bytes"] else None
+        busbw = f"{r['busbw_gbps']:.0f} ({r['busbw_source']})" if r.get("busbw_gbps") else "-"
+        lines.append([str(r["index"]), r["config_id"], *(str(r["axis_values"].get(a, "")) for a in axes),
+                      str(r["world_size"]), r["method"],
+                      *(cell(m.get(k), ".2f") for k in ("parameters", "gradients", "optimizer_state", "activations",
+                                                        "temporaries")),
+                      cell(r["peak_gib"], ".2f"), cell(r.get("reserved_gib"), ".2f"), cell(comm, ".1f"), busbw,
+                      cell(r["compute_s"], ".3g"), cell(r["exposed_comm_s"], ".3g"), cell(r["step_time_s"], ".3g"),
+                      cell(r["trace_s"], ".0f"),
+                      "; ".join(r["notes"]) or "-"])
+    return render(headers, lines)
+
+
+def estimate_summary(trials: list[PlannedTrial], store_path: str) -> str:
+    """What the table adds up to, and where its calibration came from."""
+    estimated = [t for t in trials if t.estimate]
+    fits = sum(t.estimate["fits"] is True for t in estimated)
+    too_big = sum(t.estimate["fits"] is False for t in estimated)
+    calibrated = sum(t.estimate["calibration"] is not None for t in estimated)
+    unknown = len(estimated) - fits - too_big
+    parts = [f"{len(trials)} trials: {fits} fit, {too_big} do not fit"]
+    if unknown:
+        parts.append(f"{unknown} without a device memory limit (set estimate.gpu or estimate.device_memory_gib)")
+    parts.append(f"{sum(t.status == 'skipped' for t in trials)} skipped by pruning")
+    parts.append(f"{calibrated} calibrated by measured rows in {store_path}")
+    rehearsed = sum(t.estimate.get("peak_basis") == "rehearsed" for t in estimated)
+    if rehearsed:
+        parts.append(f"{rehearsed} judged by their rehearsal (`raybench rehearse`) instead of the estimate")
+    return "; ".join(parts) + (f". Step times are guesses (dense peak x {estimate.ASSUMED_MFU:.0%} MFU), "
+                               "not measurements.")

@@ -1,0 +1,128 @@
+"""`raybench best SWEEP --predict`: the value of an axis (the sAC ratio by default) whose stored rehearsal fits in
+device memory with the highest predicted tokens/s per GPU, per group of planned trials, and the op-level policy
+torch's SAC ILP picks for the same memory."""
+
+from __future__ import annotations
+
+from raybench.rehearse import policy, rehearsal
+from raybench.results.report import render
+
+
+def predicted_tok_per_s_per_device(trial) -> float | None:
+    """Tokens per second per GPU the rehearsal predicts: the step's tokens on one rank over its step time."""
+    step_s = trial.estimate.get("rehearsed_step_time_s") if trial.estimate else None
+    if not step_s:
+        return None
+    train = trial.config.train
+    return train.micro_batch * train.seq_len * train.grad_accum / train.tp_size / step_s
+
+
+def predicted_best(trials: list, axis: str = "train.ac_ratio", rehearsals: dict | None = None) -> list[dict]:
+    """Per group of planned trials that differ only in `axis`: the value whose rehearsal fits in device memory
+    with the highest predicted tokens/s per GPU (None when no rehearsed value fits), and every value's figures.
+
+    With the stored rehearsals ({config_id: rehearsal}), each group also gets "op_policy": the op-level
+    checkpointing policy torch's ILP picks within the same memory limit (see `group_op_policy`)."""
+    groups: dict[tuple, list] = {}
+    for t in trials:
+        if t.estimate and t.estimate.get("peak_basis") == "rehearsed":
+            key = tuple((k, str(v)) for k, v in t.axis_values.items() if k != axis)
+            groups.setdefault(key, []).append(t)
+    results = []
+    for key, members in groups.items():
+        values = [{"value": t.axis_values.get(axis), "peak_gib": t.estimate["rehearsed_peak_gib"],
+                   "fits": t.estimate["fits"], "tok_per_s_per_device": predicted_tok_per_s_per_device(t),
+                   "compute_s": t.estimate.get("rehearsed_compute_s") or 0.0} for t in members]
+        fitting = [v for v in values if v["fits"] and v["tok_per_s_per_device"]]
+        # Communication-bound steps predict equal times whatever is recomputed (it hides behind the collectives):
+        # among equals, the least compute (the least recomputation) wins.
+        best = max(fitting, key=lambda v: (round(v["tok_per_s_per_device"], 6), -v["compute_s"])) if fitting else None
+        first = members[0].estimate
+        results.append({"group": dict(key), "best": best, "values": values, "memory_gib": first["memory_gib"],
+                        "margin_gib": first["margin_gib"],
+                        "op_policy": group_op_policy(members, rehearsals) if rehearsals is not None else None})
+    return results
+
+
+def group_op_policy(members: list, rehearsals: dict) -> dict:
+    """The op-level policy for a group, from its member with every block checkpointed whole (the policy's
+    starting point, whose rehearsal holds one block's operators): {"policy": OpPolicy as a dict or None when
+    nothing fits, "peak_gib": reserved + CUDA context, "tok_per_s_per_device"}, or {"why": ...} without one."""
+    base = next((t for t in members if rehearsal.is_policy_base(t.config)), None)
+    full_ac = rehearsals.get(base.config_id) if base else None
+    if full_ac is None or not full_ac.get("block_ops"):
+        return {"why": "needs the rehearsal of the group's ac_ratio 1 (block mode) FSDP2 GPU trial"}
+    est, train = base.estimate, base.config.train
+    limit = est["memory_gib"] - est["margin_gib"] - est["other_gib"]  # what the allocator may reserve
+    chosen = policy.op_policy(full_ac, base.shape.num_hidden_layers, limit)
+    if chosen is None:
+        return {"policy": None}
+    if train.compile:  # the policy's base is an FSDP2 trial, whose compiled blocks the rehearsal inspects
+        chosen = policy.compiled_policy(chosen, base.config, base.shape)
+    tokens = train.micro_batch * train.seq_len * train.grad_accum / train.tp_size
+    return {"policy": chosen.as_dict(), "peak_gib": chosen.reserved_gib + est["other_gib"],
+            "tok_per_s_per_device": tokens / chosen.step_time_s}
+
+
+def predicted_best_report(trials: list, axis: str = "train.ac_ratio", rehearsals: dict | None = None) -> str:
+    """`raybench best SWEEP --predict`: the predicted best value of `axis` per group, one line per group; with
+    the stored rehearsals, then the op-level policy per group."""
+    results = predicted_best(trials, axis, rehearsals)
+    if not results:
+        return "no rehearsed trials: run `raybench rehearse SWEEP` first (it stores rehearsals in the sweep's store)"
+    headers = ["group", f"best {axis.split('.')[-1]}", "pred tok/s/GPU", "peak GiB", "limit GiB", "every value: "
+               "peak GiB / fits / tok/s/GPU"]
+    rows = []
+    for r in results:
+        best = r["best"]
+        every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'NO'}/"
+                          f"{v['tok_per_s_per_device'] or 0:.0f}" for v in r["values"])
+        if best:
+            chosen = [str(best["value"]), f"{best['tok_per_s_per_device']:.0f}", f"{best['peak_gib']:.1f}"]
+        else:
+            chosen = ["none fits", "-", "-"]
+        rows.append([_group_name(r), *chosen, _limit(r), every])
+    text = render(headers, rows)
+    if rehearsals is not None:
+        text += "\n\n" + _op_policy_report(results)
+    return text
+
+
+def _group_name(result: dict) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in result["group"].items()) or "-"
+
+
+def _limit(result: dict) -> str:
+    return "-" if result["memory_gib"] is None else f"{result['memory_gib'] - result['margin_gib']:.1f}"
+
+
+def _op_policy_report(results: list[dict]) -> str:
+    """One line per group: the op-level policy's predicted figures next to the best block ratio's, and which
+    operators of each decoder block it saves and recomputes."""
+    headers = ["group", "pred tok/s/GPU", "vs best ratio", "peak GiB", "limit GiB", "kept", "saved per block",
+               "recomputed per block"]
+    rows = []
+    for r in results:
+        found = r["op_policy"]
+        if "why" in found:
+            rows.append([_group_name(r), "-", "-", "-", _limit(r), "-", found["why"], "-"])
+            continue
+        policy = found["policy"]
+        if policy is None:
+            rows.append([_group_name(r), "none fits", "-", "-", _limit(r), "-", "-", "-"])
+            continue
+        ratio = r["best"]["tok_per_s_per_device"] if r["best"] else None
+        versus = f"{found['tok_per_s_per_device'] / ratio - 1:+.1%}" if ratio else "-"
+        rows.append([_group_name(r), f"{found['tok_per_s_per_device']:.0f}", versus, f"{found['peak_gib']:.1f}",
+                     _limit(r), f"{policy['kept_fraction']:.2f}", _op_counts(policy["saved"]),
+                     _op_counts(policy["recomputed"])])
+    runs = [f"  {_group_name(r)}: {{ac_ratio: '1', ac_mode: op, ac_saved_ops: "
+            f"[{', '.join(r['op_policy']['policy']['ac_saved_ops'])}]}}"
+            for r in results if r["op_policy"].get("policy")]
+    return ("op-level policy (torch's SAC ILP per decoder block, from the ac_ratio 1 rehearsal; kept = share of "
+            "a block's output bytes it may keep):\n" + render(headers, rows)
+            + ("\nto run a group's policy, set in its train section:\n" + "\n".join(runs) if runs else ""))
+
+
+def _op_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(counts.items())) or "-"

@@ -1,0 +1,192 @@
+"""`raybench best`: the best configuration per GPU type (or any column) and model, optionally the best value of
+one axis (the sAC ratio) per group and model, under a memory cap. Repeats of a configuration are averaged and
+shown with their 95% confidence interval. Also the Pareto front printed at the end of a multi-objective run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from raybench.results import store
+from raybench.results.frames import (
+    config_label,
+    device_label,
+    latest_per_system,
+    model_label,
+    peak_memory_gib,
+    ratio_value,
+)
+from raybench.results.report import render
+from raybench.spec.errors import ConfigError, Problem
+from raybench.spec.load import load_sweep
+from raybench.spec.stats import format_ci, pareto_mask, repeat_summary
+from raybench.spec.sweep_spec import default_mode
+from raybench.spec.validate import metric_problem
+
+
+def resolve_source(source: str, sweep: str | None) -> tuple[str, str | None]:
+    """(store directory, sweep name or None) from a store directory or a sweep file (its store and name)."""
+    path = Path(source)
+    if path.is_file():
+        spec = load_sweep(path)
+        return spec.store, sweep or spec.name
+    if path.is_dir():
+        return str(path), sweep
+    raise ConfigError(source, [Problem("STORE", source, "neither a result store directory nor a sweep file; "
+                                       "pass the store (e.g. ./raybench-results) or the sweep YAML that wrote it")])
+
+
+def read_rows(store_path: str, sweep: str | None = None) -> pd.DataFrame:
+    """The latest attempt of each trial on each system and GPU type: the same sweep run on two GPU types gives
+    the same trial ids, and each GPU type keeps its rows (best is per GPU type)."""
+    return latest_per_system(store.read_results(store_path, sweep, latest=False), per_device=True)
+
+
+def axis_column(axis: str, columns: list[str]) -> str | None:
+    """The row column of an axis given as `train.ac_ratio`, `train_ac_ratio` or just `ac_ratio`."""
+    if axis in columns:
+        return axis
+    if axis.replace(".", "_") in columns:
+        return axis.replace(".", "_")
+    config_columns = [c for c, _, _ in store.CONFIG_COLUMNS]
+    matches = [c for c in config_columns if c.endswith("_" + axis)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _group_column(rows: pd.DataFrame, by: str) -> pd.Series:
+    # CPU rows have no GPU name: they are grouped as "cpu" rather than dropped.
+    if by == "gpu_name":
+        return device_label(rows)
+    return rows[by].astype(object).where(rows[by].notna(), "-").astype(str)
+
+
+def summarize(rows: pd.DataFrame, by: str, metric: str) -> pd.DataFrame:
+    """One line per (group, configuration) of the ok rows: metric mean/n/95% CI and mean peak memory per device."""
+    ok = rows[rows.status == "ok"].copy()
+    ok["group"] = _group_column(ok, by)
+    ok["model"] = model_label(ok)
+    ok["config"] = config_label(ok)
+    ok["peak_gib"] = peak_memory_gib(ok)
+    # The same configuration measured on two GPU types is two entries (config ids do not name the hardware).
+    ok["key"] = ok["group"] + "|" + ok["config_id"]
+    ok["peak_gib"] = ok.groupby("key")["peak_gib"].transform("mean")
+    summary = repeat_summary(ok.assign(config_id=ok["key"]), metric)
+    return summary.rename(columns={f"{metric}_mean": "mean", f"{metric}_n": "n", f"{metric}_ci95": "ci95"})
+
+
+def under_cap(summary: pd.DataFrame, max_mem_gib: float | None) -> pd.DataFrame:
+    """Configurations whose mean peak memory is known and at most the cap (all of them without a cap)."""
+    if max_mem_gib is None:
+        return summary
+    return summary[summary["peak_gib"].notna() & (summary["peak_gib"] <= max_mem_gib)]
+
+
+def _pick_best(summary: pd.DataFrame, keys: list[str], mode: str) -> pd.DataFrame:
+    ordered = summary.sort_values("mean", ascending=mode == "min", kind="stable")
+    return ordered.groupby(keys, sort=True).head(1)
+
+
+def best_configs(rows: pd.DataFrame, *, by: str = "gpu_name", metric: str = "tok_per_s_per_device",
+                 mode: str | None = None, max_mem_gib: float | None = None) -> pd.DataFrame:
+    """The best configuration per (group, model) under the memory cap, with mean, n, ci95 and peak_gib."""
+    fits = under_cap(summarize(rows, by, metric), max_mem_gib)
+    return _pick_best(fits, ["group", "model"], mode or default_mode(metric)).sort_values(["group", "model"])
+
+
+def best_per_axis_value(rows: pd.DataFrame, axis: str, *, by: str = "gpu_name",
+                        metric: str = "tok_per_s_per_device", mode: str | None = None,
+                        max_mem_gib: float | None = None) -> pd.DataFrame:
+    """For each (group, model, value of `axis` column): its best configuration under the cap; `is_best` marks
+    the value whose best configuration is best in its (group, model)."""
+    mode = mode or default_mode(metric)
+    fits = under_cap(summarize(rows, by, metric), max_mem_gib)
+    fits = fits.assign(axis_value=fits[axis].astype(str))
+    per_value = _pick_best(fits, ["group", "model", "axis_value"], mode)
+    winners = set(_pick_best(per_value, ["group", "model"], mode).index)
+    return per_value.assign(is_best=per_value.index.isin(winners))
+
+
+def check_options(rows: pd.DataFrame, by: str, metric: str, axis: str | None,
+                  max_mem_gib: float | None) -> tuple[list[Problem], str | None]:
+    """Problems with the command's options, and the axis column when it resolves."""
+    problems = [p for p in [metric_problem("--metric", metric)] if p]
+    if by not in rows.columns:
+        problems.append(Problem("--by", by, "not a result column; e.g. gpu_name, system, hostname, gpu_topology"))
+    column = None
+    if axis is not None:
+        column = axis_column(axis, list(rows.columns))
+        if column is None:
+            problems.append(Problem("--axis", axis, "no such config field; give it as in the sweep file, e.g. "
+                                    "train.ac_ratio or ac_ratio"))
+    if max_mem_gib is not None and max_mem_gib <= 0:
+        problems.append(Problem("--max-mem-gib", max_mem_gib, "must be a positive number of GiB"))
+    return problems, column
+
+
+def best_report(rows: pd.DataFrame, *, by: str = "gpu_name", metric: str = "tok_per_s_per_device",
+                mode: str | None = None, axis: str | None = None, max_mem_gib: float | None = None,
+                source: str = "best") -> str:
+    """The text `raybench best` prints; raises ConfigError for bad options."""
+    problems, column = check_options(rows, by, metric, axis, max_mem_gib)
+    if problems:
+        raise ConfigError(source, problems)
+    mode = mode or default_mode(metric)
+    cap = f", peak memory <= {max_mem_gib:g} GiB per device" if max_mem_gib is not None else ""
+    title = f"best {metric} ({mode}) per {by} and model{cap}; mean ± 95% CI over repeats"
+    if column is None:
+        table = best_configs(rows, by=by, metric=metric, mode=mode, max_mem_gib=max_mem_gib)
+        lines = [[r.group, r.model, format_ci(r.mean, r.n, r.ci95, _spec(r.mean)), _gib(r.peak_gib), r.config]
+                 for r in table.itertuples()]
+        body = render([by, "model", metric, "peak GiB", "configuration"], lines)
+    else:
+        table = best_per_axis_value(rows, column, by=by, metric=metric, mode=mode, max_mem_gib=max_mem_gib)
+        dotted = {c: ".".join(path) for c, path, _ in store.CONFIG_COLUMNS}.get(column, column)
+        short = dotted.split(".")[-1]
+        lines, winners = [], []
+        for (group, model), part in table.groupby(["group", "model"], sort=True):
+            others = dict(zip(part.axis_value, config_label(part, leave_out=(dotted,))))  # the axis has its column
+            by_value = dict(zip(part.axis_value, part.itertuples()))
+            for value in sorted(by_value, key=_value_order):
+                r = by_value[value]
+                lines.append([group, model, f"{value} *" if r.is_best else value,
+                              format_ci(r.mean, r.n, r.ci95, _spec(r.mean)), _gib(r.peak_gib), others[value]])
+                if r.is_best:
+                    winners.append(f"best {short} for {group} / {model}: {value}")
+        body = render([by, "model", short, f"best {metric}", "peak GiB", "its configuration"], lines)
+        if winners:
+            body += "\n\n" + "\n".join(winners)
+    if len(table) == 0:
+        return f"{title}\nno ok rows{' under the memory cap' if cap else ''}"
+    return f"{title}\n{body}"
+
+
+def _value_order(value: str) -> tuple:
+    """Numbers and fractions by value ("1/2" before "1"), then other values by name."""
+    number = ratio_value(value)
+    return (number is None, number or 0.0, value)
+
+
+def _spec(value: float) -> str:
+    return ",.0f" if abs(value) >= 100 else ".4g"
+
+
+def _gib(value) -> str:
+    return "-" if value is None or pd.isna(value) else f"{value:.2f}"
+
+
+def front_report(rows: pd.DataFrame, objectives: list[tuple[str, str]]) -> str:
+    """The Pareto front (single objective: the best configuration) of a sweep's ok rows, repeats averaged."""
+    metrics = [m for m, _ in objectives]
+    ok = rows[(rows.status == "ok")].dropna(subset=metrics)
+    if len(ok) == 0:
+        return "no ok rows with " + ", ".join(metrics)
+    means = ok.groupby("config_id")[metrics].mean()
+    front = means[pareto_mask(means.to_numpy().tolist(), [mode for _, mode in objectives])]
+    front = front.sort_values(metrics[0], ascending=objectives[0][1] == "min")
+    labels = config_label(ok.drop_duplicates("config_id").set_index("config_id").loc[front.index].reset_index())
+    lines = [[label, *(format(v, _spec(v)) for v in values)] for label, values in zip(labels, front.to_numpy())]
+    what = "Pareto front" if len(objectives) > 1 else "best"
+    head = ", ".join(f"{m} ({mode})" for m, mode in objectives)
+    return f"{what} of {len(means)} configuration(s) over {head}:\n" + render(["configuration", *metrics], lines)

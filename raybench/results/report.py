@@ -1,0 +1,56 @@
+"""Text tables: the renderer every table uses, and stored results."""
+
+from __future__ import annotations
+
+import json
+import math
+
+
+def render(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def cell(value, spec: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def results_table(df) -> str:
+    """Stored rows (a DataFrame from read_results) as a table, one line per trial."""
+    if len(df) == 0:
+        return "no results"
+    headers, rows, note = results_rows(df)
+    return render(headers, rows) + (f"\n({note})" if note else "")
+
+
+def results_rows(df) -> tuple[list[str], list[list[str]], str]:
+    """Headers, formatted cells (one row per trial) and a note on units, for text, Markdown and HTML tables."""
+    from raybench.results import frames  # pandas: `raybench plan` and `estimate` render tables here without it
+
+    records = (df.assign(system_label=frames.system_label(df))
+               .sort_values(["sweep", "started_at", "trial_id"], na_position="last").to_dict("records"))
+    axis_values = [json.loads(r["axis_values_json"] or "{}") for r in records]
+    axes = list(dict.fromkeys(k for a in axis_values for k in a))
+    on_gpu = all(r["device_type"] == "cuda" for r in records if r["status"] == "ok")
+    per = "GPU" if on_gpu else "worker"
+    by_system = len({r["system_label"] for r in records}) > 1  # a column once a store holds several systems
+    headers = ["sweep", *(["system"] if by_system else []), "trial_id", "status", *(a.split(".")[-1] for a in axes),
+               f"tok/s/{per}", f"nonpad tok/s/{per}", "step p50 ms", "step p90 ms", "peak GiB", "loss first→final",
+               "message"]
+    rows = []
+    for r, values in zip(records, axis_values):
+        peak = r["peak_reserved_gib"] if r["device_type"] == "cuda" else r["peak_rss_gib"]
+        loss = f"{cell(r['loss_first'], '.3f')}→{cell(r['loss_final'], '.3f')}" if r["status"] == "ok" else "-"
+        rows.append([
+            r["sweep"], *([r["system_label"]] if by_system else []), r["trial_id"], r["status"],
+            *(str(values.get(a, "")) for a in axes),
+            cell(r["tok_per_s_per_device"], ",.0f"), cell(r["nonpad_tok_per_s_per_device"], ",.0f"),
+            cell(r["step_time_p50_s"] and r["step_time_p50_s"] * 1000, ".1f"),
+            cell(r["step_time_p90_s"] and r["step_time_p90_s"] * 1000, ".1f"),
+            cell(peak, ".2f"), loss, (r["message"] or "")[:80],
+        ])
+    note = "" if on_gpu else "CPU run: throughput is per worker process, not per GPU; peak is host RSS"
+    return headers, rows, note

@@ -1,0 +1,234 @@
+"""Render the result-schema page (docs/schema.md) from store.SCHEMA itself, so the page cannot drift.
+
+Column types come from the schema, meanings of configuration columns from the config models' field
+descriptions, and every other meaning from DESCRIPTIONS below; units follow the name's suffix unless UNITS says
+otherwise. A test checks that the page is current and that every column has a meaning:
+`python -m raybench.results.schema_doc > docs/schema.md`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+from raybench.results import store
+from raybench.spec.sweep_spec import TrialConfig
+
+DESCRIPTIONS = {
+    # identity
+    "schema_version": "Version of the row layout the file was written under (columns are only ever added within one).",
+    "sweep": "Sweep name; the store partition `sweep=NAME`.",
+    "trial_id": "`CONFIGHASH-rN`: content hash of the resolved trial config and the repeat index.",
+    "attempt_id": ("Unique id of this attempt of the trial (TRIALID__STAMP; rows written in a batch add .i, rows of "
+                   "files that predate the column read as FILESTEM#ROW); a re-run is a new attempt."),
+    "config_id": "Content hash of the resolved trial config (equal across repeats, sweeps and sites).",
+    "repeat": "Repeat index of the configuration (`repeats:` in the sweep).",
+    "status": "ok, oom, error, timeout, invalid or skipped.",
+    "message": "One line saying why the trial did not end ok (empty when ok).",
+    "error_detail": ("Failed trials: the end of the error text (the failing rank's traceback, or torchrun's log "
+                     "tail), with secret values removed; null otherwise."),
+    "executor": "How the ranks were started: train, pool or torchrun.",
+    "started_at": "When the trial driver started the trial.",
+    "ended_at": "When the trial's row was built; the latest attempt per trial id wins.",
+    "trial_wall_s": "Trial wall time seen by its driver, launch and teardown included.",
+    # derived from the config
+    "world_size": "Ranks of the trial (resources.workers): GPUs on GPU trials, worker processes on CPU.",
+    "num_layers": "Decoder blocks of the model.",
+    "ac_blocks": "0-based indices of the activation-checkpointed decoder blocks.",
+    "axis_values_json": "The grid point: the sweep's axis values for this trial, as JSON.",
+    "config_json": "The whole resolved trial config as canonical JSON.",
+    # measurements
+    "steps_timed": "Steps measured after the warm-up steps.",
+    "tokens_per_step": "micro_batch × seq_len × grad_accum × data-parallel ranks (padding included).",
+    "step_time_p50_s": "Median step time over the timed steps (a step lasts as long as its slowest rank).",
+    "step_time_p90_s": "90th percentile step time.",
+    "step_time_mean_s": "Mean step time.",
+    "step_time_std_s": "Standard deviation of the step time.",
+    "tok_per_s": ("Processed tokens (padding included) per second, all ranks together, over the timed window's real "
+                  "elapsed time (timed_window_s)."),
+    "tok_per_s_per_device": "tok_per_s / world_size: per GPU on GPU trials, per worker process on CPU.",
+    "nonpad_tok_per_s": "Non-padding tokens per second, all ranks together.",
+    "nonpad_tok_per_s_per_device": "nonpad_tok_per_s / world_size.",
+    "tflops_per_device": "Model FLOP/s per device: tok_per_s_per_device × flops_per_token / 10¹².",
+    "mfu": "Model FLOPs utilization: tflops_per_device / the GPU's dense peak; null on CPU and unknown GPUs.",
+    "flops_per_token": "Model FLOPs per processed token, forward and backward (docs/metrics.md).",
+    "loss_first": "Training loss of the first step, averaged over ranks.",
+    "loss_final": "Training loss of the last step, averaged over ranks.",
+    "peak_rss_gib": ("Peak resident host memory of a rank during training (max over ranks), net of host_held_gib "
+                     "and of library code first run in the window (docs/metrics.md)."),
+    "peak_alloc_gib": ("Peak CUDA memory allocated by tensors (max over ranks), net of tensors still allocated "
+                       "before the build (left by a warm pool actor's earlier trials; 0 fresh); null on CPU."),
+    "peak_reserved_gib": ("Peak CUDA memory reserved by the caching allocator (max over ranks), net of the same; "
+                          "null on CPU."),
+    "peak_rss_gib_by_rank": "peak_rss_gib of every rank, in rank order.",
+    "build_peak_rss_gib": ("Peak resident host memory of a rank during the model build (meta model, techniques, wrap, "
+                           "its own values), max over ranks; peak_rss_gib covers training only."),
+    "build_peak_alloc_gib": "Peak CUDA memory allocated during the model build (max over ranks); null on CPU.",
+    "build_peak_reserved_gib": "Peak CUDA memory reserved during the model build (max over ranks); null on CPU.",
+    "build_peak_rss_gib_by_rank": "build_peak_rss_gib of every rank, in rank order.",
+    "rss_before_build_gib_by_rank": ("Resident host memory of every rank just before the model build, net of "
+                                     "host_held_gib, in rank order."),
+    "host_held_gib": ("Host memory a warm pool actor held from its earlier trials when this one began (its resident "
+                      "memory then minus at its first trial: weights and data caches, libraries those trials "
+                      "imported, allocator pages), max over ranks; 0 in a fresh process. The host figures above "
+                      "are net of it, and resources.memory_limit_gib caps the trial's memory on top of it."),
+    "peak_alloc_gib_by_rank": "peak_alloc_gib of every rank, in rank order.",
+    "peak_reserved_gib_by_rank": "peak_reserved_gib of every rank, in rank order.",
+    "params_total": "Parameters of the model (a QLoRA 4-bit weight counts its original shape, not its packed "
+                    "storage).",
+    "params_trainable": "Parameters that receive gradients (LoRA adapters only under LoRA).",
+    "model_build_s": ("Building the model and giving it its values (random init or a weights read; under sharding "
+                      "strategies only the rank's own shards), slowest rank."),
+    "weights_cache": "Pool executor: hit when the weights came from the actor's in-memory copy, else miss.",
+    "weights_copy_s": "Copying a model directory to node-local disk before loading it.",
+    "wrap_s": "Applying the strategy (sharding, wrapping, engine start), slowest rank.",
+    "warmup_s": "Total time of the warm-up steps.",
+    "timed_window_s": ("Real elapsed time of the timed steps: the earliest rank's start of the first timed step to "
+                       "the latest rank's end of the last one (wall clock); throughput divides by it."),
+    "process_trial_index": ("Trials the worker processes had run before this one: 0 for a fresh process (torchrun, "
+                            "Ray Train), the warm pool actor's count otherwise."),
+    "time_to_first_step_s": "Worker start to the end of the first step, slowest rank.",
+    "first_step_s": "The first step (compilation and allocator warm-up included).",
+    "compile_s": "First step's excess over the median step, when train.compile is on.",
+    "compile_graphs": "Graphs dynamo compiled over the trial's steps (rank 0), when train.compile is on.",
+    "compile_graph_breaks": ("Graph breaks dynamo met over the trial's steps (rank 0): each splits a compiled block, "
+                             "and what is either side of it is fused apart. When train.compile is on."),
+    "compile_graph_break_reasons_json": ("JSON: each graph break's reason (dynamo's heading and explanation) -> its "
+                                         "count, the five most frequent; null without breaks."),
+    "worker_wall_s": "Wall time of the benchmark in the rank-0 worker.",
+    **{f"phase_{phase}_{stat}_s": f"{stat_text} per timed step of the {phase} phase ({what}), averaged over ranks."
+       for phase, what in (("data", "waiting for the next batch and its copy to the device"),
+                           ("forward", "FSDP2's all-gathers included"),
+                           ("backward", "the gradient reduction DDP/FSDP2 overlap with it included"),
+                           ("optimizer", "clipping, step, zeroing"))
+       for stat, stat_text in (("p50", "Median"), ("p90", "90th percentile"), ("mean", "Mean"),
+                               ("std", "Standard deviation"))},
+    "phase_sum_over_step": "Sum of the phase means / mean step time (near 1 when the phases account for the step).",
+    "comm_exposed_p50_s": "DDP: all-reduce time per step not hidden behind the backward pass; null otherwise.",
+    "comm_exposed_frac": "comm_exposed_p50_s / step_time_p50_s.",
+    "cpu_util_pct": "CPU utilization of each rank's process over the timed steps, averaged over ranks.",
+    "gpu_util_pct": "GPU utilization (NVML) over the timed steps, averaged over ranks.",
+    "gpu_power_w": "GPU power draw (NVML) over the timed steps, averaged over ranks.",
+    "gpu_sm_clock_mhz": "GPU SM clock (NVML) over the timed steps, averaged over ranks.",
+    "gpu_mem_clock_mhz": "GPU memory clock (NVML) over the timed steps, averaged over ranks.",
+    "projected_steps": "Steps of the full run given in `projection:` (dataset tokens × epochs / real, non-padding "
+                       "tokens per step, rounded up).",
+    "projected_hours": "Hours of that run: dataset tokens × epochs / nonpad_tok_per_s (or total_steps × "
+                       "tokens_per_step / tok_per_s).",
+    "projected_device_hours": "projected_hours × world_size (GPU-hours on GPU trials).",
+    "est_peak_gib": "The plan's raw peak-memory estimate per device.",
+    "est_peak_calibrated_gib": "The estimate after calibration with earlier measured rows.",
+    "est_step_time_s": ("The plan's step-time guess: FLOPs per step at an assumed 40% MFU of the GPU's peak; "
+                        "null on CPU."),
+    "est_peak_error": "ok rows: measured peak / the part of the raw estimate it covers − 1.",
+    # provenance
+    "device_type": "cuda or cpu.",
+    "gpu_name": "GPU model as CUDA reports it; null on CPU.",
+    "gpu_count": "GPUs visible on rank 0's node.",
+    "gpu_memory_gib": "Memory of one GPU.",
+    "gpu_mem_clock_max_mhz": "Maximum GPU memory clock (NVML): the HBM generation shows here.",
+    "gpu_sm_clock_max_mhz": "Maximum GPU SM clock (NVML).",
+    "gpu_power_limit_w": "Enforced GPU power limit (NVML).",
+    "gpu_driver_version": "NVIDIA driver version.",
+    "gpu_topology": "`nvidia-smi topo -m` of rank 0's node (NV# = NVLink, PIX/PXB/PHB/NODE/SYS = PCIe paths).",
+    "data_fs_type": "Filesystem type of the data (or model) path.",
+    "allreduce_busbw_gbps": "Best all-reduce bus bandwidth over the trial's ranks (nccl-tests definition).",
+    "allreduce_busbw_json": "Bus bandwidth per message size (MiB → GB/s), as JSON.",
+    "cpu_model": "Host CPU model.",
+    "cpu_count": "Host logical CPUs.",
+    "ram_gib": "Host memory.",
+    "system": "Label rows are grouped and compared by: RAYBENCH_SYSTEM, else the SLURM cluster name, else the host.",
+    "hostname": "Host of rank 0.",
+    "hostnames": "Hosts of all ranks.",
+    "slurm_job_id": "SLURM job id, when run inside a job.",
+    "platform": "Operating system, kernel release and Python implementation.",
+    "env_json": "Allow-listed environment (NCCL_, CUDA_, OMP_, TORCH_, ...; no secrets), as JSON.",
+    "torch_version": "PyTorch version.",
+    "ray_version": "Ray version.",
+    "transformers_version": "transformers version.",
+    "peft_version": "PEFT version.",
+    "deepspeed_version": "DeepSpeed version.",
+    "raybench_version": "raybench version.",
+    "python_version": "Python version.",
+    "cuda_version": "CUDA runtime version torch was built with; null on CPU builds.",
+    "nccl_version": "NCCL version; null without CUDA.",
+    "git_sha": "Commit of the raybench checkout, when run from one.",
+}
+# Units a suffix rule would get wrong or cannot know.
+UNITS = {
+    "tok_per_s": "tokens/s", "nonpad_tok_per_s": "tokens/s",
+    "tok_per_s_per_device": "tokens/s per device", "nonpad_tok_per_s_per_device": "tokens/s per device",
+    "tflops_per_device": "TFLOP/s", "flops_per_token": "FLOP/token", "mfu": "fraction (0–1)",
+    "tokens_per_step": "tokens", "steps_timed": "steps", "projected_steps": "steps", "projected_hours": "h",
+    "projected_device_hours": "device-hours", "phase_sum_over_step": "ratio", "est_peak_error": "fraction",
+    "loss_first": "nats", "loss_final": "nats", "train_seq_len": "tokens", "train_micro_batch": "sequences",
+    "train_steps": "steps", "train_warmup_steps": "steps", "resources_cpus_per_worker": "CPUs",
+    "compile_graphs": "graphs", "compile_graph_breaks": "breaks",
+}
+_SUFFIX_UNITS = (("_gib_by_rank", "GiB"), ("_gib", "GiB"), ("_mhz", "MHz"), ("_pct", "%"), ("_gbps", "GB/s"),
+                 ("_frac", "fraction"), ("_w", "W"), ("_s", "s"))
+SECTIONS = (
+    ("Identity", store.IDENTITY_COLUMNS),
+    ("Configuration (one column per trial-config field, `section_field`)", [(c, t) for c, _, t in
+                                                                           store.CONFIG_COLUMNS]),
+    ("Derived from the configuration", store.DERIVED_COLUMNS),
+    ("Measurements (rank 0's summary of all ranks; null when not measured)", store.METRIC_COLUMNS),
+    ("Provenance (hardware and software fingerprint)", store.PROVENANCE_COLUMNS),
+)
+
+
+def unit_of(column: str, arrow_type: pa.DataType) -> str:
+    if column in UNITS:
+        return UNITS[column]
+    if pa.types.is_timestamp(arrow_type):
+        return "UTC, µs"
+    return next((unit for suffix, unit in _SUFFIX_UNITS if column.endswith(suffix)), "")
+
+
+def type_name(arrow_type: pa.DataType) -> str:
+    if pa.types.is_list(arrow_type):
+        return f"list<{type_name(arrow_type.value_type)}>"
+    return {"double": "float64", "timestamp[us, tz=UTC]": "timestamp"}.get(str(arrow_type), str(arrow_type))
+
+
+def _config_descriptions(model: type[BaseModel] = TrialConfig) -> dict[tuple, str]:
+    """Path into the trial config → the field's description."""
+    out = {}
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out.update({(name, *path): text for path, text in _config_descriptions(field.annotation).items()})
+        else:
+            out[(name,)] = field.description or ""
+    return out
+
+
+def descriptions() -> dict[str, str]:
+    """Every column's meaning: config columns from the config models, the others from DESCRIPTIONS."""
+    from_config = _config_descriptions()
+    config = {column: f"`{'.'.join(path)}`: {from_config.get(path, '')}" for column, path, _ in store.CONFIG_COLUMNS}
+    return {**DESCRIPTIONS, **config}
+
+
+def undescribed() -> list[str]:
+    known = descriptions()
+    return [name for name in store.SCHEMA.names if not known.get(name)]
+
+
+def render() -> str:
+    known = descriptions()
+    lines = [
+        "# Result schema",
+        "",
+        "Generated from `raybench/results/store.py` (`python -m raybench.results.schema_doc > docs/schema.md`).",
+        f"Every trial attempt is one row (schema version {store.SCHEMA_VERSION}) in `STORE/sweep=NAME/*.parquet`;",
+        "unknown values are null, never guessed. Read with `raybench.read_results`, `raybench query`, DuckDB, pandas or",
+        "polars (docs/user-guide.md). How the measurements are taken: docs/metrics.md.",
+    ]
+    for title, columns in SECTIONS:
+        lines += ["", f"## {title}", "", "| column | type | unit | meaning |", "| --- | --- | --- | --- |"]
+        lines += [f"| `{name}` | {type_name(t)} | {unit_of(name, t)} | {known.get(name, '')} |" for name, t in columns]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,148 @@
+"""The timed training loop: every step timed between device synchronizations, warm-up reported apart.
+
+Each step is also split into phases — data (host wait for the batch and its copy), forward, backward (which
+includes the gradient reduction that DDP/FSDP overlap with it), optimizer (clipping, step, zeroing). On GPU the
+boundaries are CUDA events, read after the step's closing synchronization, so measuring adds no sync inside
+the step; on CPU, where ops run synchronously, they are host clock readings.
+
+Timing is per rank; the worker combines ranks afterwards (a step is as slow as its slowest rank).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from raybench.runtime.sampler import Sampler
+from raybench.runtime.strategies import Trainable
+from raybench.spec.sweep_spec import TrainSpec
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+@dataclass
+class LoopRecord:
+    step_times_s: list[float] = field(default_factory=list)  # every step, warm-up included
+    step_starts: list[float] = field(default_factory=list)  # perf_counter() at each step's start
+    losses: list[float] = field(default_factory=list)
+    nonpad_tokens: list[int] = field(default_factory=list)  # this rank's non-padding tokens per step
+    phase_times_s: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+
+
+class PhaseClock:
+    """Accumulates time per phase within one step: `mark(phase)` closes the interval since the last mark."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.marks = [("", self._now())]
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, self._now()))
+
+    def totals_s(self) -> dict[str, float]:
+        """Seconds per phase for the step; call after the step's closing synchronization."""
+        totals = dict.fromkeys(PHASES, 0.0)
+        for (_, before), (phase, after) in zip(self.marks, self.marks[1:]):
+            totals[phase] += before.elapsed_time(after) / 1000 if self.cuda else after - before
+        return totals
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _plain(loss: torch.Tensor) -> torch.Tensor:
+    """The loss as a plain tensor: computed on vocabulary-split logits (loss_parallel) it is a replicated DTensor,
+    whose local value is the whole loss on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
+               clock: PhaseClock, sync: bool = True) -> tuple:
+    """One optimizer step over grad_accum micro-batches; returns (loss tensor, non-padding tokens).
+
+    sync=False skips the gradient reduction of the last micro-batch too (see `backward_with_and_without_sync`).
+    """
+    total_loss = torch.zeros((), device=device)
+    nonpad = 0
+    clock.start()
+    for micro in range(train.grad_accum):
+        host_batch = next(batches)
+        # Counted on the host (no device sync). Data without padding carries no mask: every token counts.
+        mask = host_batch.get("attention_mask")
+        nonpad += host_batch["input_ids"].numel() if mask is None else int(mask.sum())
+        batch = _to_device(host_batch, device)
+        clock.mark("data")
+        last = micro == train.grad_accum - 1
+        sync_ctx = torch.enable_grad() if last and sync else trainable.no_grad_sync()
+        with sync_ctx, trainable.loss_context():
+            with trainable.autocast():
+                loss = _plain(trainable.model(**batch, use_cache=False).loss) / train.grad_accum
+            clock.mark("forward")
+            trainable.backward(loss)
+            clock.mark("backward")
+        total_loss += loss.detach()
+    trainable.step()
+    clock.mark("optimizer")
+    return total_loss, nonpad
+
+
+def timed_loop(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
+               sampler: Sampler | None = None) -> LoopRecord:
+    record = LoopRecord()
+    clock = PhaseClock(device)
+    losses = []
+    synchronize(device)
+    for _ in range(train.steps):
+        start = time.perf_counter()
+        record.step_starts.append(start)
+        loss, nonpad = train_step(trainable, batches, train, device, clock)
+        synchronize(device)
+        record.step_times_s.append(time.perf_counter() - start)
+        for phase, seconds in clock.totals_s().items():
+            record.phase_times_s[phase].append(seconds)
+        losses.append(loss)
+        record.nonpad_tokens.append(nonpad)
+        if sampler is not None:
+            sampler.tick()
+    # Losses stay on the device until the end so reading them never adds a sync inside the timed steps.
+    record.losses = torch.stack(losses).float().cpu().tolist()
+    return record
+
+
+def backward_with_and_without_sync(trainable: Trainable, batches: Iterator[dict], train: TrainSpec,
+                                   device: torch.device, pairs: int) -> tuple[list[float], list[float]]:
+    """Backward seconds of `pairs` steps that reduce gradients and `pairs` that do not, interleaved.
+
+    The reduction DDP overlaps with backward shows in the backward phase only where it is not hidden, so the
+    difference of the two medians is the exposed communication. Run after the timed window: the steps without
+    reduction leave the ranks' weights slightly apart, which no later measurement reads.
+    """
+    clock = PhaseClock(device)
+    synced, local = [], []
+    for _ in range(pairs):
+        for sync, out in ((True, synced), (False, local)):
+            train_step(trainable, batches, train, device, clock, sync=sync)
+            synchronize(device)
+            out.append(clock.totals_s()["backward"])
+    return synced, local

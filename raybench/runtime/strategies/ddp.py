@@ -1,0 +1,17 @@
+"""DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets during backward."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from raybench.runtime.strategies import RankContext, Trainable, already_materialized, autocast_for, torch_trainable
+from raybench.spec.sweep_spec import TrainSpec
+
+
+def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
+    materialize(True)  # DDP broadcasts rank 0's whole parameters at construction
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    # LoRA freezes most weights; DDP then needs to skip them when building its reducer buckets (it does).
+    ddp = DistributedDataParallel(model, device_ids=device_ids)
+    return torch_trainable(ddp, train, ctx, no_grad_sync=ddp.no_sync, autocast=autocast_for(train, ctx.device))

@@ -1,0 +1,66 @@
+"""Architecture shapes: the built-in presets and the shape of a local Hugging Face model directory.
+
+Pure data and JSON reading only (no torch), so that `validate` and `plan` stay fast and start nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers planning, estimates and the FLOP model need; field names follow Hugging Face configs."""
+
+    model_type: str  # "llama" or "qwen2": the transformers architecture built from this shape
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    def hf_config_kwargs(self) -> dict:
+        kwargs = asdict(self)
+        kwargs.pop("model_type")
+        return kwargs
+
+
+# Shapes copied from the public config.json of each model; weights are random (throughput does not depend on them).
+PRESETS: dict[str, ModelShape] = {
+    # Small enough for 2-rank gloo tests on a laptop CPU; 4 heads / 2 KV heads so TP=2 divides both.
+    "tiny": ModelShape("llama", 128, 4, 4, 2, 256, 2000, 2048, False),
+    "llama-3.2-1b": ModelShape("llama", 2048, 16, 32, 8, 8192, 128256, 131072, True),
+    "llama-3-8b": ModelShape("llama", 4096, 32, 32, 8, 14336, 128256, 8192, False),
+    "qwen2.5-14b": ModelShape("qwen2", 5120, 48, 40, 8, 13824, 152064, 131072, False),
+    "qwen2.5-32b": ModelShape("qwen2", 5120, 64, 40, 8, 27648, 152064, 131072, False),
+    "qwen2.5-72b": ModelShape("qwen2", 8192, 80, 64, 8, 29568, 152064, 131072, False),
+}
+
+
+def shape_from_model_dir(path: str | Path) -> ModelShape:
+    """Read the shape of a local Hugging Face model directory from its config.json (no weights are read)."""
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    return ModelShape(
+        model_type=cfg.get("model_type", "llama"),
+        hidden_size=cfg["hidden_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads", heads),
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def model_shape(config) -> ModelShape:
+    """The shape of a trial config's model: its preset, or its local directory's config.json."""
+    if config.model.preset is not None:
+        return PRESETS[config.model.preset]
+    return shape_from_model_dir(Path(config.model.path))

@@ -1,0 +1,290 @@
+"""The sweep spec: typed, frozen sections with one description per field (docs/sweep-reference.md is generated
+from them). A sweep YAML has fixed sections (model, data, train, resources) that together form one trial's
+config, plus `axes`: a grid over any trial field by dotted path. Checks that look across fields are in
+`validate`, files and YAML in `load`; cross-field rules that need the expanded grid live in planning.plan.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
+
+from raybench.spec.presets import PRESETS
+from raybench.spec.values import ENV_PREFIXES, Ratio, check_env, check_saved_ops
+
+TRIAL_SECTIONS = ("model", "data", "train", "resources")
+
+
+def _numeric(annotation) -> bool:
+    """int or float, possibly optional (`float | None`)."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    return annotation in (int, float) or any(a in (int, float) for a in args)
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads `workers: true` as 1: a YAML slip that must not pass as a number.
+        if isinstance(value, bool) and _numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
+        return value
+
+
+class ModelSpec(_Spec):
+    preset: Literal[tuple(PRESETS)] | None = Field(None, description="Built-in architecture, random weights.")
+    path: str | None = Field(None, description="Local Hugging Face model directory (safetensors weights).")
+    allow_pickle: bool = Field(False, description="Allow pickle (.bin/.pt) weights; unsafe, off by default.")
+    trust_remote_code: bool = Field(False, description="Run a model directory's own Python code.")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = Field(
+        "sdpa", description="transformers attention kernel (flash_attention_2: CUDA and the flash-attn package)."
+    )
+
+
+class DataSpec(_Spec):
+    source: Literal["synthetic", "json"] = Field("synthetic", description="Random tokens, or alpaca-style JSON/JSONL.")
+    path: str | None = Field(None, description="JSON or JSONL file with instruction/input/output records.")
+    tokenizer: str | None = Field(None, description="Local tokenizer directory; defaults to model.path.")
+    packing: bool = Field(True, description="Concatenate examples into full sequences instead of padding each.")
+    num_workers: int = Field(0, ge=0, le=64, description="torch DataLoader worker processes per rank.")
+    pin_memory: bool = Field(False, description="Pin host memory of batches (GPU only).")
+    prefetch_factor: int | None = Field(
+        None, ge=1, le=1024, description="Batches each loader worker prepares ahead; needs num_workers > 0."
+    )
+    persistent_workers: bool = Field(True, description="Keep loader workers alive across epochs (num_workers > 0).")
+
+
+# Module names shared by the Llama and Qwen2 families, per LoraSpec.targets.
+LORA_TARGET_MODULES = {
+    "attention": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "attention_mlp": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "all_linear": "all-linear",  # PEFT's keyword: every linear layer except the output head
+}
+
+
+class LoraSpec(_Spec):
+    rank: int = Field(16, ge=1, le=4096, description="LoRA rank r.")
+    alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    targets: Literal["attention", "attention_mlp", "all_linear"] = Field(
+        "attention_mlp", description="Which linear layers get adapters."
+    )
+
+
+class TrainSpec(_Spec):
+    strategy: Literal["ddp", "fsdp2", "deepspeed", "tp", "tp_fsdp2"] = Field("ddp", description=(
+        "How ranks share the model: ddp replicas; fsdp2 sharding; deepspeed ZeRO (train.zero_stage); tp tensor "
+        "parallel over all ranks; tp_fsdp2 a 2D mesh, tp_size ranks per TP group and FSDP2 across groups."))
+    tp_size: int = Field(1, ge=1, le=1024, description=(
+        "Tensor-parallel group size: the world size for tp, >1 and dividing the world size for tp_fsdp2, else 1."))
+    zero_stage: int = Field(2, ge=1, le=3, description=(
+        "DeepSpeed ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded (strategy=deepspeed)."))
+    offload: Literal["none", "optimizer", "optimizer_params"] = Field("none", description=(
+        "DeepSpeed ZeRO offload to host memory (GPU only): optimizer state, or with stage 3 parameters too."))
+    steps: int = Field(20, ge=1, le=1_000_000, description="Optimizer steps per trial, warm-up included.")
+    warmup_steps: int = Field(3, ge=0, description="Leading steps excluded from every timing.")
+    seq_len: int = Field(512, ge=8, le=1_048_576, description="Tokens per sequence.")
+    micro_batch: int = Field(1, ge=1, le=4096, description="Sequences per rank per forward pass.")
+    grad_accum: int = Field(1, ge=1, le=4096, description="Micro-batches per optimizer step.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("bf16", description=(
+        "Compute dtype (bf16/fp16: autocast, FSDP2 policy or DeepSpeed's own; fp16 needs grad_scaler)."))
+    grad_scaler: bool = Field(True, description=(
+        "fp16 only: dynamic loss scaling (torch GradScaler with ddp, DeepSpeed's own scaler with deepspeed)."))
+    finetune: Literal["full", "lora", "qlora"] = Field("full", description=(
+        "Train every weight, LoRA adapters only, or LoRA on a 4-bit bitsandbytes base (qlora: CUDA only)."))
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA settings (used when finetune=lora/qlora).")
+    ac_ratio: Ratio = Field("0", description="Fraction of decoder blocks activation-checkpointed, e.g. '1/2'.")
+    ac_mode: Literal["block", "op"] = Field("block", description=(
+        "How a checkpointed block saves memory: block recomputes it whole (ac_ratio 1 = full AC); op keeps "
+        "matmul and attention outputs and recomputes the rest (torchtitan's op-level selective AC), or keeps what "
+        "train.ac_saved_ops lists."))
+    ac_saved_ops: Annotated[list[str] | None, BeforeValidator(check_saved_ops)] = Field(None, description=(
+        "ac_mode op: the operator outputs each checkpointed block keeps, the rest recomputed, as `raybench best "
+        "--predict` prints an op-level policy: a name keeps every call (mm, sdpa for attention), name#k the k-th "
+        "call from 0 in the block's forward (mul#2); null: torchtitan's policy."))
+    compile: bool = Field(False, description=(
+        "torch.compile each decoder block (not with DeepSpeed ZeRO-3, whose per-module hooks split it)."))
+    compile_cache_dir: str | None = Field(None, description=(
+        "TORCHINDUCTOR_CACHE_DIR for this trial's workers (a warm cache skips recompiling); null: inductor's default."))
+    liger: bool = Field(False, description="Patch the model with Liger Triton kernels (CUDA and liger-kernel only).")
+    optimizer: Literal["adamw", "adamw_foreach", "adamw_fused", "adafactor", "sgd"] = Field("adamw", description=(
+        "adamw picks fused on CUDA and foreach elsewhere; adamw_foreach/adamw_fused force one; adafactor "
+        "(torch.optim.Adafactor); sgd with momentum 0.9."))
+    lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="Decoupled weight decay.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm; null disables clipping.")
+    reshard_after_forward: bool = Field(True, description="FSDP2: free gathered weights after forward.")
+    seed: int = Field(0, ge=0, description="Seed for weights and synthetic data.")
+    env: Annotated[dict[str, str], BeforeValidator(check_env)] = Field(default_factory=dict, description=(
+        "Environment variables of this trial's worker processes, set when they start (warm pool: a group of "
+        "actors per distinct environment), e.g. {NCCL_SOCKET_NTHREADS: '4'}; names must start with one of "
+        f"{', '.join(ENV_PREFIXES)}."))
+
+    @model_serializer(mode="wrap")
+    def _dump_without_unset_saved_ops(self, handler) -> dict:
+        # Trial ids hash the dumped config (plan.config_id): ac_saved_ops came after ids were issued, so it is
+        # left out while unset and every earlier trial keeps its id (stored rows, resumes).
+        data = handler(self)
+        if self.ac_saved_ops is None:
+            data.pop("ac_saved_ops", None)
+        return data
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether the strategy splits the blocks' projections over a TP group (tp, tp_fsdp2)."""
+        return self.strategy in ("tp", "tp_fsdp2")
+
+    @property
+    def fsdp2_sharded(self) -> bool:
+        """Whether FSDP2 shards the parameters (fsdp2, tp_fsdp2). Its mixed-precision policy casts them to the
+        compute dtype before each forward; ddp and tp keep fp32 weights and run forward under torch.autocast."""
+        return self.strategy in ("fsdp2", "tp_fsdp2")
+
+    def tp_sequence_parallel(self, tied_embeddings: bool) -> bool:
+        """Whether tensor parallelism runs torchtitan's whole layout rather than splitting the blocks'
+        projections only: sequence parallelism between the projections (norms and the residual stream split over
+        the sequence), and the input embedding and LM head split over the vocabulary, the loss computed on the
+        split logits (torch's loss_parallel). Not when the embedding and head share one weight, nor under Liger,
+        whose Triton norm and fused head-and-loss kernels take whole tensors."""
+        return self.tensor_parallel and not tied_embeddings and not self.liger
+
+
+class ResourcesSpec(_Spec):
+    workers: int = Field(1, ge=1, le=65536, description="Ranks per trial (one per GPU on GPU clusters).")
+    cpus_per_worker: float = Field(1, gt=0, le=1024, description="CPUs reserved per rank.")
+    gpus_per_worker: int = Field(0, ge=0, le=1, description="GPUs per rank: 1 on GPU clusters, 0 for CPU runs.")
+    timeout_s: float = Field(3600, ge=1, le=7 * 86400, description=(
+        "Wall-clock limit per trial, start-up included; a trial past it (a stuck collective, a deadlock) is "
+        "killed, its resources freed and its row marked timeout. Also the torch.distributed collective timeout."))
+    memory_limit_gib: float | None = Field(None, gt=0, le=65536, description=(
+        "Host-memory cap per worker process (private memory, RLIMIT_DATA); an allocation past it fails and "
+        "the trial is recorded as oom. null: no cap."))
+
+
+class TrialConfig(_Spec):
+    """Everything that determines one trial's measurement; its hash is the trial id."""
+
+    model: ModelSpec
+    data: DataSpec = Field(default_factory=DataSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+
+
+class PoolSpec(_Spec):
+    recycle_after_trials: int = Field(200, ge=1, le=1_000_000, description=(
+        "Replace a pool group's actors after this many trials (bounds slow memory creep)."))
+    weights_cache_gib: float = Field(4.0, ge=0, le=4096, description=(
+        "Host memory each pool actor may keep for the weights of the models it last loaded, so the next trial "
+        "on the same model skips loading them (0: off)."))
+
+
+class CacheSpec(_Spec):
+    """Where trials keep what later trials reuse (not part of trial ids: caches change no measurement)."""
+
+    weights_local_copy: Literal["auto", "always", "never"] = Field("auto", description=(
+        "Copy a model.path directory once per node to node-local disk (RAYBENCH_LOCAL_DIR, SLURM_TMPDIR, TMPDIR "
+        "or /tmp) and load it from there: 'auto' when it is on a network filesystem (NFS, Lustre, GPFS, ...)."))
+    compile_dir: str | None = Field(None, description=(
+        "Inductor/Triton cache of compiled trials (train.compile) shared by every trial and node of the store; "
+        "null: <store>/_cache/compile. train.compile_cache_dir, when set, wins."))
+
+
+class ProjectionSpec(_Spec):
+    """The full run the user plans, to project each trial's hours and GPU-hours (not part of trial ids)."""
+
+    dataset_tokens: float | None = Field(None, gt=0, description=(
+        "Real (non-padding) tokens in the training set (one epoch)."))
+    epochs: float = Field(1.0, gt=0, description="Passes over dataset_tokens.")
+    total_steps: int | None = Field(None, ge=1, description="Optimizer steps of the full run (instead of tokens).")
+
+
+class EstimateSpec(_Spec):
+    """Per-trial memory and step-time estimate, and pruning of trials that cannot fit (not part of trial ids)."""
+
+    gpu: str | None = Field(None, description=(
+        "GPU the sweep's GPU trials run on, e.g. 'H100 SXM', 'H100 PCIe', 'H200', 'A100 80GB': its dense peak "
+        "gives the step-time guess and its memory the default device_memory_gib (docs/estimate.md)."))
+    device_memory_gib: float | None = Field(None, gt=0, le=65536, description=(
+        "Memory one rank may use: a GPU's memory, or host memory per worker on CPU trials; null: from gpu."))
+    margin_fraction: float | None = Field(None, ge=0, lt=1, description=(
+        "Share of device memory kept free of the estimate; null: 0.1 unless margin_gib is set."))
+    margin_gib: float | None = Field(None, ge=0, le=65536, description="Memory kept free, in GiB (instead of "
+                                     "margin_fraction).")
+    busbw_gbps: float | None = Field(None, gt=0, le=100_000, description=(
+        "Bus bandwidth (GB/s, as nccl-tests reports busbw) the trials' collectives reach on the cluster they will "
+        "run on, for `raybench rehearse` step times; it overrides the store's all-reduce probe and the nominal "
+        "links of estimate.gpu (docs/rehearse.md). null: the probe, else the links."))
+    prune: bool = Field(True, description=(
+        "Mark trials whose estimated peak (calibrated by stored measurements) plus margin exceeds the device "
+        "memory as skipped, with the estimate in their row, instead of running them."))
+
+
+Mode = Literal["max", "min"]
+# Metrics whose name says "smaller is better": times, memory, hours, losses. Everything else is maximized.
+_MIN_SUFFIXES, _MIN_PREFIXES = ("_s", "_gib", "_hours"), ("loss_",)
+
+
+def default_mode(metric: str) -> Mode:
+    """max or min for a stored metric when the user does not say: times, memory and losses are minimized."""
+    return "min" if metric.endswith(_MIN_SUFFIXES) or metric.startswith(_MIN_PREFIXES) else "max"
+
+
+class SearchSpec(_Spec):
+    """How the grid of `axes` is explored: every point, or points chosen one by one by a searcher."""
+
+    algo: Literal["grid", "random", "optuna"] = Field("grid", description=(
+        "grid runs every point; random draws points uniformly, never one twice; optuna chooses each next point "
+        "with Optuna's TPE sampler, learning from every result, failed ones too."))
+    metric: str | list[str] = Field("tok_per_s_per_device", description=(
+        "Stored metric column to optimize, or a list of them for a multi-objective search (the result is a "
+        "Pareto front), e.g. [tok_per_s_per_device, peak_reserved_gib]."))
+    mode: Mode | list[Mode] | None = Field(None, description=(
+        "max or min, one per metric; null: inferred from each name (*_s, *_gib, *_hours, loss_* are minimized)."))
+    num_samples: int | None = Field(None, ge=1, le=1_000_000, description=(
+        "Distinct grid points to evaluate (run, or answered from stored ok rows); null: the whole grid at most."))
+    seed: int = Field(0, ge=0, description="Searcher seed: the same seed and store give the same points.")
+    max_concurrent: int | None = Field(None, ge=1, le=100_000, description=(
+        "Trials in flight at once (fewer lets the searcher learn from more results); null: as many as fit."))
+    early_stop: int | None = Field(None, ge=1, le=1_000_000, description=(
+        "Stop after this many evaluated points in a row without a better value (multi-objective: without a new "
+        "point on the Pareto front); null: off."))
+
+    def objectives(self) -> list[tuple[str, Mode]]:
+        """(metric, mode) pairs, modes filled in from the metric names where not given."""
+        metrics = [self.metric] if isinstance(self.metric, str) else list(self.metric)
+        modes = self.mode if isinstance(self.mode, list) else [self.mode] * len(metrics)
+        return [(m, mode or default_mode(m)) for m, mode in zip(metrics, modes)]
+
+
+class SweepSpec(_Spec):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="Sweep name (store partition).")
+    description: str = Field("", description="Free text shown in reports.")
+    model: ModelSpec
+    data: DataSpec = Field(default_factory=DataSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    axes: dict[str, list[Any]] = Field(default_factory=dict, description=(
+        "Grid: dotted trial field -> values; or a bundle name -> list of {dotted field: value} mappings, each "
+        "setting several fields together (one grid point per mapping)."))
+    exclude: list[dict[str, Any]] = Field(default_factory=list, description="Grid points to drop (partial match).")
+    executor: Literal["train", "pool", "torchrun"] = Field("train", description=(
+        "How a trial's ranks are started: 'train' (new Ray Train workers per trial, any cluster), 'pool' (warm "
+        "Ray actors reused across trials and sweeps: milliseconds per trial instead of seconds) or 'torchrun' "
+        "(a torchrun per trial on the node of its Ray Tune driver; single-node)."))
+    pool: PoolSpec = Field(default_factory=PoolSpec, description="Warm pool settings (executor: pool).")
+    caches: CacheSpec = Field(default_factory=CacheSpec, description="Node-local weights and compile caches.")
+    store: str = Field("./raybench-results", description="Result store directory (relative to the cwd).")
+    repeats: int = Field(1, ge=1, le=100, description="Measurements per configuration.")
+    search: SearchSpec = Field(default_factory=SearchSpec, description="Grid, random or Optuna search over the axes.")
+    projection: ProjectionSpec = Field(default_factory=ProjectionSpec, description="Full-run cost projection.")
+    estimate: EstimateSpec = Field(default_factory=EstimateSpec, description=(
+        "Memory/step-time estimate and pruning of trials that would not fit."))
+
+    def base_trial(self) -> dict:
+        """The trial fields before any axis is applied, as plain data."""
+        return self.model_dump(mode="json", include=set(TRIAL_SECTIONS))

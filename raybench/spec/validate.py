@@ -1,0 +1,183 @@
+"""A parsed sweep's checks that look across fields: axes name real fields and hold valid values, the search names
+stored metrics, the estimate names a known GPU. Pydantic's own errors become Problems here too."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from raybench.spec.axes import axis_assignments, copy_trial, set_path
+from raybench.spec.errors import Problem
+from raybench.spec.hardware import gpu_labels, gpu_memory_gib, known_gpu
+from raybench.spec.schema import GPU_ONLY_METRICS, numeric_metric_names
+from raybench.spec.sweep_spec import TRIAL_SECTIONS, EstimateSpec, SweepSpec, TrialConfig
+
+
+def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the model reached by following loc (for 'did you mean' hints)."""
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            break
+        model = ann
+    return list(model.model_fields)
+
+
+def _loc_part(part: Any) -> str:
+    # A key that prints as nothing (an empty or blank YAML key) is shown quoted, so the field is never blank.
+    text = str(part)
+    return text if text.strip() else repr(text)
+
+
+def problems_from_validation(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[Problem]:
+    """Turn pydantic errors into Problems with dotted paths, the bad value and a fix."""
+    problems = []
+    for e in err.errors(include_url=False):
+        loc = tuple(e["loc"])
+        path = prefix + ".".join(_loc_part(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            known = _known_keys(model, loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(known)}"
+            problems.append(Problem(path, e["input"], f"unknown key; {hint}"))
+        elif e["type"] == "missing":
+            problems.append(Problem(path, None, "required; add this key"))
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            problems.append(Problem(path, e.get("input"), msg))
+    return problems
+
+
+def _section_path_ok(key: str) -> str | None:
+    """Why an axis key is not a trial field path, or None if it is."""
+    parts = key.split(".")
+    if parts[0] not in TRIAL_SECTIONS or len(parts) < 2:
+        return f"axis keys are dotted trial fields such as 'train.strategy'; sections: {', '.join(TRIAL_SECTIONS)}"
+    model: type[BaseModel] = TrialConfig
+    for i, part in enumerate(parts):
+        if part not in model.model_fields:
+            close = difflib.get_close_matches(part, list(model.model_fields), n=1)
+            hint = f"did you mean '{'.'.join(parts[:i] + [close[0]])}'?" if close else ""
+            return f"no such trial field '{'.'.join(parts[: i + 1])}' {hint}".rstrip()
+        ann = model.model_fields[part].annotation
+        if i < len(parts) - 1:
+            if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+                return f"'{'.'.join(parts[: i + 1])}' has no sub-fields"
+            model = ann
+    return None
+
+
+def _check_axes(spec: SweepSpec) -> list[Problem]:
+    """Each axis names a real field and each of its values is valid on its own."""
+    problems = []
+    base = spec.base_trial()
+    for key, values in spec.axes.items():
+        where = f"axes.{key}"
+        why = _section_path_ok(key) if "." in key else _bundle_problem(key, values)
+        if why is not None:
+            problems.append(Problem(where, values, why))
+            continue
+        if not values:
+            problems.append(Problem(where, values, "an axis needs at least one value"))
+            continue
+        if len({repr(v) for v in values}) != len(values):
+            problems.append(Problem(where, values, "repeated values; list each value once (use repeats: for more)"))
+        for i, value in enumerate(values):
+            trial = copy_trial(base)
+            assigned = axis_assignments(key, value)
+            for path, leaf in assigned.items():
+                set_path(trial, path, leaf)
+            try:
+                TrialConfig.model_validate(trial)
+            except ValidationError as err:
+                for p in problems_from_validation(err, TrialConfig):
+                    for path in assigned:
+                        if p.field == path or p.field.startswith(path + "."):
+                            sub = p.field[len(key):] if "." in key else f".{p.field}"
+                            problems.append(Problem(f"{where}[{i}]{sub}", value, p.message))
+    for i, rule in enumerate(spec.exclude):
+        for key in rule:
+            if key not in spec.axes:
+                problems.append(Problem(f"exclude[{i}].{key}", rule[key], "exclude keys must be axis keys"))
+    return problems
+
+
+def _bundle_problem(key: str, values: Any) -> str | None:
+    """Why an undotted axis key is not a valid bundle axis (a named list of field mappings), or None."""
+    usage = ("an axis key without a dot is a bundle: a name whose values each set several fields together, "
+             "e.g. setup: [{train.strategy: tp, train.tp_size: 2}, {train.strategy: ddp}]")
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", key) or key in TRIAL_SECTIONS:
+        return usage
+    for value in values if isinstance(values, list) else []:
+        if not isinstance(value, dict) or not value:
+            return f"{usage}; got {value!r}"
+        for field in value:
+            if not isinstance(field, str) or "." not in field or (why := _section_path_ok(field)) is not None:
+                return f"bundle field {field!r}: " + (why if isinstance(field, str) and "." in field else usage)
+    return None
+
+
+def metric_problem(field: str, metric: Any) -> Problem | None:
+    """A Problem if `metric` is not a numeric stored metric column, naming the closest one."""
+    known = numeric_metric_names()
+    if isinstance(metric, str) and metric in known:
+        return None
+    close = difflib.get_close_matches(str(metric), known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else "e.g. tok_per_s_per_device, step_time_p50_s, peak_rss_gib"
+    return Problem(field, metric, f"not a numeric result column; {hint} (all: docs/metrics.md)")
+
+
+def _check_search(spec: SweepSpec) -> list[Problem]:
+    """The search section names real metrics, one mode per metric, and options its algo uses."""
+    search = spec.search
+    metrics = [search.metric] if isinstance(search.metric, str) else search.metric
+    problems = [p for m in metrics if (p := metric_problem("search.metric", m))]
+    if not metrics:
+        problems.append(Problem("search.metric", search.metric, "name at least one metric"))
+    if len(set(metrics)) != len(metrics):
+        problems.append(Problem("search.metric", search.metric, "a metric is listed twice; list each once"))
+    gpus_vary = any("gpus_per_worker" in repr((key, values)) for key, values in spec.axes.items())
+    if spec.resources.gpus_per_worker == 0 and not gpus_vary:
+        problems += [Problem("search.metric", m, "is null on CPU trials (resources.gpus_per_worker: 0), so no "
+                             "trial could be ranked; on CPU use peak_rss_gib for memory, tok_per_s_per_device "
+                             "for speed") for m in metrics if m in GPU_ONLY_METRICS]
+    if isinstance(search.mode, list) and len(search.mode) != len(metrics):
+        problems.append(Problem("search.mode", search.mode, f"give one mode per metric ({len(metrics)}), a single "
+                                "mode for all, or null to infer each from its name"))
+    if search.algo == "grid":
+        for name in ("num_samples", "early_stop"):
+            if getattr(search, name) is not None:
+                problems.append(Problem(f"search.{name}", getattr(search, name), "only used by search.algo random "
+                                        "or optuna (grid runs every point); remove it or choose a searcher"))
+    elif not spec.axes:
+        problems.append(Problem("search.algo", search.algo, "a searcher picks points of the `axes` grid and this "
+                                "sweep has no axes; add axes, or use search.algo: grid"))
+    return problems
+
+
+def _check_estimate(est: EstimateSpec) -> list[Problem]:
+    """A known GPU name, one kind of margin, and a margin smaller than the memory it is taken from."""
+    problems = []
+    if est.gpu is not None and not known_gpu(est.gpu):
+        problems.append(Problem("estimate.gpu", est.gpu, f"unknown GPU; use one of {', '.join(gpu_labels())}, or leave "
+                                "it null and set estimate.device_memory_gib"))
+    elif est.gpu is not None and est.prune and est.device_memory_gib is None and gpu_memory_gib(est.gpu) is None:
+        problems.append(Problem("estimate.device_memory_gib", None, f"the memory of '{est.gpu}' is not in the "
+                                "table; set estimate.device_memory_gib (GiB per GPU), or estimate.prune: false"))
+    if est.margin_gib is not None and est.margin_fraction is not None:
+        problems.append(Problem("estimate.margin_gib", est.margin_gib, "set one of estimate.margin_gib or "
+                                "estimate.margin_fraction, not both"))
+    memory = est.device_memory_gib if est.device_memory_gib is not None else gpu_memory_gib(est.gpu)
+    if est.margin_gib is not None and memory is not None and est.margin_gib >= memory:
+        problems.append(Problem("estimate.margin_gib", est.margin_gib, f"the margin must be below the device "
+                                f"memory ({memory:.1f} GiB); lower it"))
+    return problems
+
+
+def sweep_problems(spec: SweepSpec) -> list[Problem]:
+    """Every problem of a sweep that parsed: axes, search and estimate (paths are the loader's)."""
+    return _check_axes(spec) + _check_search(spec) + _check_estimate(spec.estimate)
