@@ -64,15 +64,15 @@ def main() -> None:
             row = run_trial(t.as_payload(), spec.name, str(root), "torchrun", executors.get("torchrun"))
             if row["status"] != "ok":
                 raise SystemExit(f"{label}: {row['status']}: {row['message']}")
-            results.append((label, model, t.estimate, row))
+            results.append((label, model, t.assessment.analytic, row))
     mid_errors = [row["est_peak_error"] for _, model, _, row in results if model == "mid"]
     baseline = next(row["peak_rss_gib"] for _, model, _, row in results if model == "tiny")
     print(f"{'trial':<24}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'other':>8}{'estimate':>10}"
           f"{'measured':>10}{'error':>8}")
     for label, _, e, row in results:
-        print(f"{label:<24}" + "".join(f"{e[k]:>8.3f}" for k in ("params_gib", "grads_gib", "optimizer_gib",
-                                                                   "activations_gib", "other_gib"))
-              + f"{e['measured_part_gib']:>10.3f}{row['peak_rss_gib']:>10.3f}{row['est_peak_error']:>+8.1%}")
+        print(f"{label:<24}" + "".join(f"{gib:>8.3f}" for gib in (e.params_gib, e.grads_gib, e.optimizer_gib,
+                                                                   e.activations_gib, e.other_gib))
+              + f"{e.measured_part_gib:>10.3f}{row['peak_rss_gib']:>10.3f}{row['est_peak_error']:>+8.1%}")
     print("GiB per rank; measured = peak RSS, max over the 2 ranks; error = measured / estimate - 1")
     print(json.dumps({
         "bench": "estimate_accuracy", "metric": "median |measured / estimated peak - 1|, CPU fp32 trials",

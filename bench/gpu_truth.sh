@@ -41,19 +41,19 @@ for p in ["torch","ray","transformers","peft","deepspeed","optuna","pyarrow","bi
 import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name())' ;;
     overhead) timeout -k 10 240 python3 bench/harness_overhead.py --device cuda --rounds 20 --steps 8 --seq-len 2048 \
                 --micro-batch 4 ;;
-    validate) run_sweep sweeps/gpu-validate.yaml 360 ;;
-    seed000) run_sweep sweeps/gpu-seed000-1gpu.yaml 190 ;;
-    sac) run_sweep sweeps/gpu-sac-1b.yaml ${RAYBENCH_GPU_SAC_S:-540} ;;
-    rehearse) run_sweep sweeps/gpu-rehearse-check.yaml ${RAYBENCH_GPU_REHEARSE_S:-540} ;;
-    recheck) run_sweep sweeps/gpu-h100-recheck.yaml 330 ;;  # 6 trials took 239 s on an H100 (2026-11-26)
+    validate) run_sweep bench/sweeps/gpu-validate.yaml 360 ;;
+    seed000) run_sweep bench/sweeps/gpu-seed000-1gpu.yaml 190 ;;
+    sac) run_sweep bench/sweeps/gpu-sac-1b.yaml ${RAYBENCH_GPU_SAC_S:-540} ;;
+    rehearse) run_sweep bench/sweeps/gpu-rehearse-check.yaml ${RAYBENCH_GPU_REHEARSE_S:-540} ;;
+    recheck) run_sweep bench/sweeps/gpu-h100-recheck.yaml 330 ;;  # 6 trials took 239 s on an H100 (2026-11-26)
     # What holds DDP's peak (docs/results/rehearse-2026-11-26.md): the allocator's history of three steps, and
     # the tensors live at the peak by allocation site (OUT_DIR/snapshot/*-peak.json, printed to the log).
     snapshot) RAYBENCH_CUDA_MEMORY_SNAPSHOT=$out/snapshot timeout -k 10 240 \
-                python3 -m raybench trial sweeps/gpu-ddp-snapshot.yaml 0 --store "$store"
+                python3 -m raybench trial bench/sweeps/gpu-ddp-snapshot.yaml 0 --store "$store"
               cat "$out"/snapshot/*-peak.json ;;
     # ddp + Liger (needs the Liger wheel): the rehearsal traces it since 2026-11-26 (26.17 GiB, 0.170 s on an
     # H100, docs/results/rehearse-2026-11-26.md §9); no GPU has run it. Its row lands in gpu-validate.parquet.
-    ddp-liger) timeout -k 10 240 python3 -m raybench trial sweeps/gpu-validate.yaml 9f29bd997b04e189 --store "$store" ;;
+    ddp-liger) timeout -k 10 240 python3 -m raybench trial bench/sweeps/gpu-validate.yaml 9f29bd997b04e189 --store "$store" ;;
     # Every GPU test runs whatever another one does (no -x): each outcome is a measurement; -rA prints what the
     # passing ones printed (the compiled-block byte counts, CUDA against the CPU rehearsal).
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;

@@ -19,7 +19,8 @@ import time
 
 import psutil
 
-from raybench.drivers.sweep import ray_cluster, run_planned
+from raybench.drivers.ray_cluster import ray_cluster
+from raybench.drivers.sweep import run_planned
 from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.spec.load import parse_sweep

@@ -1,4 +1,4 @@
-"""How long validating and planning a large grid takes (sweeps/grid-10k.yaml, 10,000 points).
+"""How long validating and planning a large grid takes (bench/sweeps/grid-10k.yaml, 10,000 points).
 
     .venv/bin/python bench/plan_scale.py [--repeats 5]
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from raybench.planning.plan import plan
 from raybench.spec.load import load_sweep
 
-SWEEP = Path(__file__).resolve().parent.parent / "sweeps" / "grid-10k.yaml"
+SWEEP = Path(__file__).resolve().parent / "sweeps" / "grid-10k.yaml"
 
 
 def main() -> None:

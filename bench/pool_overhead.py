@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 
-from raybench.drivers.sweep import ray_cluster
+from raybench.drivers.ray_cluster import ray_cluster
 from raybench.planning.plan import plan
 from raybench.spec.load import parse_sweep
 

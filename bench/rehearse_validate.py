@@ -3,7 +3,7 @@ docs/results/gpu-2026-11-22/*.parquet).
 
     .venv/bin/python bench/rehearse_validate.py [--sweep NAME ...] [--results DIR --gpu NAME]
 
-Rehearses every configuration of sweeps/gpu-sac-1b.yaml and sweeps/gpu-seed000-1gpu.yaml (or of the sweeps
+Rehearses every configuration of bench/sweeps/gpu-sac-1b.yaml and gpu-seed000-1gpu.yaml (or of the sweeps
 named: gpu-validate adds one row per strategy and technique, gpu-rehearse-check the compiled ratios, the
 op-level policy and DDP) for the GPU the rows ran on (--gpu) and joins each to its measured row by trial id
 (a repeated configuration is rehearsed once and compared with each repeat). Prints a Markdown table per sweep,
@@ -41,7 +41,7 @@ GPU = "H100 SXM"
 
 def sweep_for_gpu(name: str, gpu: str):
     """The committed sweep, with estimate.gpu set to the GPU its rows ran on (not part of trial ids)."""
-    spec = load_sweep(REPO / "sweeps" / f"{name}.yaml")
+    spec = load_sweep(REPO / "bench" / "sweeps" / f"{name}.yaml")
     return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": gpu})})
 
 
@@ -60,7 +60,7 @@ def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFr
     for trial in plan(sweep_for_gpu(name, gpu)):
         if trial.trial_id not in measured.index:
             continue
-        r = rehearsal.rehearse(trial.config, trial.shape, gpu, analytic=trial.estimate, traces=traces)
+        r = rehearsal.rehearse(trial.config, trial.shape, gpu, analytic=trial.assessment.analytic, traces=traces)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
         row = measured.loc[trial.trial_id]
         reserved = None if r.peak_gib is None else r.peak_gib * fitted.ALLOCATOR_RESERVE

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/report_scale.py [--rows 100 1000 10000] [--export-rows 200]
 
-Rows are the trials of sweeps/grid-10k.yaml (every config column) measured on two systems that differ in GPU
+Rows are the trials of bench/sweeps/grid-10k.yaml (every config column) measured on two systems that differ in GPU
 memory clock, with deterministic made-up metrics and phases, 5% of them oom; they are written with
 `store.write_rows`. For each size: reading the store as the CLI does (every attempt, then the latest per trial
 and system), rendering the self-contained HTML report (all five figures, which keep the fastest configurations
@@ -25,7 +25,7 @@ from raybench.planning.plan import plan
 from raybench.results import compare, export, frames, report_files, store
 from raybench.spec.load import load_sweep
 
-GRID = Path(__file__).resolve().parent.parent / "sweeps" / "grid-10k.yaml"
+GRID = Path(__file__).resolve().parent / "sweeps" / "grid-10k.yaml"
 SYSTEMS = {"site-a": 2619.0, "site-b": 1593.0}  # GPU memory clock, MHz
 
 

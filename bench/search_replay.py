@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 from raybench.drivers.api import run_sweep
-from raybench.drivers.sweep import ray_cluster
+from raybench.drivers.ray_cluster import ray_cluster
 from raybench.planning.plan import PlannedTrial, plan
 from raybench.results import store
 from raybench.spec.load import parse_sweep

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/store_scale.py [--rows 100000] [--batch 1000] [--repeats 7]
 
-Rows are realistic: the trials of sweeps/grid-10k.yaml (every config column, config JSON) over 10 sweeps on
+Rows are realistic: the trials of bench/sweeps/grid-10k.yaml (every config column, config JSON) over 10 sweeps on
 5 GPU types with random metrics and statuses, 10% of them re-run attempts (a failed first attempt, then an ok
 one: the latest attempt must win). They arrive in batches of `--batch` rows, each batch standing for one
 `raybench run` of that many trials (see `append`): `store` gets them as runs leave them (written, then the
@@ -42,7 +42,7 @@ from raybench.planning.plan import plan
 from raybench.results import compaction, query, store
 from raybench.spec.load import load_sweep
 
-GRID = Path(__file__).resolve().parent.parent / "sweeps" / "grid-10k.yaml"
+GRID = Path(__file__).resolve().parent / "sweeps" / "grid-10k.yaml"
 SWEEPS = 10
 GPUS = {"NVIDIA H100 80GB HBM3": 9000.0, "NVIDIA A100-SXM4-80GB": 4000.0, "NVIDIA H200": 10000.0,
         "NVIDIA B200": 18000.0, "NVIDIA GH200 480GB": 11000.0}

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from raybench.drivers.executors import train
-from raybench.drivers.sweep import OWNER_FILE, TEMP_ROOT, ray_cluster
+from raybench.drivers.ray_cluster import OWNER_FILE, TEMP_ROOT, ray_cluster
 from raybench.planning.plan import plan
 from raybench.spec.load import parse_sweep
 

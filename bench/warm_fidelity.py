@@ -21,7 +21,7 @@ import statistics
 import tempfile
 
 from raybench.drivers import executors
-from raybench.drivers.sweep import ray_cluster
+from raybench.drivers.ray_cluster import ray_cluster
 from raybench.drivers.trial import run_trial
 from raybench.planning.plan import plan
 from raybench.spec.load import parse_sweep

@@ -48,7 +48,7 @@ def _plan(args) -> int:
     trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=args.store or spec.store)
     if args.json:
         for t in trials:
-            print(json.dumps({**t.as_payload(), "status": t.status, "reasons": list(t.reasons)}, sort_keys=True))
+            print(json.dumps({**t.payload.to_dict(), "status": t.status, "reasons": list(t.reasons)}, sort_keys=True))
     else:
         print(plan_table(trials))
         print(f"\n{len(trials)} trials, sweep '{spec.name}', executor {spec.executor}")
@@ -63,7 +63,8 @@ def _estimate(args) -> int:
     if args.json:
         for t in trials:
             print(json.dumps({"index": t.index, "trial_id": t.trial_id, "axis_values": t.axis_values,
-                              "status": t.status, "reasons": list(t.reasons), "estimate": t.estimate}, sort_keys=True))
+                              "status": t.status, "reasons": list(t.reasons),
+                              "estimate": t.assessment.as_dict() if t.assessment else {}}, sort_keys=True))
     else:
         print(estimate_table(trials))
         print(f"\n{estimate_summary(trials, store_path)}")
@@ -98,7 +99,7 @@ def _rehearse(args) -> int:
         if not busbw:
             busbw, source = calibration.probe_busbw_gbps(store_path, t.world_size, gpu), "probe"
         # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
-        result = rehearsal.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.estimate,
+        result = rehearsal.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.assessment.analytic,
                                    traces=traced).as_dict()
         calibration.save_rehearsal(store_path, t.config_id, result)
         row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
@@ -123,7 +124,7 @@ def _run(args) -> int:
         address = slurm.connect(args.cluster)
     store_path = args.store or spec.store
     from raybench.drivers.progress import SweepProgress
-    from raybench.drivers.sweep import Terminated, terminate_on_sigterm
+    from raybench.drivers.ray_cluster import Terminated, terminate_on_sigterm
 
     try:
         with terminate_on_sigterm(), SweepProgress.for_terminal(args.quiet, args.verbose) as progress:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raybench.drivers import sweep
+from raybench.planning import calibration
 from raybench.planning.plan import PlannedTrial, plan
 from raybench.results import compaction, store
 from raybench.runtime import cuda_snapshot
@@ -25,13 +26,18 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
     Raises ConfigError before anything starts if the sweep cannot be planned.
     """
     store_path = str(Path(store_path or spec.store))
-    if cuda_snapshot.requested():
-        cuda_snapshot.check(plan(spec, keep_invalid=True, source=source), source)
-    if spec.search.algo != "grid":
-        ran = sweep.run_search(spec, store_path=store_path, address=address, rerun=rerun, progress=progress,
-                         verbose=verbose, source=source).ran
+    searching = spec.search.algo != "grid"
+    # Every stored attempt, read once: it calibrates the plan and says which trials a grid need not run again.
+    attempts = store.read_table(store_path, latest=False)
+    trials = plan(spec, keep_invalid=keep_invalid or searching, source=source,
+                  evidence=calibration.evidence(store_path, attempts))
+    cuda_snapshot.check(trials, source)  # a CUDA snapshot request refuses CPU trials before anything starts
+    if searching:
+        ran = sweep.run_search(spec, trials, store_path=store_path, address=address, rerun=rerun,
+                               progress=progress, verbose=verbose).ran
     else:
-        ran = _run_grid(spec, store_path, address, keep_invalid, rerun, progress, verbose, source)
+        stored = {} if rerun else store.statuses_by_trial(attempts, spec.name, spec.executor)
+        ran = _run_grid(spec, trials, stored, store_path, address, progress, verbose)
     compact_if_many_files(store_path, spec.name, progress)
     return ran
 
@@ -42,11 +48,10 @@ def compact_if_many_files(store_path: str, sweep_name: str, progress=print) -> N
         progress(f"compacted {done.files_before} result files of sweep {sweep_name} into {done.files_after}")
 
 
-def _run_grid(spec: SweepSpec, store_path: str, address: str | None, keep_invalid: bool, rerun: bool, progress,
-              verbose: bool, source: str) -> list[PlannedTrial]:
-    trials = plan(spec, keep_invalid=keep_invalid, source=source, store_path=store_path)
-    # A trial counts as stored only when the executor the sweep asks for measured it (docs/executors.md).
-    stored = {} if rerun else store.attempt_statuses(store_path, spec.name, spec.executor)  # one read of the rows
+def _run_grid(spec: SweepSpec, trials: list[PlannedTrial], stored: dict[str, set[str]], store_path: str,
+              address: str | None, progress, verbose: bool) -> list[PlannedTrial]:
+    """Run the planned trials not stored as ok; `stored` is trial id -> the statuses of its stored attempts
+    (a trial counts as stored only when the executor the sweep asks for measured it: docs/executors.md)."""
     done = {trial_id for trial_id, statuses in stored.items() if "ok" in statuses}
     unrun = [t for t in trials if t.status != "planned"]
     todo = [t for t in trials if t.status == "planned" and t.trial_id not in done]

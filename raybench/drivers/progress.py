@@ -1,16 +1,16 @@
 """What a running sweep shows: the Ray dashboard address once, then either a live view on a terminal (progress
-bar with counts, elapsed time and ETA over a table of running and recent trials, redrawn in place every second),
-one plain line per finished trial when stdout is not a terminal (batch jobs, SLURM logs), or nothing (quiet).
+bar with counts, elapsed time and ETA over a table of running and recent trials, redrawn in place), one plain
+line per finished trial when stdout is not a terminal (batch jobs, SLURM logs), or nothing (quiet).
 
-The view is drawn with plain ANSI escapes (cursor up, clear to end of screen); `render_live` is a pure function
-of the trial states so that it can be tested without a terminal.
+The live view is drawn by rich: its Live redraws in place, fits the view to the terminal's width and height as
+they are at each redraw (rows cropped, cells shortened with an ellipsis), puts messages and stray prints above
+it, and knows which terminals can take it. `live_view` is a pure function of the trial states, so that what it
+shows can be tested without a terminal.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import sys
 import threading
 import time
@@ -18,11 +18,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TextIO
 
-from raybench.results.report import render
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
 
 Mode = Literal["live", "lines", "quiet"]
-REFRESH_S = 1.0
+REFRESH_S = 0.5  # the live view's clock (elapsed, ETA, running times) and new events show this often
 MAX_TABLE_ROWS = 20
+BAR_WIDTH = 24
+# Lines of the view that are not trial rows: the bar, a blank line, the table's header and rule, "N more", and
+# the line the cursor rests on. The table gets what is left of the terminal's height.
+VIEW_CHROME_LINES = 6
+STATUS_STYLES = {"running": "cyan", "ok": "green", "timeout": "yellow"}  # every other status is a failure
+FAILED_STYLE = "red"
+TABLE_COLUMNS = ("trial_id", "status", "time", "tok/s/device", "peak GiB", "axes")
 
 
 @dataclass
@@ -63,32 +75,52 @@ def _number(value: float | None, spec: str) -> str:
 
 
 def eta_s(done: int, total: int, elapsed_s: float) -> float | None:
-    """Remaining time at the average pace of the finished trials so far (None before the first one ends)."""
+    """Remaining time at the average pace of the finished trials so far (None before the first one ends).
+    (Not rich's own estimate: that one looks at a recent window, which holds no finished trial for most of a
+    sweep whose trials take minutes.)"""
     return None if done == 0 else elapsed_s / done * (total - done)
 
 
-def render_live(states: list[TrialState], total: int, elapsed_s: float, now_s: float, width: int = 120,
-                max_rows: int = MAX_TABLE_ROWS) -> str:
-    """The live view: a progress bar line, then running trials (oldest first) and the latest finished ones."""
-    finished = [s for s in states if s.status != "running"]
+def progress_line(states: list[TrialState], total: int, elapsed_s: float) -> Table:
+    """The bar and the counts, on one line; the counts are shortened with an ellipsis when the line is narrow."""
+    finished = sum(s.status != "running" for s in states)
+    ok = sum(s.status == "ok" for s in states)
+    running = len(states) - finished
+    counts = (f"{finished}/{total} trials  ok {ok}  failed {finished - ok}  running {running}  "
+              f"elapsed {duration(elapsed_s)}  ETA {duration(eta_s(finished, total, elapsed_s))}")
+    line = Table.grid(padding=(0, 1))
+    line.add_column(width=BAR_WIDTH, no_wrap=True)
+    line.add_column(no_wrap=True, overflow="ellipsis")
+    line.add_row(ProgressBar(total=max(total, 1), completed=finished if total else 1, width=BAR_WIDTH), counts)
+    return line
+
+
+def trial_table(shown: list[TrialState], hidden: int, now_s: float) -> Table:
+    table = Table(*TABLE_COLUMNS, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold",
+                  caption=f"... {hidden} more" if hidden else None, caption_justify="left")
+    # A wrapped row would push the view off the screen: the axes column gives up its width first (rich narrows
+    # the columns that may wrap before the others), and its cells are cut short with an ellipsis, not wrapped.
+    for column in table.columns[:-1]:
+        column.no_wrap, column.overflow = True, "ellipsis"
+    for name in ("time", "tok/s/device", "peak GiB"):
+        table.columns[TABLE_COLUMNS.index(name)].justify = "right"
+    for s in shown:
+        table.add_row(s.trial_id, Text(s.status, style=STATUS_STYLES.get(s.status, FAILED_STYLE)),
+                      duration((s.ended_s or now_s) - s.started_s), _number(s.tok_per_s_per_device, ",.0f"),
+                      _number(s.peak_gib, ".2f"), Text(s.label, no_wrap=True, overflow="ellipsis"))
+    return table
+
+
+def live_view(states: list[TrialState], total: int, elapsed_s: float, now_s: float,
+              max_rows: int = MAX_TABLE_ROWS) -> RenderableType:
+    """The live view: the progress line, then running trials (oldest first) and the latest finished ones."""
     running = sorted((s for s in states if s.status == "running"), key=lambda s: s.started_s)
-    ok = sum(s.status == "ok" for s in finished)
-    bar_width = 24
-    filled = bar_width * len(finished) // total if total else bar_width
-    bar = (f"[{'#' * filled}{'.' * (bar_width - filled)}] {len(finished)}/{total} trials  ok {ok}  "
-           f"failed {len(finished) - ok}  running {len(running)}  elapsed {duration(elapsed_s)}  "
-           f"ETA {duration(eta_s(len(finished), total, elapsed_s))}")
-    recent = sorted(finished, key=lambda s: s.ended_s, reverse=True)
+    recent = sorted((s for s in states if s.status != "running"), key=lambda s: s.ended_s, reverse=True)
     shown = (running + recent)[:max_rows]
-    lines = [bar]
-    if shown:
-        rows = [[s.trial_id, s.status, duration((s.ended_s or now_s) - s.started_s),
-                 _number(s.tok_per_s_per_device, ",.0f"), _number(s.peak_gib, ".2f"), s.label] for s in shown]
-        lines += ["", *render(["trial_id", "status", "time", "tok/s/device", "peak GiB", "axes"], rows).splitlines()]
-        hidden = len(running) + len(recent) - len(shown)
-        if hidden:
-            lines.append(f"... {hidden} more")
-    return "\n".join(line[:width - 1] for line in lines)
+    bar = progress_line(states, total, elapsed_s)
+    if not shown:
+        return bar
+    return Group(bar, Text(), trial_table(shown, len(running) + len(recent) - len(shown), now_s))
 
 
 class SweepProgress:
@@ -97,55 +129,49 @@ class SweepProgress:
     def __init__(self, mode: Mode = "lines", write: Callable[[str], None] | None = None,
                  stream: TextIO | None = None, refresh_s: float = REFRESH_S):
         self.mode = mode
-        self.refresh_s = refresh_s  # the live view's clock (elapsed, ETA, running times) ticks this often
+        self.refresh_s = refresh_s
         self.stream = stream or sys.stdout
         self.write = write or (lambda line: print(line, file=self.stream, flush=True))
+        # The real stream, not whatever sys.stdout is later: the live view redirects sys.stdout to itself.
+        self.console = Console(file=self.stream, highlight=False)
         self.total = 0
         self.done = 0
         self.states: dict[str, TrialState] = {}
         self._t0 = time.monotonic()
-        self._drawn_lines = 0
-        self._started = False  # nothing is drawn before start(): messages may come before the sweep does
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
+        self._live: Live | None = None  # from start() to close() in live mode
+        self._closing = False  # the last redraw shows the bar only: the results table follows it
+        self._lock = threading.Lock()  # events come from Tune's thread, redraws from rich's
 
     @classmethod
     def for_terminal(cls, quiet: bool = False, verbose: bool = False) -> SweepProgress:
-        """Live on an interactive terminal; plain lines in logs and with --verbose (Ray's own log lines would
-        tear a redrawn view); nothing with --quiet."""
+        """Live on a terminal that can redraw (rich decides: a tty not named dumb, or FORCE_COLOR /
+        TTY_COMPATIBLE); plain lines in logs and with --verbose (Ray's own log lines would tear a redrawn
+        view); nothing with --quiet."""
         if quiet:
             return cls("quiet")
-        live = sys.stdout.isatty() and not verbose and os.environ.get("TERM", "") != "dumb"
+        console = Console(file=sys.stdout)
+        live = console.is_terminal and not console.is_dumb_terminal and not verbose
         return cls("live" if live else "lines")
 
     def __call__(self, message: str) -> None:
         """A message line (e.g. trials skipped); shown above the live view."""
-        if self.mode == "quiet":
-            return
         if self.mode == "lines":
             self.write(message)
-            return
-        with self._lock:
-            self._erase()
-            self.stream.write(message + "\n")
-            self._draw()
+        elif self.mode == "live":
+            self.console.print(Text(message))  # Text: brackets in a message are not markup
 
     def start(self, total: int, dashboard: str | None = None) -> None:
-        self.total, self._t0, self._started = total, time.monotonic(), True
+        self.total, self._t0 = total, time.monotonic()
         if dashboard:
             self(f"Ray dashboard: {dashboard}")
-        else:
-            with self._lock:
-                self._redraw()
-        if self.mode == "live" and self._ticker is None:
-            self._ticker = threading.Thread(target=self._tick, name="raybench-progress", daemon=True)
-            self._ticker.start()
+        if self.mode == "live" and self._live is None:
+            self._live = Live(get_renderable=self._view, console=self.console,
+                              refresh_per_second=1 / self.refresh_s)
+            self._live.start(refresh=True)
 
     def trial_started(self, trial_id: str, axis_values: dict) -> None:
         with self._lock:
             self.states[trial_id] = TrialState(trial_id, axes_label(axis_values), time.monotonic())
-            self._redraw()
 
     def trial_finished(self, trial_id: str, result: dict) -> None:
         """`result`: what the trial driver reported to Tune (status, tok_per_s_per_device, peak_gib, summary)."""
@@ -158,7 +184,6 @@ class SweepProgress:
             self.done += 1
             if self.mode == "lines":
                 self.write(f"[{self.done}/{self.total}] {result.get('summary') or f'{trial_id} {state.status}'}")
-            self._redraw()
 
     def trial_failed(self, trial_id: str, message: str) -> None:
         """The trial's driver died (Tune saw an error): no result came back."""
@@ -171,39 +196,18 @@ class SweepProgress:
         self.close()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(timeout=2 * self.refresh_s)
+        """Stop the live view, leaving its final counts on the screen."""
+        if self._live is not None:
+            self._closing = True
+            self._live.stop()  # redraws once more (the bar only), then gives sys.stdout back
+            self._live = None
+
+    def _view(self) -> RenderableType:
+        """What rich draws at each refresh, fitted to the terminal's height now (it may have been resized)."""
         with self._lock:
-            if self.mode == "live" and self._started:
-                self._erase()
-                self._draw(max_rows=0)  # the final counts stay; the results table follows
-            self._drawn_lines = 0
-
-    def _tick(self) -> None:
-        while not self._stop.wait(self.refresh_s):
-            with self._lock:
-                self._redraw()
-
-    def _redraw(self) -> None:
-        if self.mode == "live" and self._started:
-            self._erase()
-            self._draw()
-
-    def _erase(self) -> None:
-        if self._drawn_lines:
-            self.stream.write(f"\x1b[{self._drawn_lines}F\x1b[J")  # to the view's first line; clear below
-
-    def _draw(self, max_rows: int | None = None) -> None:
-        if not self._started:
-            return
-        size = shutil.get_terminal_size()
-        now = time.monotonic()
-        rows = max(1, min(MAX_TABLE_ROWS, size.lines - 5)) if max_rows is None else max_rows
-        text = render_live(list(self.states.values()), self.total, now - self._t0, now, size.columns, rows)
-        self.stream.write(text + "\n")
-        self.stream.flush()
-        self._drawn_lines = text.count("\n") + 1
+            now = time.monotonic()
+            rows = 0 if self._closing else max(1, min(MAX_TABLE_ROWS, self.console.height - VIEW_CHROME_LINES))
+            return live_view(list(self.states.values()), self.total, now - self._t0, now, rows)
 
 
 def as_progress(progress: SweepProgress | Callable[[str], None]) -> SweepProgress:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from raybench.planning import estimate
+from raybench.planning import assessment
 from raybench.planning.payload import TrialPayload
 from raybench.results import store
 from raybench.results.store import SCHEMA, flatten_config, json_column
@@ -109,7 +109,7 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
         step_s = row["tokens_per_step"] / row["tok_per_s"]  # the throughput columns' time per step
         row.update(metrics_projection(step_s, row["tokens_per_step"], nonpad_fraction, row["world_size"],
                                       plan.dataset_tokens, plan.epochs, plan.total_steps))
-    row.update(estimate.row_fields(payload.estimate, row))  # and, for ok rows, the estimate's error
+    row.update(assessment.row_fields(payload.assessment, row))  # and, for ok rows, the estimate's error
     return row
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import pyarrow as pa
 
 from raybench.results import store
 from raybench.spec.hardware import find_gpu
@@ -23,11 +26,31 @@ def key_of(config: TrialConfig) -> Key:
     return model, config.train.strategy, "cuda" if config.resources.gpus_per_worker > 0 else "cpu"
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What a store tells the plan: measured / estimated peak ratios, and the stored rehearsals."""
+
+    factors: dict[Key, tuple[float, int]] = field(default_factory=dict)
+    rehearsals: dict[str, dict] = field(default_factory=dict)  # config_id -> rehearsal
+
+
+def evidence(store_path: str | Path | None, attempts: pa.Table | None = None) -> Evidence:
+    """The store's evidence; from `attempts` (store.read_table(store_path, latest=False)) when the caller has
+    read the rows already, else read here."""
+    if attempts is None:
+        return Evidence(factors(store_path), rehearsals(store_path))
+    return Evidence(factors_of(store.latest_per_trial(attempts)), rehearsals(store_path))
+
+
 def factors(store_path: str | Path | None) -> dict[Key, tuple[float, int]]:
     """{key: (median measured/estimated ratio, rows)} from the store's ok rows that carry an estimate error."""
     if store_path is None or not Path(store_path).is_dir():
         return {}
-    table = store.read_table(store_path)
+    return factors_of(store.read_table(store_path))
+
+
+def factors_of(table: pa.Table) -> dict[Key, tuple[float, int]]:
+    """`factors` over rows already read: the latest attempt of each trial, of every sweep."""
     columns = ("status", "model_preset", "model_path", "train_strategy", "device_type", "est_peak_error")
     rows = zip(*(table.column(c).to_pylist() for c in columns))
     ratios: dict[Key, list[float]] = {}

@@ -4,19 +4,19 @@ Pure arithmetic on the model shape and the trial config: no torch, no I/O, so `p
 well under a second. The model follows what raybench's own code does (fp32 weights everywhere; bf16 by autocast
 under ddp/tp, by FSDP2's MixedPrecisionPolicy, by DeepSpeed's 16-bit module cast) and is written out with its
 sources and constants in docs/estimate.md. Measured peaks then calibrate it per model x strategy x device
-(raybench/planning/calibration.py); every result row stores the estimate and its error.
+(raybench/planning/calibration.py), and raybench/planning/assessment.py judges it against the device memory;
+every result row stores the estimate and its error.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from raybench.spec import metrics
-from raybench.spec.hardware import gpu_memory_gib, peak_tflops
+from raybench.spec.hardware import peak_tflops
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB
-from raybench.spec.sweep_spec import LORA_TARGET_MODULES, EstimateSpec, TrainSpec, TrialConfig
+from raybench.spec.sweep_spec import LORA_TARGET_MODULES, TrainSpec, TrialConfig
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -37,7 +37,6 @@ ZERO_BUCKET_ELEMENTS = 500_000_000
 # bitsandbytes NF4 with double quantization (its default): 4 bits per weight, an 8-bit absmax per 64 weights
 # and an fp32 absmax per 256 of those blocks.
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
-DEFAULT_MARGIN_FRACTION = 0.10
 # Peak bytes the logits and the cross-entropy loss hold per token and vocabulary entry (see
 # activation_bytes_per_token).
 LOSS_BYTES_PER_VOCAB_ENTRY = 12
@@ -357,73 +356,3 @@ def estimate(config: TrialConfig, shape: ModelShape, ac_blocks: list[int] | tupl
         offloaded_gib=offloaded / GIB, flops_per_step=flops,
         step_time_s=None if peak is None else flops / (peak * 1e12 * ASSUMED_MFU),
     )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Planning: calibration, the memory limit, pruning
-
-
-def device_memory_gib(spec: EstimateSpec, device: str) -> float | None:
-    """The memory one rank may use: estimate.device_memory_gib, else (GPU trials) the GPU table's entry."""
-    if spec.device_memory_gib is not None:
-        return spec.device_memory_gib
-    return gpu_memory_gib(spec.gpu) if device == "cuda" else None
-
-
-def margin_gib(spec: EstimateSpec, memory_gib: float) -> float:
-    if spec.margin_gib is not None:
-        return spec.margin_gib
-    fraction = DEFAULT_MARGIN_FRACTION if spec.margin_fraction is None else spec.margin_fraction
-    return fraction * memory_gib
-
-
-def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | None,
-           rehearsal: dict | None = None) -> tuple[dict, str | None]:
-    """The estimate as plain data for the trial's payload (and row), and why to skip the trial, if it must be.
-
-    `calibration` is (median measured / estimated ratio, rows it comes from) for the trial's model x strategy x
-    device, or None. It scales the part of the estimate that measurements cover. `rehearsal` is the trial's
-    stored rehearsal (raybench/rehearse/), or None: when it traced the step, its peak (what the allocator
-    would reserve, plus the part of the estimate no tensor holds) decides the fit instead, and its step time
-    replaces the guess.
-    """
-    factor, rows = calibration if calibration else (None, 0)
-    calibrated = est.peak_gib if factor is None else est.peak_gib - est.measured_part_gib * (1 - factor)
-    traced = rehearsal is not None and rehearsal.get("method") == "traced" and rehearsal.get("peak_gib") is not None
-    rehearsed_peak = (rehearsal.get("reserved_gib") or rehearsal["peak_gib"]) + est.other_gib if traced else None
-    peak = rehearsed_peak if traced else calibrated
-    memory = device_memory_gib(spec, est.device)
-    margin = None if memory is None else margin_gib(spec, memory)
-    fits = None if memory is None else peak + margin <= memory
-    data = {**est.as_dict(), "calibration": factor, "calibration_rows": rows, "peak_calibrated_gib": calibrated,
-            "memory_gib": memory, "margin_gib": margin, "fits": fits, "peak_basis": "rehearsed" if traced else
-            "analytic", "rehearsed_peak_gib": rehearsed_peak,
-            "rehearsed_step_time_s": rehearsal.get("step_time_s") if traced else None,
-            "rehearsed_compute_s": rehearsal.get("compute_s") if traced else None}
-    if fits is not False or not spec.prune:
-        return data, None
-    unit = "GPU" if est.device == "cuda" else "worker"
-    basis = f" (x{factor:.2f} calibrated from {rows} measured row(s))" if factor is not None else ""
-    if traced:
-        calibrated, basis = rehearsed_peak, " (rehearsed: traced at full scale)"
-    of = f" of one {spec.gpu}" if spec.device_memory_gib is None and spec.gpu else ""
-    return data, (f"estimated peak {calibrated:.1f} GiB per {unit}{basis} + {margin:.1f} GiB margin exceeds the "
-                  f"{memory:.1f} GiB{of}; lower micro_batch or seq_len, raise ac_ratio, shard more (fsdp2, ZeRO-3), "
-                  "or set estimate.prune: false to run it anyway")
-
-
-def row_fields(estimate: dict | None, row: dict) -> dict:
-    """Estimate columns of a result row; for an ok row also the error: measured peak / estimate - 1.
-
-    The measured peak is peak_reserved_gib on GPUs and peak_rss_gib on CPU (what `raybench report` shows); it
-    is compared with the part of the raw estimate it covers (Estimate.measured_part_gib).
-    """
-    if not estimate:
-        return {}
-    fields = {"est_peak_gib": estimate["peak_gib"], "est_peak_calibrated_gib": estimate["peak_calibrated_gib"],
-              "est_step_time_s": estimate["step_time_s"]}
-    measured = row.get("peak_reserved_gib") if row.get("device_type") == "cuda" else row.get("peak_rss_gib")
-    if row.get("status") == "ok" and measured is not None and estimate["measured_part_gib"] > 0:
-        error = measured / estimate["measured_part_gib"] - 1
-        fields["est_peak_error"] = error if math.isfinite(error) else None
-    return fields

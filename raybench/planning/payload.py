@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raybench.planning.assessment import Assessment
 from raybench.spec.sweep_spec import CacheSpec, PoolSpec, ProjectionSpec, TrialConfig
 
 # glibc's default initial M_MMAP_THRESHOLD; set explicitly, glibc no longer raises it (mallopt(3)).
@@ -30,7 +31,8 @@ class TrialPayload:
     projection: ProjectionSpec = field(default_factory=ProjectionSpec)  # the user's full run; not part of the id
     pool: PoolSpec = field(default_factory=PoolSpec)  # warm-pool settings; not part of the id
     caches: CacheSpec = field(default_factory=CacheSpec)  # weights and compile caches; not part of the id
-    estimate: dict[str, Any] = field(default_factory=dict)  # the plan's estimate (estimate.assess); not in the id
+    # The plan's memory/step-time assessment (None for an invalid combination); not part of the id.
+    assessment: Assessment | None = None
     # Set by the trial driver: the store's per-cluster cache directory (all-reduce probe, data, compile caches).
     cache_dir: str | None = None
     # Set by the warm pool: host memory a long-lived worker may keep for the weights of the next trial, and how
@@ -42,20 +44,24 @@ class TrialPayload:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        """Plain JSON-safe data (Tune trial configs, torchrun's payload file, `raybench plan --json`)."""
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Plain JSON-safe data (Tune trial configs, torchrun's payload file, `raybench plan --json`); the
+        assessment goes under "estimate", as an empty mapping when there is none."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "assessment"}
         for name in ("config", "projection", "pool", "caches"):
             data[name] = data[name].model_dump(mode="json")
         data["ac_blocks"] = list(self.ac_blocks)
+        data["estimate"] = self.assessment.as_dict() if self.assessment else {}
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> TrialPayload:
-        return cls(**{**data, "config": TrialConfig.model_validate(data["config"]),
+        fields = {k: v for k, v in data.items() if k != "estimate"}
+        return cls(**{**fields, "config": TrialConfig.model_validate(data["config"]),
                       "projection": ProjectionSpec.model_validate(data["projection"]),
                       "pool": PoolSpec.model_validate(data["pool"]),
                       "caches": CacheSpec.model_validate(data["caches"]),
-                      "ac_blocks": tuple(data["ac_blocks"])})
+                      "ac_blocks": tuple(data["ac_blocks"]),
+                      "assessment": Assessment.from_dict(data["estimate"]) if data.get("estimate") else None})
 
     def compile_cache_dir(self) -> str | None:
         """Where a compiled trial caches its kernels: train.compile_cache_dir, else caches.compile_dir, else the

@@ -11,44 +11,61 @@ from pathlib import Path
 from typing import Any
 
 from raybench.planning import calibration, estimate
+from raybench.planning.assessment import Assessment, assess
 from raybench.planning.payload import TrialPayload
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
-from raybench.spec.sweep_spec import CacheSpec, PoolSpec, ProjectionSpec, SweepSpec, TrialConfig
+from raybench.spec.sweep_spec import SweepSpec, TrialConfig
 
 
 @dataclass(frozen=True)
 class PlannedTrial:
-    """One point of the grid (one repeat of it), ready to run or marked invalid with reasons."""
+    """One point of the grid (one repeat of it): the payload its run gets, and whether it runs at all."""
 
     index: int
-    trial_id: str
-    config_id: str
-    repeat: int
-    config: TrialConfig
-    axis_values: dict[str, Any]
+    payload: TrialPayload  # what a trial driver, its executor and its ranks get
     shape: ModelShape
-    ac_blocks: tuple[int, ...]
     status: str = "planned"  # or "invalid", or "skipped" (estimated not to fit in device memory)
     reasons: tuple[str, ...] = field(default=())
-    projection: ProjectionSpec = field(default_factory=ProjectionSpec)  # the planned full run; not part of the id
-    pool: PoolSpec = field(default_factory=PoolSpec)  # warm-pool settings; not part of the id
-    caches: CacheSpec = field(default_factory=CacheSpec)  # weights and compile cache settings; not part of the id
-    estimate: dict = field(default_factory=dict)  # memory/step-time estimate (estimate.assess); not part of the id
+
+    # The payload's identity, config and assessment, which tables, drivers and searches read on every trial.
+    @property
+    def trial_id(self) -> str:
+        return self.payload.trial_id
+
+    @property
+    def config_id(self) -> str:
+        return self.payload.config_id
+
+    @property
+    def repeat(self) -> int:
+        return self.payload.repeat
+
+    @property
+    def config(self) -> TrialConfig:
+        return self.payload.config
+
+    @property
+    def axis_values(self) -> dict[str, Any]:
+        return self.payload.axis_values
+
+    @property
+    def ac_blocks(self) -> tuple[int, ...]:
+        return self.payload.ac_blocks
+
+    @property
+    def assessment(self) -> Assessment | None:
+        return self.payload.assessment
 
     @property
     def world_size(self) -> int:
         return self.config.resources.workers
 
     def as_payload(self) -> TrialPayload:
-        """What a trial driver, its executor and its ranks get."""
-        return TrialPayload(
-            trial_id=self.trial_id, config_id=self.config_id, repeat=self.repeat, config=self.config,
-            axis_values=self.axis_values, ac_blocks=self.ac_blocks, num_layers=self.shape.num_hidden_layers,
-            projection=self.projection, pool=self.pool, caches=self.caches, estimate=self.estimate,
-        )
+        """What a trial driver, its executor and its ranks get (the payload itself: it is frozen)."""
+        return self.payload
 
 
 def config_id(config: TrialConfig) -> str:
@@ -180,14 +197,15 @@ def _grid(spec: SweepSpec):
 
 
 def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
-         store_path: str | Path | None = None) -> list[PlannedTrial]:
+         store_path: str | Path | None = None, evidence: calibration.Evidence | None = None) -> list[PlannedTrial]:
     """Expand the grid into trials. Invalid points raise one ConfigError, or stay as invalid rows if asked.
 
-    Every valid trial gets a memory/step-time estimate, calibrated by the measured rows in `store_path` when
-    given; with spec.estimate.prune, trials that would not fit in device memory are marked skipped.
+    Every valid trial gets a memory/step-time assessment, calibrated by the measured rows and judged by the
+    rehearsals in `store_path` when given (or by the `evidence` a caller already read from its store); with
+    spec.estimate.prune, trials that would not fit in device memory are marked skipped.
     """
-    factors = calibration.factors(store_path)
-    rehearsed = calibration.rehearsals(store_path)
+    evidence = evidence or calibration.evidence(store_path)
+    factors, rehearsed = evidence.factors, evidence.rehearsals
     base = spec.base_trial()
     shapes: dict[tuple, ModelShape] = {}
     trials, problems = [], []
@@ -210,19 +228,19 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
                                  "to record it as an invalid row") for f, why in reasons]
             continue
         status, why_not = ("invalid", tuple(why for _, why in reasons)) if reasons else ("planned", ())
-        est = {}
+        judged = None
         if not reasons:  # an invalid combination has no meaningful estimate (its mesh may not even exist)
             raw_est = estimate.estimate(config, shape, blocks, spec.estimate.gpu)
-            est, skip = estimate.assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)),
-                                        rehearsed.get(cid))
+            judged, skip = assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)), rehearsed.get(cid))
             if skip:
                 status, why_not = "skipped", (skip,)
         for repeat in range(spec.repeats):
-            trials.append(PlannedTrial(
-                index=len(trials), trial_id=f"{cid}-r{repeat}", config_id=cid, repeat=repeat, config=config,
-                axis_values=values, shape=shape, ac_blocks=blocks, status=status, reasons=why_not,
-                projection=spec.projection, pool=spec.pool, caches=spec.caches, estimate=est,
-            ))
+            payload = TrialPayload(
+                trial_id=f"{cid}-r{repeat}", config_id=cid, repeat=repeat, config=config, axis_values=values,
+                ac_blocks=blocks, num_layers=shape.num_hidden_layers, projection=spec.projection, pool=spec.pool,
+                caches=spec.caches, assessment=judged)
+            trials.append(PlannedTrial(index=len(trials), payload=payload, shape=shape, status=status,
+                                       reasons=why_not))
     if problems:
         raise ConfigError(source, problems)
     return trials

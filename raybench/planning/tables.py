@@ -27,19 +27,18 @@ def estimate_table(trials: list[PlannedTrial]) -> str:
                "step s (rehearsed)", "status"]
     rows = []
     for t in trials:
-        e = t.estimate
-        if not e:  # invalid points (--keep-invalid) have no estimate
-            rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes),
-                         str(t.world_size), *["-"] * 13, f"{t.status}: {'; '.join(t.reasons)}"])
+        a = t.assessment
+        values = [str(t.index), t.trial_id, *(str(t.axis_values.get(axis, "")) for axis in axes), str(t.world_size)]
+        if a is None:  # invalid points (--keep-invalid) have no estimate
+            rows.append([*values, *["-"] * 13, f"{t.status}: {'; '.join(t.reasons)}"])
             continue
-        fits = {True: "yes", False: "NO", None: "-"}[e["fits"]]
-        limit = None if e["memory_gib"] is None else e["memory_gib"] - e["margin_gib"]
-        rows.append([str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes), str(t.world_size),
-                     *(cell(e[k], ".2f") for k in ("params_gib", "grads_gib", "optimizer_gib", "activations_gib",
-                                            "other_gib", "peak_gib")),
-                     cell(e["calibration"], ".2f"), cell(e["peak_calibrated_gib"], ".2f"),
-                     cell(e.get("rehearsed_peak_gib"), ".2f"), cell(limit, ".2f"), fits,
-                     cell(e["step_time_s"], ".3g"), cell(e.get("rehearsed_step_time_s"), ".3g"), t.status])
+        e = a.analytic
+        fits = {True: "yes", False: "NO", None: "-"}[a.fits]
+        rows.append([*values, *(cell(gib, ".2f") for gib in (e.params_gib, e.grads_gib, e.optimizer_gib,
+                                                               e.activations_gib, e.other_gib, e.peak_gib)),
+                     cell(a.calibration, ".2f"), cell(a.peak_calibrated_gib, ".2f"), cell(a.rehearsed_peak_gib, ".2f"),
+                     cell(a.limit_gib, ".2f"), fits, cell(e.step_time_s, ".3g"), cell(a.rehearsed_step_time_s, ".3g"),
+                     t.status])
     return render(headers, rows)
 
 
@@ -67,17 +66,17 @@ def rehearsal_table(rows: list[dict]) -> str:
 
 def estimate_summary(trials: list[PlannedTrial], store_path: str) -> str:
     """What the table adds up to, and where its calibration came from."""
-    estimated = [t for t in trials if t.estimate]
-    fits = sum(t.estimate["fits"] is True for t in estimated)
-    too_big = sum(t.estimate["fits"] is False for t in estimated)
-    calibrated = sum(t.estimate["calibration"] is not None for t in estimated)
-    unknown = len(estimated) - fits - too_big
+    assessed = [t.assessment for t in trials if t.assessment]
+    fits = sum(a.fits is True for a in assessed)
+    too_big = sum(a.fits is False for a in assessed)
+    calibrated = sum(a.calibration is not None for a in assessed)
+    unknown = len(assessed) - fits - too_big
     parts = [f"{len(trials)} trials: {fits} fit, {too_big} do not fit"]
     if unknown:
         parts.append(f"{unknown} without a device memory limit (set estimate.gpu or estimate.device_memory_gib)")
     parts.append(f"{sum(t.status == 'skipped' for t in trials)} skipped by pruning")
     parts.append(f"{calibrated} calibrated by measured rows in {store_path}")
-    rehearsed = sum(t.estimate.get("peak_basis") == "rehearsed" for t in estimated)
+    rehearsed = sum(a.peak_basis == "rehearsed" for a in assessed)
     if rehearsed:
         parts.append(f"{rehearsed} judged by their rehearsal (`raybench rehearse`) instead of the estimate")
     return "; ".join(parts) + (f". Step times are guesses (dense peak x {estimate.ASSUMED_MFU:.0%} MFU), "

@@ -13,12 +13,14 @@ estimator (timed by the same roofline), from which an op-level checkpointing pol
 SAC ILP.
 
 Modules, each importing only those listed after it:
+- `choice`: `raybench best SWEEP --predict`, the best value of an axis from the stored rehearsals.
 - `rehearsal`: one trial's rehearsal (`rehearse`), or its analytic fallback and why.
 - `policy`: the op-level policy (torch's SAC estimator and ILP).
 - `compiled`: what torch.compile's blocks keep for backward and the bytes their kernels move (inductor's
   partitioner, lowering and scheduler on one block).
 - `step_time`: roofline compute plus communication (nominal links or a measured bus bandwidth).
-- `trace`: the traced step (fake world, torch's memory trackers, collectives).
+- `trace`: the traced step (torch's memory trackers, collectives, every operator's cost).
+- `fake_world`: fake tensors and torch's fake process group, and what the trace counts in them.
 - `roofline`: one operator's FLOPs and bytes, priced on a GPU of the hardware table.
 - `fitted`: the constants fitted on GPU measurements, with where they come from.
 

@@ -10,7 +10,7 @@ from raybench.results.report import render
 
 def predicted_tok_per_s_per_device(trial) -> float | None:
     """Tokens per second per GPU the rehearsal predicts: the step's tokens on one rank over its step time."""
-    step_s = trial.estimate.get("rehearsed_step_time_s") if trial.estimate else None
+    step_s = trial.assessment.rehearsed_step_time_s if trial.assessment else None
     if not step_s:
         return None
     train = trial.config.train
@@ -25,21 +25,21 @@ def predicted_best(trials: list, axis: str = "train.ac_ratio", rehearsals: dict 
     checkpointing policy torch's ILP picks within the same memory limit (see `group_op_policy`)."""
     groups: dict[tuple, list] = {}
     for t in trials:
-        if t.estimate and t.estimate.get("peak_basis") == "rehearsed":
+        if t.assessment and t.assessment.peak_basis == "rehearsed":
             key = tuple((k, str(v)) for k, v in t.axis_values.items() if k != axis)
             groups.setdefault(key, []).append(t)
     results = []
     for key, members in groups.items():
-        values = [{"value": t.axis_values.get(axis), "peak_gib": t.estimate["rehearsed_peak_gib"],
-                   "fits": t.estimate["fits"], "tok_per_s_per_device": predicted_tok_per_s_per_device(t),
-                   "compute_s": t.estimate.get("rehearsed_compute_s") or 0.0} for t in members]
+        values = [{"value": t.axis_values.get(axis), "peak_gib": t.assessment.rehearsed_peak_gib,
+                   "fits": t.assessment.fits, "tok_per_s_per_device": predicted_tok_per_s_per_device(t),
+                   "compute_s": t.assessment.rehearsed_compute_s or 0.0} for t in members]
         fitting = [v for v in values if v["fits"] and v["tok_per_s_per_device"]]
         # Communication-bound steps predict equal times whatever is recomputed (it hides behind the collectives):
         # among equals, the least compute (the least recomputation) wins.
         best = max(fitting, key=lambda v: (round(v["tok_per_s_per_device"], 6), -v["compute_s"])) if fitting else None
-        first = members[0].estimate
-        results.append({"group": dict(key), "best": best, "values": values, "memory_gib": first["memory_gib"],
-                        "margin_gib": first["margin_gib"],
+        first = members[0].assessment
+        results.append({"group": dict(key), "best": best, "values": values, "memory_gib": first.memory_gib,
+                        "margin_gib": first.margin_gib,
                         "op_policy": group_op_policy(members, rehearsals) if rehearsals is not None else None})
     return results
 
@@ -52,15 +52,16 @@ def group_op_policy(members: list, rehearsals: dict) -> dict:
     full_ac = rehearsals.get(base.config_id) if base else None
     if full_ac is None or not full_ac.get("block_ops"):
         return {"why": "needs the rehearsal of the group's ac_ratio 1 (block mode) FSDP2 GPU trial"}
-    est, train = base.estimate, base.config.train
-    limit = est["memory_gib"] - est["margin_gib"] - est["other_gib"]  # what the allocator may reserve
+    judged, train = base.assessment, base.config.train
+    context_gib = judged.analytic.other_gib  # the CUDA context: outside what the allocator reserves
+    limit = judged.limit_gib - context_gib  # what the allocator may reserve
     chosen = policy.op_policy(full_ac, base.shape.num_hidden_layers, limit)
     if chosen is None:
         return {"policy": None}
     if train.compile:  # the policy's base is an FSDP2 trial, whose compiled blocks the rehearsal inspects
         chosen = policy.compiled_policy(chosen, base.config, base.shape)
     tokens = train.micro_batch * train.seq_len * train.grad_accum / train.tp_size
-    return {"policy": chosen.as_dict(), "peak_gib": chosen.reserved_gib + est["other_gib"],
+    return {"policy": chosen.as_dict(), "peak_gib": chosen.reserved_gib + context_gib,
             "tok_per_s_per_device": tokens / chosen.step_time_s}
 
 

@@ -16,8 +16,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from raybench.rehearse.fake_world import fake_mode, init_fake_world
 from raybench.rehearse.roofline import Roofline, fusable
-from raybench.rehearse.trace import fake_mode, init_fake_world, liger_rope, unwrapped_model
+from raybench.rehearse.trace import liger_rope, unwrapped_model
 from raybench.runtime import strategies
 from raybench.runtime.model import decoder_blocks
 from raybench.runtime.strategies import tp

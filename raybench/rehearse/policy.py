@@ -11,17 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from raybench.rehearse.compiled import compiled_block_saving_gib
+from raybench.rehearse.fake_world import fake_mode, one_sequence_per_row
 from raybench.rehearse.fitted import ALLOCATOR_RESERVE, ROOFLINE_EFFICIENCY
 from raybench.rehearse.roofline import Roofline, flop_formulas, gpu_roofline
 from raybench.rehearse.step_time import predict_step_time
-from raybench.rehearse.trace import (
-    StepTrace,
-    fake_batches,
-    fake_mode,
-    liger_rope,
-    one_sequence_per_row,
-    unwrapped_model,
-)
+from raybench.rehearse.trace import StepTrace, fake_batches, liger_rope, unwrapped_model
 from raybench.runtime.techniques import activation_checkpointing
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB

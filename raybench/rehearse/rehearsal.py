@@ -11,8 +11,10 @@ from fractions import Fraction
 import torch
 import torch.distributed as dist
 
+from raybench.planning.estimate import Estimate
 from raybench.planning.plan import config_id
 from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block_traffic
+from raybench.rehearse.fake_world import init_fake_world
 from raybench.rehearse.fitted import ALLOCATOR_RESERVE, ROOFLINE_EFFICIENCY
 from raybench.rehearse.policy import block_ops
 from raybench.rehearse.step_time import link_busbw_gbps, predict_step_time
@@ -20,7 +22,6 @@ from raybench.rehearse.trace import (
     COMPILE_NOTE,
     COMPILED_ACTIVATIONS_NOTE,
     TRACEABLE_STRATEGIES,
-    init_fake_world,
     trace_step,
     traced_config,
     traced_train,
@@ -63,13 +64,15 @@ class Rehearsal:
         return dataclasses.asdict(self)
 
 
-def _analytic(config: TrialConfig, analytic: dict | None, rank: int, why: str) -> Rehearsal:
+def _analytic(config: TrialConfig, analytic: Estimate | None, rank: int, why: str) -> Rehearsal:
     """The analytic estimate in a rehearsal's shape, saying why the trial was not traced."""
-    est = analytic or {}
-    memory = {"parameters": est.get("params_gib"), "gradients": est.get("grads_gib"),
-              "optimizer_state": est.get("optimizer_gib"), "activations": est.get("activations_gib")}
+    if analytic is None:
+        return Rehearsal("analytic", [why + "; analytic estimate"], rank, config.resources.workers,
+                         memory_gib=dict.fromkeys(("parameters", "gradients", "optimizer_state", "activations")))
+    memory = {"parameters": analytic.params_gib, "gradients": analytic.grads_gib,
+              "optimizer_state": analytic.optimizer_gib, "activations": analytic.activations_gib}
     return Rehearsal("analytic", [why + "; analytic estimate"], rank, config.resources.workers, memory_gib=memory,
-                     peak_gib=est.get("measured_part_gib"), step_time_s=est.get("step_time_s"))
+                     peak_gib=analytic.measured_part_gib, step_time_s=analytic.step_time_s)
 
 
 def why_not_traceable(config: TrialConfig) -> str | None:
@@ -82,7 +85,7 @@ def why_not_traceable(config: TrialConfig) -> str | None:
 
 
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
-             busbw_source: str = "probe", analytic: dict | None = None, efficiency: float = ROOFLINE_EFFICIENCY,
+             busbw_source: str = "probe", analytic: Estimate | None = None, efficiency: float = ROOFLINE_EFFICIENCY,
              rank: int = 0, traces: dict | None = None) -> Rehearsal:
     """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
 

@@ -7,33 +7,17 @@ from dataclasses import dataclass
 
 from raybench.rehearse.fitted import COMPILED_BYTE_COST, ROOFLINE_EFFICIENCY
 from raybench.rehearse.trace import StepTrace
-
-
-@dataclass(frozen=True)
-class Link:
-    """Nominal links of one GPU, GB/s in each direction (vendor data sheets)."""
-
-    nvlink_gbps: float  # NVLink, between the GPUs of one NVLink domain
-    nic_gbps: float  # its network adapter (one per GPU) to the GPUs beyond the domain
-    nvlink_gpus: int  # GPUs in one NVLink domain: 8 in an HGX node, 72 in a GB200 NVL72 rack
-
-
-# Used when the cluster has no stored all-reduce probe. H100/H200 SXM: NVLink 4, 900 GB/s bidirectional (450
-# each way), one 400 Gb/s NDR NIC per GPU (50 GB/s). A100 SXM: NVLink 3, 600 GB/s (300 each way), one 200 Gb/s
-# HDR NIC per GPU (25 GB/s). B200: NVLink 5, 1.8 TB/s (900 each way), 400 Gb/s per GPU. Eight GPUs to an NVLink
-# domain, except GB200 NVL72, whose NVLink switches join the 72 GPUs of a rack (18 trays of 4). First match
-# wins, so GB200 comes before B200.
-LINKS = {"GB200": Link(900.0, 50.0, 72), "B200": Link(900.0, 50.0, 8), "H100": Link(450.0, 50.0, 8),
-         "H200": Link(450.0, 50.0, 8), "A100": Link(300.0, 25.0, 8)}
+from raybench.spec.hardware import nominal_link
 
 
 def link_busbw_gbps(gpu: str | None, world_size: int) -> float | None:
-    """Bus bandwidth a ring collective reaches on nominal links.
+    """Bus bandwidth a ring collective reaches on nominal links (used when the cluster has no stored
+    all-reduce probe).
 
     Within an NVLink domain: NVLink. Beyond it, each of NCCL's rings leaves the domain once and NCCL spreads its
     rings over the domain's NICs, so a rank's bus bandwidth is the domain's NICs together, capped by NVLink
     (nccl-tests across 8-GPU nodes with 8 NICs reach about 8 x the one-NIC figure)."""
-    link = next((v for k, v in LINKS.items() if gpu and k.lower() in gpu.lower()), None)
+    link = nominal_link(gpu)  # the hardware table's links (spec/hardware.py)
     if link is None or world_size == 1:  # one rank communicates with nobody
         return None
     if world_size <= link.nvlink_gpus:

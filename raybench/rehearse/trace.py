@@ -4,7 +4,7 @@ torch's memory trackers, every collective and every operator's roofline cost.
 Known correction: under an active FakeTensorMode, DTensor's sharding propagation runs each op once more on
 fake tensors of the *global* shape, in the same fake mode, so torch's trackers count those phantom tensors as
 real (issue 16 reports ~825 GiB of "optimizer state" for a 72B model's AdamW step instead of ~8.5; the unit
-test reproduces the mechanism on a foreach op). `_Propagation` marks
+test reproduces the mechanism on a foreach op). `Propagation` marks
 those calls through ShardingPropagator's `_fake_mode_lock` hook and the tracker skips them.
 """
 
@@ -17,10 +17,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
 
+from raybench.rehearse.fake_world import (
+    Propagation,
+    collective_ops,
+    comm_bytes,
+    fake_allreduce_hook,
+    fake_mode,
+    marking_propagation,
+    one_sequence_per_row,
+)
 from raybench.rehearse.roofline import Roofline, fusable, gpu_roofline
 from raybench.runtime import bench, strategies
 from raybench.runtime.materialize import to_empty_keeping_ties
@@ -64,99 +72,6 @@ class StepTrace:
 
 
 
-def fake_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # Inputs built outside the mode (host scalars, the model's own small factory tensors) join the trace.
-    return FakeTensorMode(allow_non_fake_inputs=True)
-
-
-def init_fake_world(rank: int, world_size: int) -> None:
-    """A process group of world_size ranks in which this process plays `rank`; collectives do nothing."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-
-
-class _Propagation:
-    """DTensor's sharding propagator enters this around its global-shape fake run (`_fake_mode_lock`)."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-
-    def __enter__(self) -> None:
-        self.depth += 1
-
-    def __exit__(self, *exc) -> None:
-        self.depth -= 1
-
-
-@contextlib.contextmanager
-def _marking_propagation(propagation: _Propagation) -> Iterator[None]:
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
-    saved = ShardingPropagator._fake_mode_lock
-    ShardingPropagator._fake_mode_lock = propagation
-    try:
-        yield
-    finally:
-        ShardingPropagator._fake_mode_lock = saved
-
-
-@contextlib.contextmanager
-def one_sequence_per_row() -> Iterator[None]:
-    """transformers reads the position ids' values to tell packed rows (several sequences, a block-causal mask)
-    from one sequence per row (no mask: SDPA's is_causal kernels). Fake tensors have no values, so it would
-    assume packing and build a mask; the traced batches hold one sequence per row, as the worker's do (they
-    pass no position ids), so say so."""
-    from transformers import masking_utils
-
-    saved = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = saved
-
-
-def _fake_allreduce_hook(_state, bucket):  # no return annotation: DDP checks it as an object, not a string
-    """DDP's bucket all-reduce on the fake group. DDP's built-in hook hands back the value of the collective's
-    future, which the fake group leaves empty; this one runs the all-reduce and hands back the bucket itself.
-
-    It does not divide by the world size as the built-in path does: there the reducer scales each gradient
-    while copying it into its bucket, one pass the trace already counts as the copy. And it must not write
-    into the bucket: the reducer allocated it outside the fake mode, as real host memory never touched."""
-    buffer = bucket.buffer()
-    dist.all_reduce(buffer)
-    future = torch.futures.Future()
-    future.set_result(buffer)
-    return future
-
-
-def _collective_ops() -> tuple[set, set]:
-    """(every collective op, the c10d ones that FSDP2 and DDP issue beside compute)."""
-    from torch.distributed._tools.fake_collectives import collective_ops, sync_ops
-
-    c10d = torch.ops.c10d
-    overlapped = {c10d._allgather_base_.default, c10d._reduce_scatter_base_.default, c10d.allreduce_.default,
-                  c10d.allgather_into_tensor_coalesced_.default, c10d.reduce_scatter_tensor_coalesced_.default}
-    return (collective_ops | overlapped) - sync_ops, overlapped
-
-
-def _comm_bytes(func, out, args, kwargs) -> int:
-    from torch.distributed._tools.fake_collectives import CollectiveOp
-
-    try:
-        return int(CollectiveOp.get_comm_tensor_size(func, out, args, kwargs))
-    except (NotImplementedError, IndexError, AttributeError, TypeError):
-        # torch's table has no entry for this collective's argument layout: count its tensor arguments.
-        return sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))
-
-
-
 def _tracker(model: nn.Module, optimizer, fsdp: bool):
     from torch.distributed._tools.common_utils import get_untyped_storages
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -171,8 +86,8 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
 
         def __init__(self, roofline: Roofline):
             super().__init__(*((model, optimizer) if fsdp else ()))
-            self.propagation = _Propagation()
-            self.collectives, self.overlapped = _collective_ops()
+            self.propagation = Propagation()
+            self.collectives, self.overlapped = collective_ops()
             self.roofline = roofline
             self.comm_bytes: dict[str, int] = defaultdict(int)
             self.comm_calls: dict[str, int] = defaultdict(int)
@@ -227,7 +142,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
                 return out
             if func in self.collectives:
                 name = func._overloadpacket.__name__.strip("_")
-                self.comm_bytes[name] += _comm_bytes(func, out, args, kwargs or {})
+                self.comm_bytes[name] += comm_bytes(func, out, args, kwargs or {})
                 self.comm_calls[name] += 1
                 if func in self.overlapped:
                     self.overlapped_names.add(name)
@@ -397,7 +312,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
 
     trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
     if train.strategy == "ddp" and fake:
-        trainable.model.register_comm_hook(None, _fake_allreduce_hook)
+        trainable.model.register_comm_hook(None, fake_allreduce_hook)
     fsdp = train.fsdp2_sharded
     tracker_cls = _tracker(trainable.model, trainable.optimizer, fsdp)
     with mode:
@@ -408,7 +323,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
             tracker.track_external(trainable.model, trainable.optimizer)
         if train.strategy == "ddp":  # its reducer holds a bucket copy of every trainable gradient from construction
             tracker.count_from_start([b.buffer() for b in trainable.model.reducer._get_zeros_like_grad_buckets()])
-        marking = _marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
+        marking = marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
         with marking, tracker, liger_rope(config, shape), one_sequence_per_row():
             bench.train_step(trainable, batches, train, ctx.device, bench.PhaseClock(ctx.device))
     return StepTrace(

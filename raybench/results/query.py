@@ -75,7 +75,7 @@ def connect(store_path: str | Path, sweep: str | None = None) -> duckdb.DuckDBPy
     # Copies of one attempt (while a compaction deletes the files it merged) are identical rows: keep one.
     con.execute("create temp view attempts as select * from _rows "
                 "qualify row_number() over (partition by attempt_id) = 1")
-    # Same order as store._latest_per_trial: the greatest ended_at (unknown is oldest), then attempt_id.
+    # Same order as store.latest_per_trial: the greatest ended_at (unknown is oldest), then attempt_id.
     con.execute("create temp view trials as select * from _rows qualify row_number() over "
                 "(partition by sweep, trial_id order by ended_at desc nulls last, attempt_id desc) = 1")
     return con

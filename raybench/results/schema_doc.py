@@ -221,8 +221,8 @@ def render() -> str:
         "",
         "Generated from `raybench/results/store.py` (`python -m raybench.results.schema_doc > docs/schema.md`).",
         f"Every trial attempt is one row (schema version {store.SCHEMA_VERSION}) in `STORE/sweep=NAME/*.parquet`;",
-        "unknown values are null, never guessed. Read with `raybench.read_results`, `raybench query`, DuckDB, pandas or",
-        "polars (docs/user-guide.md). How the measurements are taken: docs/metrics.md.",
+        "unknown values are null, never guessed. Read with `raybench.read_results`, `raybench query`, DuckDB,",
+        "pandas or polars (docs/user-guide.md). How the measurements are taken: docs/metrics.md.",
     ]
     for title, columns in SECTIONS:
         lines += ["", f"## {title}", "", "| column | type | unit | meaning |", "| --- | --- | --- | --- |"]

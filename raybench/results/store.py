@@ -167,7 +167,7 @@ def read_table(store: str | Path, sweep: str | None = None, latest: bool = True)
         return SCHEMA.empty_table()
     table = unique_attempts(conform_all(tables))
     if latest:
-        table = _latest_per_trial(table)
+        table = latest_per_trial(table)
     return table
 
 
@@ -240,7 +240,7 @@ def unique_attempts(table: pa.Table) -> pa.Table:
     return table.take(pc.take(first, pc.sort_indices(first)))  # in their original order
 
 
-def _latest_per_trial(table: pa.Table) -> pa.Table:
+def latest_per_trial(table: pa.Table) -> pa.Table:
     """The latest attempt of each trial of each sweep: greatest ended_at (unknown counts as oldest), then
     attempt_id. Keyed by sweep too: two sweeps (say one per GPU type) may measure the same configuration."""
     if len(table) == 0:
@@ -265,11 +265,15 @@ def read_results(store: str | Path = DEFAULT_STORE, sweep: str | None = None, la
 def attempt_statuses(store: str | Path, sweep: str, executor: str | None = None) -> dict[str, set[str]]:
     """trial id -> the statuses of all its stored attempts in `sweep`; with `executor`, only the attempts run by
     that executor, and the plan's rows (invalid, skipped), which no executor ran."""
-    table = read_table(store, sweep, latest=False)
+    return statuses_by_trial(read_table(store, sweep, latest=False), sweep, executor)
+
+
+def statuses_by_trial(attempts: pa.Table, sweep: str, executor: str | None = None) -> dict[str, set[str]]:
+    """attempt_statuses over attempts already read (read_table(store, latest=False), of any sweeps)."""
     statuses: dict[str, set[str]] = {}
-    columns = (table.column(c).to_pylist() for c in ("trial_id", "status", "executor"))
-    for trial_id, status, ran_by in zip(*columns):
-        if executor is None or ran_by in (None, executor):
+    columns = (attempts.column(c).to_pylist() for c in ("sweep", "trial_id", "status", "executor"))
+    for in_sweep, trial_id, status, ran_by in zip(*columns):
+        if in_sweep == sweep and (executor is None or ran_by in (None, executor)):
             statuses.setdefault(trial_id, set()).add(status)
     return statuses
 

@@ -1,0 +1,8 @@
+"""Layer 4, the runtime on a rank: what one training process does, under any launcher (Ray or plain torchrun).
+
+`worker` (init → model → techniques → strategy → timed loop → measurements), `strategies/` (ddp, fsdp2,
+deepspeed, tp, tp_fsdp2) and `techniques/` (liger, qlora, lora, activation checkpointing, compile), `model`,
+`materialize` and `weights` (building and filling the model), `data`, `bench` (the timed loop),
+`rank_metrics`, `fingerprint`, `probe`, `sampler`, `limits`, `cuda_snapshot`, `isolation` (what a warm actor
+puts back between trials). Imports `spec` and the plan's `payload` only: no Ray, no results store (no pyarrow).
+"""

@@ -6,6 +6,7 @@ secret is dropped even when its prefix is allowed.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import socket
@@ -21,6 +22,9 @@ from raybench.spec.redact import ANSI_ESCAPE, SECRET_PATTERN
 ENV_ALLOWED_PREFIXES = ("NCCL_", "CUDA_", "OMP_", "TORCH_", "TORCHINDUCTOR_", "MKL_", "MALLOC_", "SLURM_JOB_ID",
                         "SLURM_NODELIST", "RAYBENCH_CUDA_MEMORY_SNAPSHOT")
 PACKAGES = ("torch", "ray", "transformers", "peft", "deepspeed", "raybench")
+NVML_MISSING = ("pynvml is not installed: the GPU clock, power-limit, driver and topology fields stay empty. "
+                "Install the gpu extra (pip install 'raybench[gpu]', which brings nvidia-ml-py).")
+log = logging.getLogger(__name__)
 
 
 def captured_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -97,10 +101,11 @@ def filesystem_of(path: str | Path) -> str | None:
 
 
 def nvml_details(device_index: int) -> dict:
-    """Clocks, power limit, driver and topology from NVML / nvidia-smi; empty when NVML is absent."""
+    """Clocks, power limit, driver and topology from NVML / nvidia-smi; empty, with a warning, without pynvml."""
     try:
         import pynvml
     except ImportError:
+        warn_nvml_missing()
         return {}
     pynvml.nvmlInit()
     try:
@@ -119,6 +124,12 @@ def nvml_details(device_index: int) -> dict:
     except (OSError, subprocess.TimeoutExpired):
         pass
     return details
+
+
+@cache
+def warn_nvml_missing() -> None:
+    """Once per process: a warm pool actor fingerprints every trial it serves."""
+    log.warning(NVML_MISSING)
 
 
 @cache

@@ -16,6 +16,9 @@ Values do not depend on the strategy or the world size:
   Hugging Face reader, each rank only the slices of its own shards (`safe_open(...).get_slice`), so a node holds
   about one copy of the weights in all, never one per rank (docs/model-build.md measures both ways). A ZeRO-3
   partition, a flat range and no tensor region, is read as the rows that cover it, with `get_slice` directly.
+  A base weight the checkpoint lacks is an error (a truncated or mismatched checkpoint would otherwise train
+  from random values unnoticed) unless model.missing_weights is `random`; tensors raybench adds itself (LoRA
+  adapters) are never in a checkpoint and are always drawn.
 Buffers (rotary frequencies) are recomputed by the model's own `_init_weights`.
 """
 
@@ -37,18 +40,27 @@ from torch.distributed.tensor import DTensor
 BLOCK_ELEMENTS = 1 << 22
 # Wrappers that add a path component to parameter names but not to checkpoint keys.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+# Parameter name parts of the tensors raybench adds to a model (PEFT's LoRA adapters): no checkpoint has them.
+_ADDED_PARTS = (".lora_",)
+# Missing base weights named in the error; the count gives the rest.
+_NAMED_MISSING = 5
 
 
 def materialize(model: nn.Module, device: torch.device, seed: int, weights_dir: str | None = None,
-                state: dict[str, torch.Tensor] | None = None) -> None:
+                state: dict[str, torch.Tensor] | None = None, missing_weights: str = "error") -> None:
     """Allocate the model's (local) tensors on `device` and fill them: from `state` (whole tensors by checkpoint
-    key), else from the safetensors in `weights_dir`; whatever neither holds (LoRA adapters, presets) is random."""
+    key), else from the safetensors in `weights_dir`; whatever neither holds (LoRA adapters, presets) is random.
+
+    missing_weights: "error" raises when a checkpoint (weights_dir or state) lacks a base weight of the model;
+    "random" draws it like a preset's."""
     to_empty_keeping_ties(model, device)
     with torch.no_grad():
         if state is not None:
             loaded = _copy_state(model, state)
         else:
             loaded = _load_safetensors(model, weights_dir) if weights_dir else set()
+        if (weights_dir or state is not None) and missing_weights == "error":
+            _refuse_missing(model, loaded, weights_dir)
         std = _hf_model(model).config.initializer_range
         seen = set()
         for name, module in model.named_modules():
@@ -79,6 +91,24 @@ def base_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Host copies of a whole (unsharded) model's checkpoint tensors, by checkpoint key (no adapters)."""
     return {_checkpoint_key(name): t.detach().to("cpu", copy=True) for name, t in _named_tensors(model)
             if ".lora_" not in name}
+
+
+def missing_base_weights(model: nn.Module, loaded: set[str]) -> list[str]:
+    """Checkpoint keys of the model's base weights that were not loaded (adapters raybench adds excluded)."""
+    return sorted({_checkpoint_key(name) for name, _ in _named_tensors(model)
+                   if not any(part in name for part in _ADDED_PARTS)} - loaded)
+
+
+def _refuse_missing(model: nn.Module, loaded: set[str], weights_dir: str | None) -> None:
+    missing = missing_base_weights(model, loaded)
+    if not missing:
+        return
+    where = f"the safetensors files in {weights_dir}" if weights_dir else "the model directory's weights"
+    named = ", ".join(missing[:_NAMED_MISSING]) + (", ..." if len(missing) > _NAMED_MISSING else "")
+    raise ValueError(
+        f"model.path: {len(missing)} base weight(s) of the model are missing from {where} ({named}); they would "
+        "train from random values. Fix: point model.path at a complete checkpoint of this architecture, or set "
+        "model.missing_weights: random to initialize missing weights randomly on purpose")
 
 
 def _hf_model(model: nn.Module):

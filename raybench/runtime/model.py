@@ -32,6 +32,7 @@ class WeightsSource:
     cache_key: str | None = None  # the warm pool's in-memory cache key; None: no cache
     cache_gib: float = 0.0
     state: dict | None = None  # whole tensors already read into memory (a pickle-only directory)
+    missing_weights: str = "error"  # model.missing_weights: base weights the checkpoint lacks
 
 
 def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib: float = 0.0,
@@ -67,7 +68,8 @@ def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib:
     if path is not None and not any(Path(path).glob("*.safetensors")):  # allow_pickle: the old, whole read
         log.warning("model.allow_pickle is set: pickle weights in %s can run arbitrary code when loaded", path)
         state = _pickled_state(spec, path)
-    return model, WeightsSource(seed, path if state is None else None, key, cache_gib, state), info
+    return model, WeightsSource(seed, path if state is None else None, key, cache_gib, state,
+                                spec.missing_weights), info
 
 
 def fill(model: nn.Module, device: torch.device, source: WeightsSource, info: dict, whole: bool) -> None:
@@ -78,7 +80,8 @@ def fill(model: nn.Module, device: torch.device, source: WeightsSource, info: di
     cached = weights.STATE_CACHE.get(source.cache_key) if source.cache_key else None
     if source.cache_key:
         info["weights_cache"] = "hit" if cached is not None else "miss"
-    materialize(model, device, source.seed, source.weights_dir, cached if cached is not None else source.state)
+    materialize(model, device, source.seed, source.weights_dir, cached if cached is not None else source.state,
+                source.missing_weights)
     if whole and source.cache_key and cached is None:
         budget = int(source.cache_gib * 2**30)
         # Only copy what the cache can keep: a model over the budget (a 1B model in fp32 over the default 4 GiB)

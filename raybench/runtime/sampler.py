@@ -7,10 +7,15 @@ busy host a sampling thread competes with the ranks for cores and measurably slo
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 
 import psutil
+
+from raybench.runtime import fingerprint
+
+log = logging.getLogger(__name__)
 
 
 class Sampler:
@@ -28,10 +33,14 @@ class Sampler:
             return None
         try:
             import pynvml
-
+        except ImportError:
+            fingerprint.warn_nvml_missing()
+            return None
+        try:
             pynvml.nvmlInit()
             return pynvml, pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
-        except Exception:  # NVML missing or unusable: sample CPU only
+        except pynvml.NVMLError as err:  # no driver or no such device: sample the CPU only, and say so
+            log.warning("NVML is unusable (%s): the GPU utilization, power and clock samples stay empty", err)
             return None
 
     def tick(self) -> None:

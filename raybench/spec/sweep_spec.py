@@ -44,6 +44,19 @@ class ModelSpec(_Spec):
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = Field(
         "sdpa", description="transformers attention kernel (flash_attention_2: CUDA and the flash-attn package)."
     )
+    missing_weights: Literal["error", "random"] = Field("error", description=(
+        "A base weight that model.path's checkpoint lacks: error (the trial fails, naming the missing tensors) "
+        "or random (initialized like a preset's). LoRA adapters are never in a checkpoint and are always random. "
+        "Result rows hold null for error."))
+
+    @model_serializer(mode="wrap")
+    def _dump_without_default_missing_weights(self, handler) -> dict:
+        # Trial ids hash the dumped config (plan.config_id): missing_weights came after ids were issued, so its
+        # default is left out and every earlier trial keeps its id (stored rows, resumes).
+        data = handler(self)
+        if self.missing_weights == "error":
+            data.pop("missing_weights", None)
+        return data
 
 
 class DataSpec(_Spec):

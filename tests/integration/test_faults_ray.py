@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from raybench.drivers.sweep import OWNER_FILE, TEMP_ROOT
+from raybench.drivers.ray_cluster import OWNER_FILE, TEMP_ROOT
 from raybench.results import store
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import pytest
 
 from raybench.cli import main as cli
 from raybench.drivers.api import run_sweep
-from raybench.drivers.sweep import ray_cluster
+from raybench.drivers.ray_cluster import ray_cluster
 from raybench.results import store
 from raybench.spec.load import parse_sweep
 

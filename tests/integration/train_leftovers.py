@@ -19,7 +19,7 @@ import time
 import psutil
 
 from raybench.drivers.executors import train
-from raybench.drivers.sweep import DRIVER_RESOURCE, ray_cluster
+from raybench.drivers.ray_cluster import DRIVER_RESOURCE, ray_cluster
 from raybench.planning.plan import plan
 from raybench.spec.load import parse_sweep
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from raybench.runtime.model import build_meta, fill
 from raybench.runtime.strategies import RankContext, deepspeed
 from raybench.runtime.techniques import lora
-from raybench.runtime.worker import _peak_host_memory_gib, _reset_peaks
+from raybench.runtime.rank_memory import peak_host_memory_gib, reset_peaks
 from raybench.spec.sweep_spec import ModelSpec, TrainSpec
 
 CPU = torch.device("cpu")
@@ -31,9 +31,9 @@ def main(preset: str) -> int:
     model = lora.apply(model, train)
     model_bytes = sum(p.numel() * 4 for p in model.parameters())
     ctx = RankContext(dist.get_rank(), dist.get_world_size(), 0, CPU)
-    before, _ = _reset_peaks(CPU)
+    before, _ = reset_peaks(CPU)
     engine = deepspeed.setup(model, train, ctx, lambda whole: fill(model, CPU, source, info, whole)).model
-    growth = (_peak_host_memory_gib() or 0.0) - before
+    growth = (peak_host_memory_gib() or 0.0) - before
     partitions = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in engine.module.parameters())
     whole_left = sum(p.numel() for p in engine.module.parameters())  # a partitioned parameter holds no data
     rows = [None] * ctx.world_size

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,19 @@ def test_only_the_drivers_import_ray():
                  if "ray" in _imported_roots(ast.parse(p.read_text()))}
     assert importers, "the scan found no Ray import at all: it is not looking at the package"
     assert sorted(p for p in importers if not p.startswith("drivers/")) == []
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md is where a newcomer finds a module's job: a module it does not name is a missing row."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([a-z_0-9]+)/?`", page))
+    modules = {p.stem if p.name != "__init__.py" else p.parent.name
+               for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE}
+    assert sorted(modules - named) == []
+
+
+def test_the_package_root_holds_only_the_layers():
+    """Listing the package shows its layers: every module lives in a layer's subpackage."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
+    layers = {"spec", "results", "planning", "runtime", "drivers", "rehearse", "cli"}
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == layers

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raybench.cli import main as cli
-from raybench.drivers.sweep import TEMP_ROOT
+from raybench.drivers.ray_cluster import TEMP_ROOT
 from raybench.planning.plan import plan
 from raybench.spec.errors import ConfigError
 from raybench.spec.load import load_sweep, parse_sweep

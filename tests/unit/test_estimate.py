@@ -16,6 +16,7 @@ from raybench.cli import main as cli
 from raybench.drivers.api import run_sweep
 from raybench.drivers.trial import build_row
 from raybench.planning import calibration, estimate, tables
+from raybench.planning.payload import TrialPayload
 from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.spec.load import parse_sweep
@@ -266,24 +267,43 @@ def tiny_sweep(tmp_path, estimate_section: dict, **axes) -> dict:
 
 def test_pruning_marks_trials_that_do_not_fit_as_skipped(tmp_path):
     small, big = plan(parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4})))
-    assert small.status == "planned" and small.estimate["fits"] is True
-    assert big.status == "skipped" and big.estimate["fits"] is False
-    peak = big.estimate["peak_calibrated_gib"]
-    assert peak > 4 and big.estimate["margin_gib"] == pytest.approx(0.4)  # default margin: 10% of the memory
+    assert small.status == "planned" and small.assessment.fits is True
+    assert big.status == "skipped" and big.assessment.fits is False
+    peak = big.assessment.peak_calibrated_gib
+    assert peak > 4 and big.assessment.margin_gib == pytest.approx(0.4)  # default margin: 10% of the memory
     (reason,) = big.reasons
     assert f"estimated peak {peak:.1f} GiB per worker" in reason and "exceeds the 4.0 GiB" in reason
-    assert big.as_payload().estimate["peak_gib"] == big.estimate["peak_gib"]
+    assert big.as_payload().to_dict()["estimate"]["peak_gib"] == big.assessment.analytic.peak_gib
     kept = plan(parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4, "prune": False})))
-    assert [t.status for t in kept] == ["planned", "planned"] and kept[1].estimate["fits"] is False
+    assert [t.status for t in kept] == ["planned", "planned"] and kept[1].assessment.fits is False
     unknown = plan(parse_sweep(tiny_sweep(tmp_path, {"gpu": "H100 SXM"})))  # the GPU table is for GPU trials
-    assert [t.status for t in unknown] == ["planned", "planned"] and unknown[1].estimate["memory_gib"] is None
+    assert [t.status for t in unknown] == ["planned", "planned"] and unknown[1].assessment.memory_gib is None
+
+
+# The keys payloads (Tune trial configs, torchrun's payload file), `plan --json` and `estimate --json` carry.
+SERIALIZED_KEYS = {
+    "device", "params_total", "params_trainable", "params_gib", "grads_gib", "optimizer_gib", "activations_gib",
+    "other_gib", "offloaded_gib", "flops_per_step", "step_time_s", "peak_gib", "measured_part_gib", "calibration",
+    "calibration_rows", "peak_calibrated_gib", "memory_gib", "margin_gib", "fits", "peak_basis",
+    "rehearsed_peak_gib", "rehearsed_step_time_s", "rehearsed_compute_s"}
+
+
+def test_the_assessment_travels_as_plain_data(tmp_path):
+    small, big = plan(parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4})))
+    data = big.as_payload().to_dict()
+    assert set(data["estimate"]) == SERIALIZED_KEYS and data["estimate"]["fits"] is False
+    assert data["estimate"]["peak_gib"] == big.assessment.analytic.peak_gib
+    assert TrialPayload.from_dict(json.loads(json.dumps(data))) == big.as_payload()
+    assert big.assessment.limit_gib == pytest.approx(4 - 0.4)
+    invalid = TrialPayload.from_dict({**small.as_payload().to_dict(), "estimate": {}})  # an invalid point's
+    assert invalid.assessment is None and invalid.to_dict()["estimate"] == {}
 
 
 def test_margin_in_gib_and_the_gpu_table(tmp_path):
     sweep = tiny_sweep(tmp_path, {"gpu": "H100 SXM", "margin_gib": 2}, **{"train.micro_batch": [1, 1024]})
     sweep["resources"]["gpus_per_worker"] = 1
     small, big = plan(parse_sweep(sweep))
-    assert small.estimate["memory_gib"] == pytest.approx(81559 / 1024) and small.estimate["margin_gib"] == 2
+    assert small.assessment.memory_gib == pytest.approx(81559 / 1024) and small.assessment.margin_gib == 2
     assert big.status == "skipped" and "of one H100 SXM" in big.reasons[0]
 
 
@@ -325,17 +345,17 @@ def test_calibration_from_stored_rows(tmp_path):
 
     sweep = tiny_sweep(tmp_path, {}, **{"train.strategy": ["ddp", "fsdp2"]})
     ddp, fsdp2 = plan(parse_sweep(sweep), store_path=root)
-    assert ddp.estimate["calibration"] == pytest.approx(1.3) and ddp.estimate["calibration_rows"] == 3
-    assert ddp.estimate["peak_calibrated_gib"] == pytest.approx(1.3 * ddp.estimate["peak_gib"])
-    assert fsdp2.estimate["peak_calibrated_gib"] == pytest.approx(0.5 * fsdp2.estimate["peak_gib"])
-    assert plan(parse_sweep(sweep))[0].estimate["calibration"] is None  # no store, no calibration
+    assert ddp.assessment.calibration == pytest.approx(1.3) and ddp.assessment.calibration_rows == 3
+    assert ddp.assessment.peak_calibrated_gib == pytest.approx(1.3 * ddp.assessment.analytic.peak_gib)
+    assert fsdp2.assessment.peak_calibrated_gib == pytest.approx(0.5 * fsdp2.assessment.analytic.peak_gib)
+    assert plan(parse_sweep(sweep))[0].assessment.calibration is None  # no store, no calibration
 
     sweep["resources"]["gpus_per_worker"] = 1  # on a GPU the CUDA context is outside what was measured
-    cuda = plan(parse_sweep(sweep), store_path=root)[0].estimate
-    assert cuda["peak_calibrated_gib"] == pytest.approx(1.0 + 1.1 * (cuda["peak_gib"] - 1.0))
+    cuda = plan(parse_sweep(sweep), store_path=root)[0].assessment
+    assert cuda.peak_calibrated_gib == pytest.approx(1.0 + 1.1 * (cuda.analytic.peak_gib - 1.0))
 
     # A trial whose raw estimate fits but whose calibrated one does not is pruned, and says why.
-    raw = ddp.estimate["peak_gib"]
+    raw = ddp.assessment.analytic.peak_gib
     sweep = tiny_sweep(tmp_path, {"device_memory_gib": raw * 1.2, "margin_gib": 0}, **{"train.strategy": ["ddp"]})
     assert plan(parse_sweep(sweep))[0].status == "planned"
     (pruned,) = plan(parse_sweep(sweep), store_path=root)
@@ -344,18 +364,19 @@ def test_calibration_from_stored_rows(tmp_path):
 
 def test_build_row_stores_the_estimate_and_its_error(tmp_path):
     t = plan(parse_sweep(tiny_sweep(tmp_path, {})))[0]
-    payload, e = t.as_payload(), t.estimate
+    payload, e = t.as_payload(), t.assessment.analytic
     row = build_row(payload, "est", "ok", "", {"peak_rss_gib": 0.6, "device_type": "cpu"})
-    assert row["est_peak_gib"] == e["peak_gib"] and row["est_peak_calibrated_gib"] == e["peak_calibrated_gib"]
-    assert row["est_peak_error"] == pytest.approx(0.6 / e["measured_part_gib"] - 1)
+    assert row["est_peak_gib"] == e.peak_gib
+    assert row["est_peak_calibrated_gib"] == t.assessment.peak_calibrated_gib
+    assert row["est_peak_error"] == pytest.approx(0.6 / e.measured_part_gib - 1)
     assert row["est_step_time_s"] is None  # CPU
     failed = build_row(payload, "est", "oom", "OutOfMemoryError", {})
-    assert "est_peak_error" not in failed and failed["est_peak_gib"] == e["peak_gib"]
+    assert "est_peak_error" not in failed and failed["est_peak_gib"] == e.peak_gib
     gpu = build_row(payload, "est", "ok", "", {"peak_reserved_gib": 2.0, "peak_rss_gib": 9.0, "device_type": "cuda"})
-    assert gpu["est_peak_error"] == pytest.approx(2.0 / e["measured_part_gib"] - 1)
+    assert gpu["est_peak_error"] == pytest.approx(2.0 / e.measured_part_gib - 1)
     store.write_row(tmp_path / "rows", row)
     back = store.read_results(tmp_path / "rows").iloc[0]
-    assert math.isclose(back.est_peak_error, row["est_peak_error"]) and back.est_peak_gib == e["peak_gib"]
+    assert math.isclose(back.est_peak_error, row["est_peak_error"]) and back.est_peak_gib == e.peak_gib
 
 
 def test_skipped_trials_become_rows_once_and_never_hide_a_measurement(tmp_path):

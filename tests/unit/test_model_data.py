@@ -177,9 +177,9 @@ def test_a_tied_output_head_stays_the_embedding_after_materializing():
 
 @pytest.mark.parametrize("preset, tp_size", [("qwen2.5-72b", 1), ("qwen2.5-72b", 8), ("llama-3.2-1b", 4)])
 def test_warm_up_miniature_keeps_the_architecture_and_divides_by_tp(preset, tp_size):
-    """Every executor warms up on a miniature of the trial's architecture (worker.warm_up): same transformers
+    """Every executor warms up on a miniature of the trial's architecture (warm_up.warm_up): same transformers
     class and tying, two blocks, heads a TP wrap can split."""
-    from raybench.runtime.worker import miniature_shape
+    from raybench.runtime.warm_up import miniature_shape
     from raybench.spec.presets import PRESETS
 
     shape = PRESETS[preset]

@@ -14,7 +14,9 @@ from raybench.spec.load import load_sweep, parse_sweep
 from raybench.spec.sac import checkpointed_blocks
 
 REPO = Path(__file__).resolve().parents[2]
-SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+# User sweeps (sweeps/) and the project's own regression sweeps (bench/sweeps/): every shipped sweep plans.
+BENCH_SWEEPS = REPO / "bench" / "sweeps"
+SWEEPS = sorted((REPO / "sweeps").glob("*.yaml")) + sorted(BENCH_SWEEPS.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("ratio, layers, expected", [
@@ -64,7 +66,7 @@ def test_committed_gpu_rows_keep_their_ids():
 
     for sweep in ("gpu-sac-1b", "gpu-seed000-1gpu"):
         rows = pd.read_parquet(REPO / "docs" / "results" / "gpu-2026-11-22" / f"{sweep}.parquet")
-        planned = {t.config_id for t in plan(load_sweep(REPO / "sweeps" / f"{sweep}.yaml"))}
+        planned = {t.config_id for t in plan(load_sweep(BENCH_SWEEPS / f"{sweep}.yaml"))}
         assert planned <= set(rows.config_id), sweep
 
 
@@ -76,12 +78,12 @@ def test_plan_output_identical_across_processes():
 
 
 def test_ten_thousand_point_grid_plans():
-    trials = plan(load_sweep(REPO / "sweeps" / "grid-10k.yaml"))
+    trials = plan(load_sweep(BENCH_SWEEPS / "grid-10k.yaml"))
     assert len(trials) == 10_000
     assert len({t.trial_id for t in trials}) == 10_000
 
 
-@pytest.mark.parametrize("path", SWEEPS, ids=[p.name for p in SWEEPS])
+@pytest.mark.parametrize("path", SWEEPS, ids=[str(p.relative_to(REPO)) for p in SWEEPS])
 def test_every_shipped_sweep_validates_and_plans(path):
     trials = plan(load_sweep(path))
     assert trials

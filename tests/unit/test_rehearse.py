@@ -20,7 +20,7 @@ import torch.distributed as dist
 from raybench.cli.main import main
 from raybench.planning import calibration
 from raybench.planning.plan import plan
-from raybench.rehearse import compiled, fitted, policy, rehearsal, roofline, step_time, trace
+from raybench.rehearse import compiled, fake_world, fitted, policy, rehearsal, roofline, step_time, trace
 from raybench.rehearse.choice import predicted_best
 from raybench.runtime import limits
 from raybench.runtime.strategies import RankContext
@@ -42,12 +42,12 @@ def tiny_trial(workers: int, gpus: int = 0, liger: bool = False, **train):
     (trial,) = plan(spec)
     if liger:  # a sweep refuses Liger on CPU; here trace and real ranks both run its reference operators on CPU
         config = trial.config.model_copy(update={"train": trial.config.train.model_copy(update={"liger": True})})
-        trial = dataclasses.replace(trial, config=config)
+        trial = dataclasses.replace(trial, payload=trial.payload.replace(config=config))
     return trial
 
 
 def fake_trace(trial, skip_propagation: bool = True) -> trace.StepTrace:
-    trace.init_fake_world(0, trial.world_size)
+    fake_world.init_fake_world(0, trial.world_size)
     try:
         ctx = RankContext(0, trial.world_size, 0, torch.device("cpu"))
         return trace.trace_step(trial.config, trial.shape, ctx, fake=True, skip_propagation=skip_propagation)
@@ -150,7 +150,7 @@ def test_ddp_ranks_hold_a_whole_replica_at_every_world_size(world, real):
         for category, real_gib in real[2][case]["resident_gib"].items():
             assert_close(fake.resident_gib[category], real_gib, f"{case} world {world}: resident {category}")
         assert_close(fake.peak_gib, sum(real[2][case]["memory_gib"].values()), f"{case} world {world}: peak")
-        assert fake.comm_bytes["allreduce"] == 4 * trial.estimate["params_trainable"]
+        assert fake.comm_bytes["allreduce"] == 4 * trial.assessment.analytic.params_trainable
         assert fake.overlapped_comm == ("allreduce",)
 
 
@@ -161,7 +161,7 @@ def test_ddp_buckets_count_from_construction():
     a 1B H100/H200 row that hid 5.6 GiB: docs/rehearse.md, DDP)."""
     trial = tiny_trial(2, strategy="ddp", seq_len=1024)
     fake = fake_trace(trial)
-    buckets_gib = 4 * trial.estimate["params_trainable"] / GIB
+    buckets_gib = 4 * trial.assessment.analytic.params_trainable / GIB
     assert fake.memory_gib["activations"] > 10 * buckets_gib  # the forward's end
     assert fake.memory_gib["gradients"] == pytest.approx(buckets_gib, rel=0.01)
 
@@ -179,7 +179,7 @@ def test_a_tied_output_head_stays_the_embedding(tmp_path):
                         "train": {**TINY_TRAIN, "strategy": "ddp"}, "resources": {"workers": 2}})
     (trial,) = plan(spec)
     fake = fake_trace(trial)
-    assert fake.resident_gib["parameters"] * GIB == 4 * trial.estimate["params_total"]
+    assert fake.resident_gib["parameters"] * GIB == 4 * trial.assessment.analytic.params_total
 
 
 def test_ddp_hook_leaves_the_real_bucket_untouched():
@@ -194,17 +194,17 @@ def test_ddp_hook_leaves_the_real_bucket_untouched():
             return self.tensor
 
     bucket = Bucket()
-    trace.init_fake_world(0, 8)
+    fake_world.init_fake_world(0, 8)
     try:
-        with trace.fake_mode():
-            assert trace._fake_allreduce_hook(None, bucket).wait() is bucket.tensor
+        with fake_world.fake_mode():
+            assert fake_world.fake_allreduce_hook(None, bucket).wait() is bucket.tensor
     finally:
         dist.destroy_process_group()
     assert torch.equal(bucket.tensor, torch.full((1024,), 3.0))
 
 
 def test_tracker_counts_dtensor_propagation_without_the_correction():
-    """Pins why `_Propagation` exists: under an active FakeTensorMode, DTensor's sharding propagation runs a
+    """Pins why `Propagation` exists: under an active FakeTensorMode, DTensor's sharding propagation runs a
     foreach op once more on fake tensors of the global shape, and torch's tracker counts them as this rank's
     memory. When this starts failing, torch fixed it and the correction can go."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -212,17 +212,17 @@ def test_tracker_counts_dtensor_propagation_without_the_correction():
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     world, rows, cols, count = 8, 1024, 256, 4
-    trace.init_fake_world(0, world)
+    fake_world.init_fake_world(0, world)
     try:
         mesh = init_device_mesh("cpu", (world,))
         peaks = {}
-        with trace.fake_mode():
+        with fake_world.fake_mode():
             xs = [DTensor.from_local(torch.empty(rows // world, cols), mesh, [Shard(0)]) for _ in range(count)]
             for corrected in (False, True):
                 DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
                 ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
                 tracker = trace._tracker(None, None, fsdp=False)(roofline.gpu_roofline(None))
-                marking = trace._marking_propagation(tracker.propagation) if corrected else contextlib.nullcontext()
+                marking = fake_world.marking_propagation(tracker.propagation) if corrected else contextlib.nullcontext()
                 with marking, tracker:
                     ys = torch._foreach_mul(xs, 2.0)
                     del ys
@@ -241,7 +241,7 @@ def test_collectives_are_counted_per_step():
     frees them after forward, the root's too)."""
     trial = tiny_trial(2, strategy="fsdp2", precision="fp32")
     step = fake_trace(trial)
-    params = trial.estimate["params_total"]
+    params = trial.assessment.analytic.params_total
     assert step.comm_bytes["reduce_scatter_base"] == 4 * params
     assert step.comm_bytes["allgather_base"] == 2 * 4 * params
     assert set(step.overlapped_comm) == {"allgather_base", "reduce_scatter_base"}
@@ -276,7 +276,7 @@ def test_private_torch_pieces_are_where_rehearse_expects_them():
     known = set(trace._CATEGORY_OF)
     for reftype in (*_FSDPRefType, *_MemRefType):
         assert reftype.value.lower().replace(" ", "_") in known, reftype
-    collectives, overlapped = trace._collective_ops()
+    collectives, overlapped = fake_world.collective_ops()
     assert overlapped <= collectives
     assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu in roofline.flop_formulas()
     assert roofline._not_memory_traffic()
@@ -356,7 +356,7 @@ def test_inductors_scheduled_bytes_are_what_real_inductor_counts():
             out = block.forward(torch.compile(block.module))
             (out[0] if isinstance(out, tuple) else out).sum().backward()
         torch._dynamo.reset()
-        mode = trace.fake_mode()
+        mode = fake_world.fake_mode()
         block = compiled.block_and_inputs(trial.config, trial.shape, mode)
         with mode:
             out = block.forward(compiled._partitioned_like_inductor(block.module, generated))
@@ -558,10 +558,10 @@ def test_a_trial_the_trace_cannot_run_falls_back_and_says_why(tmp_path):
     spec = parse_sweep({"name": "r", "model": {"path": str(model_dir)}, "train": {**TINY_TRAIN, "strategy": "fsdp2"},
                         "resources": {"workers": 2}})
     (trial,) = plan(spec)
-    result = rehearsal.rehearse(trial.config, trial.shape, None, analytic=trial.estimate)
+    result = rehearsal.rehearse(trial.config, trial.shape, None, analytic=trial.assessment.analytic)
     assert result.method == "analytic"
     assert "trace failed (ValueError" in result.notes[0] and "layers" in result.notes[0]
-    assert result.peak_gib == trial.estimate["measured_part_gib"]
+    assert result.peak_gib == trial.assessment.analytic.measured_part_gib
     assert not dist.is_initialized()  # the fake world is gone, so the next trial can make its own
 
 
@@ -575,7 +575,7 @@ def test_sac_estimator_times_operators_with_the_hardware_tables_roofline():
 
     assert SACEstimator()._estimate_runtime == RuntimeEstimator._roofline_estimate  # what the hook replaces
     tokens, d_in, d_out = 4096, 2048, 8192
-    with trace.fake_mode():
+    with fake_world.fake_mode():
         block = torch.nn.Sequential(torch.nn.Linear(d_in, d_out, bias=False, dtype=torch.bfloat16), torch.nn.SiLU())
         x = torch.empty(tokens, d_in, dtype=torch.bfloat16, requires_grad=True)
         estimator = policy._sac_estimator(roofline.gpu_roofline("H100 SXM"))

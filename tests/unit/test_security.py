@@ -122,7 +122,7 @@ def test_secret_embedded_ray_uses_token_auth(tmp_path):
 import os, subprocess, sys
 for k in [k for k in os.environ if k.startswith("RAY_")]:
     del os.environ[k]
-from raybench.drivers.sweep import ray_cluster
+from raybench.drivers.ray_cluster import ray_cluster
 with ray_cluster(None):
     import ray  # raybench sets the auth mode before Ray is first imported
     assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) >= 32

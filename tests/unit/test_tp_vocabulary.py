@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from raybench.rehearse.trace import init_fake_world
+from raybench.rehearse.fake_world import init_fake_world
 from raybench.runtime.model import build_meta
 from raybench.runtime.strategies import tp
 from raybench.spec.presets import PRESETS

@@ -1,4 +1,4 @@
-"""worker.warm_up: a compiled trial's warm-up compiles its miniature (so the compiler's first use in a process is
+"""warm_up.warm_up: a compiled trial's warm-up compiles its miniature (so the compiler's first use in a process is
 not in a fresh process's training peak; docs/results/warm-fidelity-2026-11-26.md) and leaves no compiled graph
 behind for the trial's own shapes."""
 
@@ -10,8 +10,8 @@ import torch.distributed as dist
 from torch._dynamo import convert_frame
 
 from raybench.planning.plan import plan
-from raybench.rehearse.trace import init_fake_world
-from raybench.runtime import worker
+from raybench.rehearse.fake_world import init_fake_world
+from raybench.runtime import warm_up, worker
 from raybench.runtime.strategies import RankContext
 from raybench.runtime.techniques import compile
 from raybench.spec.load import parse_sweep
@@ -32,7 +32,7 @@ def test_a_compiled_trials_warm_up_compiles_its_miniature_then_drops_it(one_rank
     (trial,) = plan(spec)
     torch.compiler.reset()
     before = compile.dynamo_counts()
-    worker.warm_up(trial.as_payload(), one_rank, trial.shape)
+    warm_up.warm_up(trial.as_payload(), one_rank, trial.shape, worker.build_and_wrap)
     graphs = compile.compiled_since(before)["compile_graphs"]
     assert graphs > 0 if compiled else graphs == 0
     assert not convert_frame.input_codes.seen  # reset: the trial compiles its own shapes from a clean state

@@ -99,11 +99,18 @@ class PoolWorker:
         import torch
         import torch.distributed as dist
 
-        from raybench.runtime import isolation, strategies, worker  # torch: imported in the actors only
+        from raybench.runtime import isolation, rank_memory, warm_up, worker  # torch: imported in the actors only
 
-        # The first DeepSpeed trial of an actor must not count DeepSpeed's import as its own change (which would
-        # replace the group after every such trial): import it first, as a fresh process would anyway.
-        strategies.import_libraries(payload.config.train.strategy)
+        # The actor's first trial reads the memory baseline of its later ones (held_from_earlier_trials_gib)
+        # before it imports anything: what later trials' imports add (inductor for a compiled trial) is then
+        # held from earlier trials and netted out, as worker.run alone would have it.
+        rank_memory.held_from_earlier_trials_gib()
+        # The trial's imports come before the snapshot, as in a fresh process, which has them before it trains:
+        # what importing changes (DeepSpeed sets environment variables, dynamo wraps torch.manual_seed) is then
+        # not this trial's change, which would replace the group after an actor's first trial of each kind. What
+        # the trial patches in the modules it imports here, the snapshot sees; modules it imports later are
+        # recorded as their import finishes (isolation.snapshot).
+        warm_up.prepare_process(payload.config)
         before = isolation.snapshot()
         # Read when compiling, not at start: this trial's alone (put back after it), not part of the group's shape.
         cache_env = payload.compile_cache_env()

@@ -49,17 +49,6 @@ def already_materialized(whole: bool) -> None:
     """The `materialize` of a model that has its values already (tests, benchmarks)."""
 
 
-# Third-party libraries a strategy imports only when it sets up. Importing one changes process state (DeepSpeed
-# sets environment variables) as it would in a fresh process running the same trial: a warm pool actor imports
-# them before it snapshots its state, so that only what the trial itself changes counts (raybench/runtime/isolation.py).
-LIBRARIES = {"deepspeed": ("deepspeed",)}
-
-
-def import_libraries(name: str) -> None:
-    for module in LIBRARIES.get(name, ()):
-        importlib.import_module(module)
-
-
 def setup(name: str, model: nn.Module, train: TrainSpec, ctx: RankContext,
           materialize: Callable[[bool], None] = already_materialized) -> Trainable:
     return importlib.import_module(f"raybench.runtime.strategies.{name}").setup(model, train, ctx, materialize)

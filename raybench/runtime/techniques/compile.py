@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -24,25 +25,29 @@ def wanted(train: TrainSpec) -> bool:
 
 
 def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
-    # Past dynamo's recompile limit a "compiled" block would silently run eager: fail the trial instead.
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
     for block in decoder_blocks(model):
         compiled_region(block, train).compile()
     return model
 
 
-def trial_scope(train: TrainSpec) -> contextlib.AbstractContextManager:
-    """What the whole trial (build, warm-up and steps: a block compiles at its first call) runs under: AOT
-    autograd's on-disk cache off for a compiled tensor-parallel trial, and as it was for every other trial.
+@contextlib.contextmanager
+def trial_scope(train: TrainSpec) -> Iterator[None]:
+    """What the whole trial (build, warm-up and steps: a block compiles at its first call) runs under, put back
+    after it so that a warm pool actor's next trial finds dynamo's settings as a fresh process would.
 
-    A warm pool actor that ran compiled TP blocks before, other trials in between, crashed in a later compiled TP
-    trial (SIGSEGV in a block's first kernel, or AsyncCollectiveTensor's missing `.elem`) in 6 of 6 three-round
-    runs with the cache on, and in none with it off (docs/results/warm-fidelity-2026-11-26.md): a cached graph can
-    expect the other kind of block input (the collective's wrapper or a plain tensor). Scoped, so the actor's
-    other trials keep their cache hits; inductor's own FX graph cache stays on."""
-    if train.compile and train.tensor_parallel:
-        return torch._functorch.config.patch(enable_autograd_cache=False)
-    return contextlib.nullcontext()
+    A compiled trial fails past dynamo's recompile limit, where a "compiled" block would silently run eager.
+    A compiled tensor-parallel trial runs with AOT autograd's on-disk cache off: a warm pool actor that ran
+    compiled TP blocks before, other trials in between, crashed in a later compiled TP trial (SIGSEGV in a
+    block's first kernel, or AsyncCollectiveTensor's missing `.elem`) in 6 of 6 three-round runs with the cache
+    on, and in none with it off (docs/results/warm-fidelity-2026-11-26.md): a cached graph can expect the other
+    kind of block input (the collective's wrapper or a plain tensor). Scoped, so the actor's other trials keep
+    their cache hits; inductor's own FX graph cache stays on."""
+    with contextlib.ExitStack() as scope:
+        if train.compile:
+            scope.enter_context(torch._dynamo.config.patch(fail_on_recompile_limit_hit=True))
+        if train.compile and train.tensor_parallel:
+            scope.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+        yield
 
 
 def compiled_region(block: nn.Module, train: TrainSpec) -> nn.Module:

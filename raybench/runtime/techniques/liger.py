@@ -1,7 +1,11 @@
 """Liger kernels: Triton RMSNorm, RoPE, SwiGLU and fused linear + cross-entropy patched into the model (CUDA).
 
-liger-kernel is an optional extra (`raybench[gpu]`), imported only on a worker that asked for it. Patching the
-model instance (not the transformers classes) keeps other trials in a reused process unaffected.
+liger-kernel is an optional extra (`raybench[gpu]`), imported only on a worker that asked for it. Liger patches
+more than the model instance it is given: it also replaces names in the model type's transformers modeling
+module for the whole process (its RMSNorm and MLP classes and its rotary function, at least), so a
+later model of that type built in the same process would get Liger's kernels without asking. In a warm pool
+actor raybench.runtime.isolation finds those patches, puts the originals back after the trial and has the pool
+replace the actors; a fresh process (torchrun, Ray Train) ends with the trial.
 """
 
 from __future__ import annotations
