@@ -130,19 +130,19 @@ def timed_loop(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
     return record
 
 
-def backward_with_and_without_sync(trainable: Trainable, batches: Iterator[dict], train: TrainSpec,
-                                   device: torch.device, pairs: int) -> tuple[list[float], list[float]]:
-    """Backward seconds of `pairs` steps that reduce gradients and `pairs` that do not, interleaved.
+def backward_without_sync(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
+                          steps: int) -> list[float]:
+    """Backward seconds of `steps` steps that do not reduce gradients, for the exposed communication.
 
-    The reduction DDP overlaps with backward shows in the backward phase only where it is not hidden, so the
-    difference of the two medians is the exposed communication. Run after the timed window: the steps without
-    reduction leave the ranks' weights slightly apart, which no later measurement reads.
+    The timed window's steps are the same steps with the reduction, so only these need to run: the reduction
+    DDP overlaps with backward shows in the backward phase only where it is not hidden, and the difference of
+    the two medians is the exposed communication. Run after the timed window: the steps without reduction
+    leave the ranks' weights slightly apart, which no later measurement reads.
     """
     clock = PhaseClock(device)
-    synced, local = [], []
-    for _ in range(pairs):
-        for sync, out in ((True, synced), (False, local)):
-            train_step(trainable, batches, train, device, clock, sync=sync)
-            synchronize(device)
-            out.append(clock.totals_s()["backward"])
-    return synced, local
+    local = []
+    for _ in range(steps):
+        train_step(trainable, batches, train, device, clock, sync=False)
+        synchronize(device)
+        local.append(clock.totals_s()["backward"])
+    return local

@@ -39,8 +39,8 @@ from raybench.spec.presets import ModelShape, model_shape  # noqa: E402
 from raybench.spec.schema import GIB  # noqa: E402
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig  # noqa: E402
 
-# Steps with and steps without gradient reduction run after the timed window to measure exposed communication.
-COMM_PAIRS = 3
+# Steps without gradient reduction after the timed window (whose steps reduce), for the exposed communication.
+LOCAL_STEPS = 3
 # The one order of model transformations that composes: Liger → 4-bit base (QLoRA) → LoRA → AC → compile.
 # Liger and quantization first: they swap the model's own modules and forwards, which LoRA then wraps (PEFT
 # puts adapters around whatever Linear/Linear4bit it finds). LoRA before checkpointing: adapters must exist
@@ -87,15 +87,17 @@ def _recording(payload: TrialPayload):
     return cuda_snapshot.recording(directory, device, f"{payload.trial_id}-{socket.gethostname()}-gpu{device.index}")
 
 
-def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext) -> float | None:
-    """Exposed gradient communication of DDP across ranks: backward with reduction minus backward without.
+def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext, record: bench.LoopRecord) -> float | None:
+    """Exposed gradient communication of DDP across ranks: the timed steps' backward (with reduction) minus the
+    backward of steps without it.
 
     Only DDP can skip its reduction without changing the work or the memory of the step (FSDP2 would keep
     unsharded gradients, TP's collectives sit in the forward): other strategies record null.
     """
     if train.strategy != "ddp" or ctx.world_size == 1:
         return None
-    synced, local = bench.backward_with_and_without_sync(trainable, batches, train, ctx.device, COMM_PAIRS)
+    synced = record.phase_times_s["backward"][train.warmup_steps:]
+    local = bench.backward_without_sync(trainable, batches, train, ctx.device, LOCAL_STEPS)
     synced, local = (rank_metrics.mean_over_ranks(t, ctx.device) for t in (synced, local))
     return max(0.0, metrics.percentile(synced, 50) - metrics.percentile(local, 50))
 
@@ -211,7 +213,7 @@ def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, 
     record = bench.timed_loop(built.trainable, batches, train, ctx.device, sampler)
     compiled = compile.compiled_since(dynamo_before) if train.compile else dict.fromkeys(compile.COLUMNS)
     sampler.close()
-    comm_exposed_p50_s = _exposed_comm(built.trainable, batches, train, ctx)
+    comm_exposed_p50_s = _exposed_comm(built.trainable, batches, train, ctx, record)
     measured = RankMeasurement(
         loop=record, sampled=sampler.means(since=record.step_starts[train.warmup_steps]),
         peaks=_peaks(ctx.device, baseline), build_peaks=build_peaks,
