@@ -15,6 +15,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import wraps
 
 import torch
 import torch.utils._pytree as pytree
@@ -65,11 +66,50 @@ class StepTrace:
     block_memory_bound_s: float = 0.0
     # One decoder block's operators (`block_ops`), for op-level policies: fully checkpointed FSDP2 GPU trials.
     block_ops: dict | None = None
+    grad_accum: int = 1  # micro-batches the step runs: the times and collectives above cover all of them
+    traced_micro_batches: int = 1  # how many of them the trace ran (`traced_accumulation`); the rest are scaled
+    optimizer_roofline_s: float = 0.0  # the part of roofline_s run once per step (clipping, optimizer, zero_grad)
 
     @property
     def peak_gib(self) -> float:
         return sum(self.memory_gib.values())
 
+
+
+@dataclass
+class _Costs:
+    """What one part of the step (a micro-batch, or the optimizer step) ran: operator costs and collectives."""
+
+    flops: float = 0.0
+    roofline_s: float = 0.0
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    block_memory_bound_s: float = 0.0
+    op_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    comm_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    comm_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, other: _Costs, times: int = 1) -> None:
+        for name in ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s"):
+            setattr(self, name, getattr(self, name) + times * getattr(other, name))
+        for name in ("op_s", "comm_bytes", "comm_calls"):
+            mine = getattr(self, name)
+            for key, value in getattr(other, name).items():
+                mine[key] += times * value
+
+
+def traced_accumulation(grad_accum: int) -> tuple[int, list[int]]:
+    """How many micro-batches the trace runs for a step of `grad_accum`, and how many of the step's micro-batches
+    each traced one stands for.
+
+    A step's micro-batches come in at most three kinds, by the state they start in and what they run: the first
+    (no gradient yet: it creates them, without reducing), the middle ones (each starts with the gradients the
+    ones before accumulated, and adds to them without reducing: the same shapes, the same operators, the same
+    collectives, so each is the same as the next) and the last (accumulates, then reduces). The trace runs one
+    of each kind there is (1, 2, or 3 micro-batches) and counts the middle one grad_accum - 2 times."""
+    if grad_accum <= 2:
+        return grad_accum, [1] * grad_accum
+    return 3, [1, grad_accum - 2, 1]
 
 
 def _tracker(model: nn.Module, optimizer, fsdp: bool):
@@ -89,15 +129,23 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.propagation = Propagation()
             self.collectives, self.overlapped = collective_ops()
             self.roofline = roofline
-            self.comm_bytes: dict[str, int] = defaultdict(int)
-            self.comm_calls: dict[str, int] = defaultdict(int)
+            self.parts = [_Costs()]  # the micro-batches traced so far, then the optimizer step (`next_part`)
             self.overlapped_names: set[str] = set()
-            self.flops = self.roofline_s = self.compute_s = self.memory_s = 0.0
-            self.op_s: dict[str, float] = defaultdict(float)
-            self.block_memory_bound_s = 0.0
+            self.accumulating_grads = False
             self.stand_ins: list[torch.Tensor] = []
             self.held_elsewhere = WeakIdKeyDictionary()  # storages the stand-ins count
             self.op_reads_held_elsewhere = False
+
+        def next_part(self) -> None:
+            """Count what follows as the step's next part (the next micro-batch, or the optimizer step)."""
+            self.parts.append(_Costs())
+
+        def next_micro_batch(self) -> None:
+            """Before a micro-batch's forward, except the first: torch's trackers take a second forward of the
+            root module for a second step and refuse it; a micro-batch is not one, so clear the per-module
+            statistics of the last micro-batch as torch's message advises (`reset_mod_stats`). The step's peak,
+            and every tensor tracked, are the tracker's own and carry on."""
+            self.reset_mod_stats()
 
         def count_from_start(self, stand_ins: list[torch.Tensor]) -> None:
             """Count `stand_ins` as gradients from the step's start, for storage a wrapper allocated before the
@@ -123,6 +171,8 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             return held
 
         def _track(self, reftype, t: torch.Tensor) -> None:
+            if self.accumulating_grads:
+                reftype = self._ref_class.UNSHARDED_GRAD
             for st in get_untyped_storages(t):
                 if self.op_reads_held_elsewhere and st not in self._WINFO:
                     self.held_elsewhere[st] = True
@@ -133,6 +183,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.propagation.depth:  # DTensor's global-shape run: no memory of this rank's
                 return func(*args, **(kwargs or {}))
+            costs = self.parts[-1]
             self.op_reads_held_elsewhere = bool(self.stand_ins) and self._reads_held_elsewhere(args, kwargs)
             try:
                 out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -142,23 +193,39 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
                 return out
             if func in self.collectives:
                 name = func._overloadpacket.__name__.strip("_")
-                self.comm_bytes[name] += comm_bytes(func, out, args, kwargs or {})
-                self.comm_calls[name] += 1
+                costs.comm_bytes[name] += comm_bytes(func, out, args, kwargs or {})
+                costs.comm_calls[name] += 1
                 if func in self.overlapped:
                     self.overlapped_names.add(name)
             else:
-                self._cost(func, args, kwargs or {}, out)
+                self._cost(costs, func, args, kwargs or {}, out)
             return out
 
-        def _cost(self, func, args, kwargs, out) -> None:
+        def _cost(self, costs: _Costs, func, args, kwargs, out) -> None:
             flops, compute_s, memory_s = self.roofline.cost(func, args, kwargs, out)
-            self.flops += flops
-            self.compute_s += compute_s
-            self.memory_s += memory_s
-            self.roofline_s += max(compute_s, memory_s)
-            self.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
+            costs.flops += flops
+            costs.compute_s += compute_s
+            costs.memory_s += memory_s
+            costs.roofline_s += max(compute_s, memory_s)
+            costs.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
             if fusable(func, flops) and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
-                self.block_memory_bound_s += memory_s
+                costs.block_memory_bound_s += memory_s
+
+        def _fsdp_param_group_post_backward(self, fsdp_mod, orig_post_backward):
+            # A micro-batch that does not reduce (set_requires_gradient_sync(False)) leaves each gradient unsharded
+            # and, under a mixed-precision policy, casts it to the reduce dtype in FSDP's post-backward: torch's
+            # tracker would count that cast as a temporary of backward, where it is the gradient the next
+            # micro-batches accumulate into and the last one reduces.
+            @wraps(orig_post_backward)
+            def post_backward(*args, **kwargs):
+                group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                self.accumulating_grads = group is not None and not group.reduce_grads
+                try:
+                    return orig_post_backward(*args, **kwargs)
+                finally:
+                    self.accumulating_grads = False
+
+            return super()._fsdp_param_group_post_backward(fsdp_mod, post_backward)
 
         def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True):
             # torch's MemTracker hooks every parameter's gradient and fails on frozen ones (LoRA's base weights,
@@ -173,6 +240,25 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
 
     return StepTracker
 
+
+
+class _PartsClock(bench.PhaseClock):
+    """train_step's phase clock, telling the tracker where each micro-batch's forward begins and where each
+    micro-batch, and so the optimizer step, begins to be counted."""
+
+    def __init__(self, device: torch.device, tracker):
+        super().__init__(device)
+        self.tracker = tracker
+        self.micro_batches = 0
+
+    def mark(self, phase: str) -> None:
+        super().mark(phase)
+        if phase == "data":  # the micro-batch's data is ready: its forward is next
+            if self.micro_batches:
+                self.tracker.next_micro_batch()
+            self.micro_batches += 1
+        elif phase == "backward":  # what follows belongs to the next micro-batch, or to the optimizer step
+            self.tracker.next_part()
 
 
 class _NoHook:
@@ -290,12 +376,17 @@ def liger_rope(config: TrialConfig, shape: ModelShape):
 
 
 def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
-               gpu: str | None = None, skip_propagation: bool = True) -> StepTrace:
+               gpu: str | None = None, skip_propagation: bool = True, every_micro_batch: bool = False) -> StepTrace:
     """Build, wrap and run one training step of `config` on this rank under the step tracker.
 
     fake=True: storage is fake (call `init_fake_world` first); fake=False: the real thing on a real process
     group (tests compare the two). The caller's process group decides the world. skip_propagation=False leaves
     torch's tracker as it is (the test that pins why the correction is needed).
+
+    A step of several micro-batches (grad_accum) runs one of each kind of micro-batch (`traced_accumulation`):
+    the memory is that of every state the real step goes through, and the time and collectives count each
+    traced micro-batch as many times as the step runs its kind. every_micro_batch=True traces them all (the
+    tests' check that both agree).
     """
     on_gpu = config.resources.gpus_per_worker > 0
     train, _ = traced_train(config.train, on_gpu)
@@ -324,15 +415,27 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         if train.strategy == "ddp":  # its reducer holds a bucket copy of every trainable gradient from construction
             tracker.count_from_start([b.buffer() for b in trainable.model.reducer._get_zeros_like_grad_buckets()])
         marking = marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
+        traced, times = traced_accumulation(train.grad_accum)
+        if every_micro_batch:
+            traced, times = train.grad_accum, [1] * train.grad_accum
+        # The loss is divided by grad_accum either way: the traced micro-batches run the step's own operators.
+        traced_train_step = train.model_copy(update={"grad_accum": traced})
         with marking, tracker, liger_rope(config, shape), one_sequence_per_row():
-            bench.train_step(trainable, batches, train, ctx.device, bench.PhaseClock(ctx.device))
+            bench.train_step(trainable, batches, traced_train_step, ctx.device, _PartsClock(ctx.device, tracker))
+    *micro_batches, optimizer_step = tracker.parts
+    assert len(micro_batches) == traced, (len(micro_batches), traced)
+    total = _Costs()
+    for part, count in zip(micro_batches, times):
+        total.add(part, count)
+    total.add(optimizer_step)
     return StepTrace(
         memory_gib=tracker.category_gib(), resident_gib=_resident_gib(trainable.model, trainable.optimizer),
-        comm_bytes=dict(tracker.comm_bytes), comm_calls=dict(tracker.comm_calls),
-        overlapped_comm=tuple(sorted(tracker.overlapped_names)), flops=tracker.flops,
-        roofline_s=tracker.roofline_s, compute_s=tracker.compute_s, memory_s=tracker.memory_s,
-        op_s=dict(sorted(tracker.op_s.items(), key=lambda kv: -kv[1])[:12]),
-        block_memory_bound_s=tracker.block_memory_bound_s)
+        comm_bytes=dict(total.comm_bytes), comm_calls=dict(total.comm_calls),
+        overlapped_comm=tuple(sorted(tracker.overlapped_names)), flops=total.flops,
+        roofline_s=total.roofline_s, compute_s=total.compute_s, memory_s=total.memory_s,
+        op_s=dict(sorted(total.op_s.items(), key=lambda kv: -kv[1])[:12]),
+        block_memory_bound_s=total.block_memory_bound_s, grad_accum=train.grad_accum, traced_micro_batches=traced,
+        optimizer_roofline_s=optimizer_step.roofline_s)
 
 
 

@@ -17,8 +17,9 @@ def test_sweep_reference_is_current():
 
 
 def user_docs() -> list[Path]:
-    """README.md and docs/*.md; docs/results/ are dated records whose commands keep the paths of their day."""
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    """README.md, docs/*.md and cluster_yaml/README.md; docs/results/ are dated records whose commands keep the paths
+    of their day."""
+    return [REPO / "README.md", REPO / "cluster_yaml" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def test_every_sweep_file_the_docs_name_ships():
