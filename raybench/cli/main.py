@@ -43,7 +43,6 @@ def _validate(args) -> int:
 
 
 def _plan(args) -> int:
-
     spec = load_sweep(args.sweep)
     trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=args.store or spec.store)
     if args.json:
@@ -56,7 +55,6 @@ def _plan(args) -> int:
 
 
 def _estimate(args) -> int:
-
     spec = load_sweep(args.sweep)
     store_path = args.store or spec.store
     trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=store_path)
