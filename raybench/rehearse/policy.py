@@ -142,6 +142,8 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float,
     With every block checkpointed, each keeps only its input; a policy that saves S bytes of a block's
     operator outputs adds layers x S to that peak, and takes the saved operators' time off the recomputation
     the full-AC step pays. Both come from the trace (the same roofline, `block_ops`), nothing is fitted here.
+    A step of several micro-batches recomputes each block once per micro-batch, and holds one micro-batch's
+    activations at a time.
     """
     stats = _recomputable(full_ac["block_ops"])
     room_gib = reserved_limit_gib / ALLOCATOR_RESERVE - full_ac["peak_gib"]
@@ -155,10 +157,11 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float,
     saved_s = sum(stats.runtimes[i] for i in saved) / 1e3
     saved_memory_bound_s = sum(stats.runtimes[i] for i in saved if stats.func_names[i] not in flop_ops) / 1e3
     saved_bytes = sum(stats.memory[i] for i in saved)
+    recomputed_blocks = layers * full_ac.get("grad_accum", 1)  # rehearsals stored before it was kept ran one
     trace = StepTrace(memory_gib={}, resident_gib={}, comm_bytes=full_ac["comm_bytes"], comm_calls={},
                       overlapped_comm=tuple(full_ac["overlapped_comm"]), flops=0.0,
-                      roofline_s=full_ac["roofline_s"] - layers * saved_s, compute_s=0.0, memory_s=0.0,
-                      block_memory_bound_s=full_ac["block_memory_bound_s"] - layers * saved_memory_bound_s)
+                      roofline_s=full_ac["roofline_s"] - recomputed_blocks * saved_s, compute_s=0.0, memory_s=0.0,
+                      block_memory_bound_s=full_ac["block_memory_bound_s"] - recomputed_blocks * saved_memory_bound_s)
     timing = predict_step_time(trace, full_ac["world_size"], full_ac["busbw_gbps"], full_ac["busbw_source"],
                                efficiency, full_ac.get("compiled_traffic"))
     peak = full_ac["peak_gib"] + layers * saved_bytes / GIB

@@ -59,6 +59,7 @@ class Rehearsal:
     trace_s: float | None = None  # seconds this process spent tracing (0 when an identical trace was reused)
     overlapped_comm: list[str] = field(default_factory=list)  # collectives issued beside compute (op_policy)
     block_ops: dict | None = None  # one decoder block's operators, when op_policy can start from this trial
+    grad_accum: int = 1  # micro-batches per step: the times and collectives cover them all, the memory the peak
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -138,7 +139,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         overlap=timing.overlap, roofline_s=trace.roofline_s if has_time else None,
         block_memory_bound_s=trace.block_memory_bound_s if has_time else None, compiled_traffic=traffic,
         trace_s=time.perf_counter() - t0,
-        overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None)
+        overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None,
+        grad_accum=trace.grad_accum)
 
 
 def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, traces: dict) -> float | None:

@@ -63,7 +63,13 @@ REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size"
               "ddp": {"strategy": "ddp"}, "ddp-lora": {"strategy": "ddp", "finetune": "lora"},
               "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256},
               "ddp-liger": {"strategy": "ddp", "liger": True, "seq_len": 256},
-              "tp-liger": {"strategy": "tp", "tp_size": 2, "liger": True, "seq_len": 256}}
+              "tp-liger": {"strategy": "tp", "tp_size": 2, "liger": True, "seq_len": 256},
+              # Two micro-batches per step: the first without gradient sync, the last with it
+              # (test_rehearse_accumulation.py).
+              "fsdp2-accum": {"strategy": "fsdp2", "grad_accum": 2},
+              "fsdp2-lora-accum": {"strategy": "fsdp2", "finetune": "lora", "grad_accum": 2},
+              "ddp-accum": {"strategy": "ddp", "grad_accum": 2},
+              "tp-accum": {"strategy": "tp", "tp_size": 2, "grad_accum": 2}}
 
 
 def _real_rank(rank: int, world: int, init_file: str, out) -> None:
