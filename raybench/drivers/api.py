@@ -33,7 +33,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
                   evidence=calibration.evidence(store_path, attempts))
     cuda_snapshot.check(trials, source)  # a CUDA snapshot request refuses CPU trials before anything starts
     if searching:
-        ran = sweep.run_search(spec, trials, store_path=store_path, address=address, rerun=rerun,
+        ran = sweep.run_search(spec, trials, attempts, store_path=store_path, address=address, rerun=rerun,
                                progress=progress, verbose=verbose).ran
     else:
         stored = {} if rerun else store.statuses_by_trial(attempts, spec.name, spec.executor)

@@ -34,9 +34,9 @@ from fractions import Fraction
 from typing import Any
 
 import optuna
+import pyarrow as pa
 
 from raybench.planning.plan import PlannedTrial
-from raybench.results import store
 from raybench.spec.axes import axis_assignments, excluded
 from raybench.spec.stats import dominates
 from raybench.spec.sweep_spec import SweepSpec
@@ -348,13 +348,14 @@ class PlannedSearch:
         self.study.tell(trial, values)
 
 
-def stored_rows(store_path: str, sweep: str, metrics: list[str], executor: str | None = None) -> dict[str, dict]:
+def stored_rows(attempts: pa.Table, sweep: str, metrics: list[str], executor: str | None = None) -> dict[str, dict]:
     """trial id -> its stored row (the columns a search needs): its latest ok attempt, else its latest oom or
     invalid or skipped one. Other failures (error, timeout) are not answers: those trials run again. With
-    `executor`, only measurements of that executor answer (the plan's invalid and skipped rows always do)."""
-    table = store.read_table(store_path, sweep, latest=False)
-    columns = ["trial_id", "status", "message", "trial_wall_s", "ended_at", "executor", *metrics]
-    keep = [r for r in table.select(columns).to_pylist() if r["status"] in (*ANSWERED, "invalid", "skipped")
+    `executor`, only measurements of that executor answer (the plan's invalid and skipped rows always do).
+    `attempts` is every stored attempt, already read (store.read_table(store, latest=False), any sweeps)."""
+    columns = ["sweep", "trial_id", "status", "message", "trial_wall_s", "ended_at", "executor", *metrics]
+    keep = [r for r in attempts.select(columns).to_pylist()
+            if r["sweep"] == sweep and r["status"] in (*ANSWERED, "invalid", "skipped")
             and (executor is None or r["executor"] in (None, executor))]
     # Later entries win: ok after any other status, then the latest attempt.
     keep.sort(key=lambda r: (r["status"] == "ok", r["ended_at"] is not None, r["ended_at"] or 0))

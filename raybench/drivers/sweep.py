@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+
 from raybench.drivers import executors
 from raybench.drivers.executors import train
 from raybench.drivers.progress import SweepProgress, as_progress, peak_gib
@@ -166,12 +168,13 @@ class SearchResult:
     searcher: PlannedSearch = field(repr=False)
 
 
-def run_search(spec: SweepSpec, trials: list[PlannedTrial], *, store_path: str, address: str | None = None,
-               rerun: bool = False, progress: Callable[[str], None] = print, verbose: bool = False) -> SearchResult:
+def run_search(spec: SweepSpec, trials: list[PlannedTrial], attempts: pa.Table, *, store_path: str,
+               address: str | None = None, rerun: bool = False, progress: Callable[[str], None] = print,
+               verbose: bool = False) -> SearchResult:
     """Search the sweep's grid with spec.search; rows land in the store like a grid sweep's. `trials` is
-    plan(spec, keep_invalid=True): invalid points included."""
+    plan(spec, keep_invalid=True): invalid points included; `attempts` every stored attempt, already read."""
     objectives = spec.search.objectives()
-    stored = {} if rerun else stored_rows(store_path, spec.name, [m for m, _ in objectives], spec.executor)
+    stored = {} if rerun else stored_rows(attempts, spec.name, [m for m, _ in objectives], spec.executor)
     space = SearchSpace(spec, trials)
     searcher = PlannedSearch(
         space, objectives, make_sampler(spec.search.algo, spec.search.seed, len(space.points)),

@@ -237,7 +237,7 @@ def test_stored_rows_reuse_ok_and_oom_but_not_errors(tmp_path):
     for payload, status, minute in ((a, "oom", 0), (a, "ok", 1), (a, "error", 2), (b, "oom", 0), (c, "error", 0)):
         store.write_row(tmp_path, build_row(payload, "s", status, status, {"tok_per_s_per_device": 5.0 if
                                             status == "ok" else None}, ended_at=start + timedelta(minutes=minute)))
-    stored = stored_rows(str(tmp_path), "s", ["tok_per_s_per_device"])
+    stored = stored_rows(store.read_table(tmp_path, latest=False), "s", ["tok_per_s_per_device"])
     assert stored[a.trial_id]["status"] == "ok"  # an ok attempt wins over later failures
     assert stored[b.trial_id]["status"] == "oom" and c.trial_id not in stored
 
