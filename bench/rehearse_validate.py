@@ -1,24 +1,32 @@
-"""Rehearsed vs measured, per row, on committed GPU results (default: the H100 rows of
-docs/results/gpu-2026-11-22/*.parquet).
+"""Rehearsed vs measured, per row, on committed GPU results, reported apart for the rows that fitted the
+rehearsal's constants and the rows held out (bench/validation_split.yaml).
 
+    .venv/bin/python bench/rehearse_validate.py [--heldout-only] [--file PARQUET ...]
     .venv/bin/python bench/rehearse_validate.py [--sweep NAME ...] [--results DIR --gpu NAME]
 
-Rehearses every configuration of bench/sweeps/gpu-sac-1b.yaml and gpu-seed000-1gpu.yaml (or of the sweeps
-named: gpu-validate adds one row per strategy and technique, gpu-rehearse-check the compiled ratios, the
-op-level policy and DDP) for the GPU the rows ran on (--gpu) and joins each to its measured row by trial id
-(a repeated configuration is rehearsed once and compared with each repeat). Prints a Markdown table per sweep,
-then one JSON line per sweep with the worst errors. Nothing is fitted here: the rehearsal's constants
-(raybench/rehearse/fitted.py: ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are printed with the results,
-and what each row alone would make them (the implied values). Then, for the sAC sweep, the best ratio per
-micro-batch x compile as `raybench best --predict` picks it (the estimate's memory limit and margin for that
-GPU) against the measured best, and the op-level policy torch's SAC ILP picks within the same limit (from the
-ratio-1 rehearsal) against the same measured best.
+By default every committed GPU Parquet file (docs/results/gpu-*/*.parquet) is compared, each for the GPU its
+rows ran on (the split file's `gpu`; an unlisted file's own gpu_name). --file picks files; --sweep/--results/--gpu
+pick <results>/<sweep>.parquet as before (default folder docs/results/gpu-2026-11-22, sweeps gpu-sac-1b and
+gpu-seed000-1gpu when --results is given alone). --heldout-only rehearses the held-out rows only.
+
+Each configuration of the file's sweep (bench/sweeps/<sweep>.yaml) is rehearsed for that GPU and joined to its
+measured row by trial id (a repeated configuration is rehearsed once and compared with each repeat). Each row is
+marked with its set: a row listed in the split file under a constant fitted that constant; every other committed
+row is held out. Prints a Markdown table per file, which rows fitted what, then one JSON line per file with the
+worst errors, then one JSON line per set (step time median and max |error|, tensor and reserved peak errors), and
+last the headline line: its "value" is the held-out rows' median |step time error|. Nothing is fitted here: the
+rehearsal's constants (raybench/rehearse/fitted.py: ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are
+printed with the results, and what each row alone would make them (the implied values). Then, for a gpu-sac-1b
+file rehearsed whole, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the
+estimate's memory limit and margin for that GPU) against the measured best, and the op-level policy torch's SAC
+ILP picks within the same limit (from the ratio-1 rehearsal) against the same measured best.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,6 +38,9 @@ from raybench.rehearse import fitted, rehearsal
 from raybench.rehearse.choice import predicted_best
 from raybench.spec.load import load_sweep
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import validation_split  # bench/validation_split.py
+
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = ("gpu-sac-1b", "gpu-seed000-1gpu")
 # gpu-validate: one row per strategy and technique, 1B at seq 1024; gpu-rehearse-check: what the H100 rows left open;
@@ -37,6 +48,9 @@ SWEEPS = ("gpu-sac-1b", "gpu-seed000-1gpu")
 OTHER_SWEEPS = ("gpu-validate", "gpu-rehearse-check", "gpu-h100-recheck")
 RESULTS = REPO / "docs" / "results" / "gpu-2026-11-22"
 GPU = "H100 SXM"
+COLUMNS = ["set", "fitted", "trial_id", "not_blind", "config", "method", "notes", "rehearsed_gib", "alloc_gib",
+           "alloc_err", "reserved_pred_gib", "reserved_gib", "reserved_err", "step_pred_s", "step_s", "step_err",
+           "implied_efficiency", "implied_byte_cost", "compiled_traffic", "reserve"]
 
 
 def sweep_for_gpu(name: str, gpu: str):
@@ -45,26 +59,35 @@ def sweep_for_gpu(name: str, gpu: str):
     return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": gpu})})
 
 
-def measured_rows(name: str, results: Path) -> pd.DataFrame:
+def measured_rows(parquet: Path) -> pd.DataFrame:
     """The sweep's ok rows by trial id. The warm pool of that day kept a failed trial's GPU memory in the
     peaks of the trials after it (fixed since, docs/results/gpu-2026-11-22.md): rows that ended after a failed
     trial of their sweep are left out (gpu-validate's after its first ZeRO-3 attempt)."""
-    measured = pd.read_parquet(results / f"{name}.parquet")
+    measured = pd.read_parquet(parquet)
     first_failure = measured.loc[measured.status != "ok", "ended_at"].min()
     return measured[(measured.status == "ok") & ~(measured.ended_at > first_failure)].set_index("trial_id")
 
 
-def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFrame, dict]:
-    measured = measured_rows(name, results)
-    lines, traces = [], {}
+def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: dict,
+             heldout_only: bool = False) -> tuple[pd.DataFrame, dict]:
+    """The file's rows rehearsed for `gpu`, each marked with its set; `traces` is kept per GPU by the caller."""
+    name = entry.sweep
+    measured = measured_rows(REPO / entry.path)
+    lines = []
     for trial in plan(sweep_for_gpu(name, gpu)):
         if trial.trial_id not in measured.index:
+            continue
+        fitted_on = entry.constants_fitted_on(trial.trial_id)
+        if heldout_only and fitted_on:
             continue
         r = rehearsal.rehearse(trial.config, trial.shape, gpu, analytic=trial.assessment.analytic, traces=traces)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
         row = measured.loc[trial.trial_id]
         reserved = None if r.peak_gib is None else r.peak_gib * fitted.ALLOCATOR_RESERVE
         lines.append({
+            "set": validation_split.FITTING if fitted_on else validation_split.HELDOUT,
+            "fitted": ", ".join(fitted_on) or "-", "trial_id": trial.trial_id,
+            "not_blind": entry.not_blind.get(trial.trial_id),
             "config": ", ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in trial.axis_values.items()
                                 if k != "train.ac_mode") + (f", r{trial.repeat}" if trial.repeat else ""),
             "method": r.method, "notes": "; ".join(r.notes) or "-",
@@ -82,10 +105,12 @@ def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFr
             "compiled_traffic": r.compiled_traffic,
             "reserve": row.peak_reserved_gib / row.peak_alloc_gib,
         })
-    table = pd.DataFrame(lines)
+    table = pd.DataFrame(lines, columns=COLUMNS)
     eager = table[(table.method == "traced") & ~table.notes.str.contains("compile")]
     compiled = table[(table.method == "traced") & table.notes.str.contains("compile")]
-    summary = {"sweep": name, "rows": len(table), "eager_rows": len(eager),
+    summary = {"file": entry.path, "sweep": name, "gpu": gpu, "rows": len(table),
+               "fitting_rows": int((table.set == validation_split.FITTING).sum()),
+               "heldout_rows": int((table.set == validation_split.HELDOUT).sum()), "eager_rows": len(eager),
                "max_abs_alloc_err_eager": _max_abs(eager.alloc_err),
                "max_abs_reserved_err_eager": _max_abs(eager.reserved_err),
                "max_abs_step_err_eager": _max_abs(eager.step_err), "max_abs_alloc_err_all": _max_abs(table.alloc_err),
@@ -100,10 +125,10 @@ def validate(name: str, store: Path, results: Path, gpu: str) -> tuple[pd.DataFr
     return table, summary
 
 
-def best_ratios(name: str, store: Path, results: Path, gpu: str) -> list[dict]:
+def best_ratios(name: str, store: Path, parquet: Path, gpu: str) -> list[dict]:
     """Per group (micro-batch x compile): the sAC ratio the rehearsals predict best within the GPU's memory
     (estimate margin included), and the measured best among the ok rows."""
-    measured = measured_rows(name, results)
+    measured = measured_rows(parquet)
     trials = plan(sweep_for_gpu(name, gpu), store_path=store)
     by_id = {t.trial_id: t for t in trials}
     out = []
@@ -163,13 +188,15 @@ def _max_abs(values: pd.Series) -> float | None:
 
 
 def _markdown(table: pd.DataFrame) -> str:
-    headers = ["config", "method", "rehearsed GiB", "alloc GiB", "err", "reserved (pred) GiB", "reserved GiB", "err",
-               "step (pred) s", "step s", "err", "notes"]
+    headers = ["set", "config", "method", "rehearsed GiB", "alloc GiB", "err", "reserved (pred) GiB", "reserved GiB",
+               "err", "step (pred) s", "step s", "err", "notes"]
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for r in table.itertuples():
-        cells = [r.config, r.method, _f(r.rehearsed_gib), _f(r.alloc_gib), _pct(r.alloc_err), _f(r.reserved_pred_gib),
-                 _f(r.reserved_gib), _pct(r.reserved_err), _f(r.step_pred_s, 3), _f(r.step_s, 3), _pct(r.step_err),
-                 r.notes]
+        row_set = r.set if r.fitted == "-" else f"{r.set}: {r.fitted}"
+        label = row_set + (" (not blind)" if isinstance(r.not_blind, str) else "")
+        cells = [label, r.config, r.method, _f(r.rehearsed_gib), _f(r.alloc_gib), _pct(r.alloc_err),
+                 _f(r.reserved_pred_gib), _f(r.reserved_gib), _pct(r.reserved_err), _f(r.step_pred_s, 3),
+                 _f(r.step_s, 3), _pct(r.step_err), r.notes]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -187,11 +214,11 @@ def _pct(value) -> str:
     return "-" if value is None or pd.isna(value) else f"{value:+.1%}"
 
 
-def print_best_ratios(store: Path, results: Path, gpu: str) -> None:
+def print_best_ratios(store: Path, parquet: Path, gpu: str) -> None:
     print(f"\n### Best sAC ratio per group on an {gpu} (predicted before running vs measured)\n")
     print("| group | predicted best | predicted tok/s/GPU | measured best | measured tok/s/GPU | every ratio: "
           "reserved GiB (pred) / fits |\n|---|---|---|---|---|---|")
-    best = best_ratios("gpu-sac-1b", store, results, gpu)
+    best = best_ratios("gpu-sac-1b", store, parquet, gpu)
     for b in best:
         every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'no'}" for v in b["values"])
         print(f"| {_group(b)} | {b['predicted']} | "
@@ -200,25 +227,97 @@ def print_best_ratios(store: Path, results: Path, gpu: str) -> None:
     print(_op_policy_markdown(best))
 
 
+def set_summary(table: pd.DataFrame) -> dict:
+    """Errors over one set's rows (every compared row; `traced`: the rows the trace priced, analytic fallbacks
+    left out): step time median and max |error|, tensor peak and reserved peak median and max |error|."""
+    def errors(rows: pd.DataFrame) -> dict:
+        out = {"rows": len(rows)}
+        for column, label in (("step_err", "step"), ("alloc_err", "alloc"), ("reserved_err", "reserved")):
+            values = rows[column].dropna().abs()
+            out[f"median_abs_{label}_err"] = None if values.empty else round(float(values.median()), 4)
+            out[f"max_abs_{label}_err"] = None if values.empty else round(float(values.max()), 4)
+        return out
+
+    return {**errors(table), "traced": errors(table[table.method == "traced"]),
+            "files": sorted(set(table.file)) if len(table) else []}
+
+
+def fitted_rows_markdown(split: validation_split.Split, files: list[str]) -> str:
+    """Which rows fitted which constant (from the split file), with each row's axis values."""
+    out = ["| constant | value | file | rows | configurations | where |", "|---|---|---|---|---|---|"]
+    for name, spec in split.constants.items():
+        for rel, entry in split.files.items():
+            ids = entry.fitting.get(name)
+            if not ids:
+                continue
+            rows = pd.read_parquet(REPO / rel, columns=["trial_id", "axis_values_json"]).set_index("trial_id")
+            configs = sorted({", ".join(f"{k.split('.')[-1]}={v}" for k, v in json.loads(
+                rows.loc[i, "axis_values_json"]).items()) for i in ids})
+            out.append(f"| {name} | {spec['value']} | {rel}{'' if rel in files else ' (not run)'} | {len(ids)} | "
+                       f"{'; '.join(configs)} | {spec['where']} |")
+    out.append("\nEvery other committed row is held out: " + ", ".join(
+        f"{rel} ({'all' if not split.entry(rel).fitting else 'the rest'})" for rel in
+        validation_split.committed_parquets() if not split.entry(rel).fitting or
+        split.entry(rel).fitting_ids() != set(pd.read_parquet(REPO / rel, columns=["trial_id"]).trial_id)) + ".")
+    not_blind = [f"{rel} {i}: {why}" for rel, entry in split.files.items() for i, why in entry.not_blind.items()]
+    if not_blind:
+        out.append("Held out but not blind: " + "; ".join(not_blind) + ".")
+    return "\n".join(out)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Rehearsed vs measured on committed GPU rows.")
+    parser = argparse.ArgumentParser(description="Rehearsed vs measured on committed GPU rows, fitting and held-out "
+                                                 "rows apart.")
+    parser.add_argument("--file", action="append", type=Path,
+                        help="a Parquet file of GPU rows (repeatable; default: every committed "
+                             f"{validation_split.GPU_PARQUETS})")
     parser.add_argument("--sweep", action="append", choices=[*SWEEPS, *OTHER_SWEEPS],
-                        help=f"a sweep to validate (repeatable; default: {', '.join(SWEEPS)})")
-    parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="folder of <sweep>.parquet files (bench/gpu_truth.sh writes them)")
-    parser.add_argument("--gpu", default=GPU, help="the GPU those rows ran on, as the hardware table names it")
+                        help="a sweep to validate from --results (repeatable; with --results alone: "
+                             f"{', '.join(SWEEPS)})")
+    parser.add_argument("--results", type=Path, help="folder of <sweep>.parquet files (bench/gpu_truth.sh writes "
+                                                      f"them; with --sweep alone: {RESULTS.relative_to(REPO)})")
+    parser.add_argument("--gpu", help="the GPU those rows ran on, as the hardware table names it (default: the "
+                                      "split file's, or the rows' own gpu_name)")
+    parser.add_argument("--split", type=Path, default=validation_split.SPLIT,
+                        help="the fitting / held-out split (default: bench/validation_split.yaml)")
+    parser.add_argument("--heldout-only", action="store_true", help="rehearse the held-out rows only")
     args = parser.parse_args()
-    names = args.sweep or SWEEPS
-    summaries = []
-    with tempfile.TemporaryDirectory() as store:
-        for name in names:
-            table, summary = validate(name, Path(store), args.results, args.gpu)
-            print(f"\n### {name}\n\n{_markdown(table)}\n")
+    split = validation_split.load(args.split)
+    if args.sweep or args.results:
+        results = args.results or RESULTS
+        files = [validation_split.relative(results.resolve() / f"{name}.parquet") for name in args.sweep or SWEEPS]
+    elif args.file:
+        files = [validation_split.relative(f.resolve()) for f in args.file]
+    else:
+        files = validation_split.committed_parquets()
+    print(f"Split: {validation_split.relative(args.split.resolve())}. Rows that fitted a constant:\n")
+    print(fitted_rows_markdown(split, files))
+    summaries, tables, traces_by_gpu = [], [], {}
+    for rel in files:
+        entry = split.entry(rel)
+        gpu = args.gpu or entry.gpu
+        if args.heldout_only and entry.fitting_ids() >= set(measured_rows(REPO / rel).index):
+            print(f"\n### {rel}\n\nevery compared row fitted a constant: skipped (--heldout-only)")
+            continue
+        with tempfile.TemporaryDirectory() as store:
+            table, summary = validate(entry, gpu, Path(store), traces_by_gpu.setdefault(gpu, {}), args.heldout_only)
+            print(f"\n### {rel} ({entry.sweep}, {gpu})\n\n{_markdown(table)}\n")
             summaries.append(summary)
-        if "gpu-sac-1b" in names:
-            print_best_ratios(Path(store), args.results, args.gpu)
+            tables.append(table.assign(file=rel))
+            if entry.sweep == "gpu-sac-1b" and not (args.heldout_only and entry.fitting_ids()):
+                print_best_ratios(Path(store), REPO / rel, gpu)
     for summary in summaries:
         print(json.dumps({"bench": "rehearse_validate", **summary}))
+    rows = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=[*COLUMNS, "file"])
+    by_set = {s: set_summary(rows[rows.set == s]) for s in (validation_split.FITTING, validation_split.HELDOUT)}
+    for name, summary in by_set.items():
+        print(json.dumps({"bench": "rehearse_validate", "set": name, **summary}))
+    heldout = by_set[validation_split.HELDOUT]
+    print(json.dumps({"bench": "rehearse_validate", "metric": "held-out rows: median |step time error|",
+                      "value": heldout["median_abs_step_err"], "heldout": heldout,
+                      "fitting": by_set[validation_split.FITTING],
+                      "split": validation_split.relative(args.split.resolve()),
+                      "heldout_only": args.heldout_only}))
 
 
 if __name__ == "__main__":
