@@ -61,7 +61,7 @@ def main() -> None:
                 "resources": {"workers": 2},
             })
             (t,) = plan(spec)
-            row = run_trial(t.as_payload(), spec.name, str(root), "torchrun", executors.get("torchrun"))
+            row = run_trial(t.payload, spec.name, str(root), "torchrun", executors.get("torchrun"))
             if row["status"] != "ok":
                 raise SystemExit(f"{label}: {row['status']}: {row['message']}")
             results.append((label, model, t.assessment.analytic, row))

@@ -40,7 +40,7 @@ def main() -> None:
         for index in range(args.trials):
             trial = trials[index % len(trials)]
             start = time.perf_counter()
-            metrics = pool.execute(trial.as_payload().replace(cache_dir=cache))
+            metrics = pool.execute(trial.payload.replace(cache_dir=cache))
             wall = time.perf_counter() - start
             loop = metrics["warmup_s"] + metrics["timed_window_s"]
             parts = {"wall_s": wall, "loop_s": loop, "worker_beyond_loop_s": metrics["worker_wall_s"] - loop,

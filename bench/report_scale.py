@@ -48,7 +48,7 @@ def make_rows(count: int) -> list[dict]:
                        **{f"phase_{p}_mean_s": step_s * share for p, share in zip(frames.PHASES,
                                                                                   (0.02, 0.3, 0.6, 0.08))}}
             status = "oom" if i % 20 == 19 else "ok"
-            rows.append(build_row(t.as_payload(), "grid", status, "" if status == "ok" else "CUDA out of memory",
+            rows.append(build_row(t.payload, "grid", status, "" if status == "ok" else "CUDA out of memory",
                                   metrics if status == "ok" else {"system": system}, executor="pool",
                                   started_at=start, ended_at=start + timedelta(seconds=len(rows))))
     return rows

@@ -66,7 +66,7 @@ def synthetic_rows(total: int, seed: int = 0) -> list[dict]:
         for i in range(per_sweep):
             rerun = i >= per_sweep - reruns
             t = trials[(i - (per_sweep - reruns)) if rerun else i]
-            payload = t.as_payload().replace(trial_id=f"{t.config_id}-r{s}", repeat=s)
+            payload = t.payload.replace(trial_id=f"{t.config_id}-r{s}", repeat=s)
             status = "ok" if rerun else rng.choices(["ok", "oom", "error"], [0.89, 0.08, 0.03])[0]
             if not rerun and i < reruns:
                 status = "error"  # the first attempt of every re-run trial failed

@@ -77,7 +77,7 @@ def main() -> None:
             seen = set(glob.glob(str(logs / "ray-train-sys-controller-*.log")))
             setting, train.TRAIN_ENV = settings[index % len(settings)]
             start = time.time()
-            metrics = train.execute(trial.as_payload().replace(cache_dir=cache))
+            metrics = train.execute(trial.payload.replace(cache_dir=cache))
             wall = time.time() - start
             (log,) = set(glob.glob(str(logs / "ray-train-sys-controller-*.log"))) - seen
             moments = {name: round(at - start, 2) for name, at in controller_moments(Path(log)).items()}

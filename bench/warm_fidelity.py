@@ -43,7 +43,7 @@ def payloads(steps: int, seq_len: int, micro_batch: int, names: list[str]) -> di
                                   "precision": "fp32"},
                         "resources": {"workers": 2, "timeout_s": 900},
                         "axes": {"setup": [CONFIGS[name] for name in names]}})
-    return dict(zip(names, (t.as_payload() for t in plan(spec))))
+    return dict(zip(names, (t.payload for t in plan(spec))))
 
 
 def training_memory_gib(row: dict) -> float:

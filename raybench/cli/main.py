@@ -159,7 +159,7 @@ def _trial(args) -> int:
         return EXIT_BAD_INPUT
     cuda_snapshot.check(chosen, args.sweep)
     store_path = args.store or spec.store
-    row = run_trial(chosen[0].as_payload(), spec.name, store_path, "torchrun", executors.get("torchrun"))
+    row = run_trial(chosen[0].payload, spec.name, store_path, "torchrun", executors.get("torchrun"))
     rows = read_results(store_path, spec.name)
     print(results_table(rows[rows.trial_id == row["trial_id"]]))
     return EXIT_OK if row["status"] == "ok" else EXIT_TRIALS_FAILED

@@ -228,7 +228,7 @@ class PlannedSearch:
                 if to_run:
                     self._pending[trial_id] = (point, ask)
                     self.dispatched += to_run
-                    return {"payloads": [t.as_payload().to_dict() for t in to_run],
+                    return {"payloads": [t.payload.to_dict() for t in to_run],
                             "point": self.space.label(point)}
         return None if self._pending else FINISHED
 

@@ -117,7 +117,7 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
             # them at each step, so one Tuner over thousands of trials grows the driver and slows every trial.
             chunk = max(GRID_CHUNK_TRIALS, 8 * in_flight)  # large enough that draining between chunks is rare
             for start in range(0, len(trials), chunk):
-                fit(f"{sweep}-{start}", {"payload": tune.grid_search([t.as_payload().to_dict() for t in
+                fit(f"{sweep}-{start}", {"payload": tune.grid_search([t.payload.to_dict() for t in
                                                                       trials[start:start + chunk]])})
         else:  # the searcher hands each trial its payloads and says when it is done
             job["metrics"] = search.metrics
@@ -127,7 +127,7 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     stored = set(store.read_table(store_path, sweep, latest=False).column("trial_id").to_pylist())
     for t in trials if search is None else search.dispatched:
         if t.trial_id not in stored:
-            store.write_row(store_path, build_row(t.as_payload(), sweep, "error",
+            store.write_row(store_path, build_row(t.payload, sweep, "error",
                                                   "trial driver died before storing a row",
                                                   executor=executor))
 
@@ -135,7 +135,7 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
 def write_unrun(trials: list[PlannedTrial], sweep: str, store_path: str) -> None:
     """Rows for planned points that are not run (invalid combinations kept with --keep-invalid)."""
     for t in trials:
-        store.write_row(store_path, build_row(t.as_payload(), sweep, t.status, "; ".join(t.reasons)))
+        store.write_row(store_path, build_row(t.payload, sweep, t.status, "; ".join(t.reasons)))
 
 
 def tune_searcher(search: PlannedSearch):

@@ -63,10 +63,6 @@ class PlannedTrial:
     def world_size(self) -> int:
         return self.config.resources.workers
 
-    def as_payload(self) -> TrialPayload:
-        """What a trial driver, its executor and its ranks get (the payload itself: it is frozen)."""
-        return self.payload
-
 
 def config_id(config: TrialConfig) -> str:
     """Stable content hash of a resolved trial config: same config, same id, on every run and machine."""

@@ -21,7 +21,7 @@ def test_a_recorded_trial_says_what_held_its_peak(tmp_path, monkeypatch):
                         "train": {"strategy": "ddp", "steps": 4, "warmup_steps": 1, "seq_len": 256,
                                   "precision": "bf16"}, "resources": {"workers": 1, "gpus_per_worker": 1}})
     (trial,) = plan(spec)
-    row = torchrun.execute(trial.as_payload())
+    row = torchrun.execute(trial.payload)
     (peak_file,) = (tmp_path / "snap").glob(f"{trial.trial_id}-*-peak.json")
     assert peak_file.with_name(peak_file.name.replace("-peak.json", ".pickle")).stat().st_size > 0
     peak = json.loads(peak_file.read_text())

@@ -28,7 +28,7 @@ def run_gpu_trial(data: dict, train: dict, model: dict | None = None, workers: i
                         "train": {**BASE_TRAIN, **train},
                         "resources": {"workers": workers, "gpus_per_worker": 1, "timeout_s": 600}})
     (trial,) = plan(spec)
-    return torchrun.execute(trial.as_payload())
+    return torchrun.execute(trial.payload)
 
 
 def assert_learns(result: dict) -> None:
@@ -77,7 +77,7 @@ def test_cuda_oom_is_an_oom_row_with_memory_at_oom(tmp_path):
                                   "precision": "fp32"},
                         "resources": {"workers": 1, "gpus_per_worker": 1, "timeout_s": 600}})
     (trial,) = plan(spec)
-    row = run_trial(trial.as_payload(), "gpu-oom", str(tmp_path), "torchrun", get("torchrun"))
+    row = run_trial(trial.payload, "gpu-oom", str(tmp_path), "torchrun", get("torchrun"))
     assert row["status"] == "oom", row["message"]
     assert "GiB allocated" in row["message"]
     assert list(read_results(tmp_path).status) == ["oom"]

@@ -32,7 +32,7 @@ def measured(tmp_path_factory):
         for key, value in SECRETS.items():
             mp.setenv(key, value)
         mp.setenv("NCCL_DEBUG", "WARN")
-        rows = [run_trial(t.as_payload(), "measure", str(tmp), "torchrun", executors.get("torchrun"))
+        rows = [run_trial(t.payload, "measure", str(tmp), "torchrun", executors.get("torchrun"))
                 for t in plan(spec)]
     return tmp, rows
 

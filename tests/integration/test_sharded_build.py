@@ -56,7 +56,7 @@ def one_b_lora_fsdp2(model: dict, tmp_path: Path) -> dict:
         "resources": {"workers": 4, "timeout_s": 1800},
     })
     (trial,) = plan(spec)
-    return torchrun.execute(trial.as_payload().replace(cache_dir=str(tmp_path / "_cache")))
+    return torchrun.execute(trial.payload.replace(cache_dir=str(tmp_path / "_cache")))
 
 
 def build_growth_gib(row: dict) -> list[float]:

@@ -69,7 +69,7 @@ def run_trial(train: dict, data: dict, workers: int, model_dir, alpaca_file) -> 
         "train": {**BASE_TRAIN, **train}, "resources": {"workers": workers, "timeout_s": 600},
     })
     (trial,) = plan(spec)
-    return torchrun.execute(trial.as_payload())
+    return torchrun.execute(trial.payload)
 
 
 def run_case(name: str, model_dir, alpaca_file) -> dict:

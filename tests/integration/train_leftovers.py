@@ -43,7 +43,7 @@ def payload(cache_dir: str):
                         "train": {"steps": 2, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"},
                         "resources": {"workers": 2, "timeout_s": 150}})
     (trial,) = plan(spec)
-    return trial.as_payload().replace(cache_dir=cache_dir)
+    return trial.payload.replace(cache_dir=cache_dir)
 
 
 def main(cache_dir: str) -> None:

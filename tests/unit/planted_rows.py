@@ -68,12 +68,12 @@ def plant_gpu_store(path: Path, ids_per_system: bool = True) -> list[dict]:
             status, message, metrics = "ok", "", gpu_metrics(system, workers, ac, t.repeat)
             if system == "snellius" and workers == 4 and ac == "0":
                 status, message, metrics = "oom", "torch.OutOfMemoryError: CUDA out of memory", {"system": system}
-            payload = t.as_payload()
+            payload = t.payload
             if ids_per_system:
                 payload = payload.replace(trial_id=f"{t.trial_id}-{system}")
             rows.append(build_row(payload, SWEEP, status, message, metrics, executor="pool", started_at=start,
                                   ended_at=start + timedelta(minutes=len(rows) + 1), wall_s=30.0))
-    error = build_row(_trials()[0].as_payload().replace(trial_id="broken-r0"), SWEEP, "error", "RuntimeError: boom",
+    error = build_row(_trials()[0].payload.replace(trial_id="broken-r0"), SWEEP, "error", "RuntimeError: boom",
                       {"system": "snellius"}, executor="pool", ended_at=start)
     rows.append(error)
     for row in rows:
@@ -90,6 +90,6 @@ def plant_cpu_store(path: Path) -> list[dict]:
         metrics = {"device_type": "cpu", "system": "laptop", "hostname": "laptop", "tok_per_s_per_device": 500.0 * mb,
                    "peak_rss_gib": 1.0 + 0.5 * mb, "step_time_p50_s": 0.1, "phase_data_mean_s": 0.001,
                    "phase_forward_mean_s": 0.03, "phase_backward_mean_s": 0.06, "phase_optimizer_mean_s": 0.009}
-        rows.append(build_row(t.as_payload(), "cpu", "ok", "", metrics, executor="pool"))
+        rows.append(build_row(t.payload, "cpu", "ok", "", metrics, executor="pool"))
         store.write_row(path, rows[-1])
     return rows

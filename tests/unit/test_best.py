@@ -31,14 +31,14 @@ def gpu_metrics(speed: float, train: dict, repeat: int) -> dict:
 def store_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("best-store")
     for t in plan(parse_sweep(SWEEP)):
-        payload, train = t.as_payload(), t.as_payload().config.train.model_dump()
+        payload, train = t.payload, t.payload.config.train.model_dump()
         for sweep, (gpu, speed) in GPUS.items():
             metrics = {**gpu_metrics(speed, train, t.repeat), "gpu_name": gpu, "device_type": "cuda"}
             store.write_row(path, build_row(payload, sweep, "ok", "", metrics))
         cpu = {"tok_per_s_per_device": 50.0 * train["micro_batch"], "peak_rss_gib": 1.0, "device_type": "cpu"}
         store.write_row(path, build_row(payload, "sac-cpu", "ok", "", cpu))
     # A failed attempt is never a candidate.
-    store.write_row(path, build_row(t.as_payload(), "other", "oom", "CUDA out of memory", {"gpu_name": "X"}))
+    store.write_row(path, build_row(t.payload, "other", "oom", "CUDA out of memory", {"gpu_name": "X"}))
     return path
 
 
@@ -58,7 +58,7 @@ def test_one_sweep_run_on_two_gpu_types_keeps_both(tmp_path):
     share a host name: each GPU type keeps its rows (the store's latest-per-trial would keep the H200's only),
     while a re-run on the same GPU type still replaces its earlier try."""
     (trial,) = plan(parse_sweep({"name": "one", "model": {"preset": "tiny"}}))
-    payload, train = trial.as_payload(), trial.as_payload().config.train.model_dump()
+    payload, train = trial.payload, trial.payload.config.train.model_dump()
     for gpu, speed in (("NVIDIA H100 80GB HBM3", 1000.0), ("NVIDIA H200", 1100.0), ("NVIDIA H200", 1200.0)):
         metrics = {**gpu_metrics(speed, train, 1), "gpu_name": gpu, "device_type": "cuda", "hostname": "vm"}
         store.write_row(tmp_path, build_row(payload, "one", "ok", "", metrics))

@@ -76,15 +76,15 @@ def test_plan_table_and_json(tmp_path, capsys):
     # Each line is the trial's payload as executors get it, plus its plan status: it reads back unchanged.
     payloads = [TrialPayload.from_dict({k: v for k, v in line.items() if k not in ("status", "reasons")})
                 for line in lines]
-    assert payloads == [t.as_payload() for t in trials]
+    assert payloads == [t.payload for t in trials]
 
 
 def test_estimate_calibrated_by_the_given_store(tmp_path, capsys):
     sweep = write_sweep(tmp_path / "s.yaml")
     first = plan(load_sweep(sweep))[0]
     measured = tmp_path / "measured"  # one ok CPU row that measured twice the estimate's peak
-    part_gib = first.as_payload().to_dict()["estimate"]["measured_part_gib"]
-    store.write_row(measured, build_row(first.as_payload(), "cli", "ok", "", {"peak_rss_gib": 2 * part_gib,
+    part_gib = first.payload.to_dict()["estimate"]["measured_part_gib"]
+    store.write_row(measured, build_row(first.payload, "cli", "ok", "", {"peak_rss_gib": 2 * part_gib,
                                                                               "device_type": "cpu"}))
     assert main(["estimate", sweep, "--json"]) == 0  # the sweep's own store holds nothing
     assert [line["estimate"]["calibration"] for line in json_lines(capsys.readouterr().out)] == [None, None]
@@ -201,7 +201,7 @@ def test_run_quiet_on_a_stored_sweep_starts_nothing(tmp_path, capsys):
     sweep = write_sweep(tmp_path / "s.yaml")
     elsewhere = tmp_path / "elsewhere"
     for t in plan(load_sweep(sweep)):
-        store.write_row(elsewhere, build_row(t.as_payload(), "cli", "ok", "", {"tok_per_s_per_device": 100.0}))
+        store.write_row(elsewhere, build_row(t.payload, "cli", "ok", "", {"tok_per_s_per_device": 100.0}))
     files = store.result_files(elsewhere)
     assert main(["run", sweep, "--store", str(elsewhere)]) == 0
     assert "2 trial(s) already stored as ok" in capsys.readouterr().out

@@ -141,4 +141,4 @@ def test_system_label_precedence_and_failed_rows(monkeypatch):
     # A failed trial has no worker fingerprint: its row takes the driver's label (same system).
     monkeypatch.setenv("RAYBENCH_SYSTEM", "site-x")
     trial = plan(parse_sweep({"name": "s", "model": {"preset": "tiny"}}))[0]
-    assert build_row(trial.as_payload(), "s", "error", "boom")["system"] == "site-x"
+    assert build_row(trial.payload, "s", "error", "boom")["system"] == "site-x"

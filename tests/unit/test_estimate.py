@@ -273,7 +273,7 @@ def test_pruning_marks_trials_that_do_not_fit_as_skipped(tmp_path):
     assert peak > 4 and big.assessment.margin_gib == pytest.approx(0.4)  # default margin: 10% of the memory
     (reason,) = big.reasons
     assert f"estimated peak {peak:.1f} GiB per worker" in reason and "exceeds the 4.0 GiB" in reason
-    assert big.as_payload().to_dict()["estimate"]["peak_gib"] == big.assessment.analytic.peak_gib
+    assert big.payload.to_dict()["estimate"]["peak_gib"] == big.assessment.analytic.peak_gib
     kept = plan(parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4, "prune": False})))
     assert [t.status for t in kept] == ["planned", "planned"] and kept[1].assessment.fits is False
     unknown = plan(parse_sweep(tiny_sweep(tmp_path, {"gpu": "H100 SXM"})))  # the GPU table is for GPU trials
@@ -290,12 +290,12 @@ SERIALIZED_KEYS = {
 
 def test_the_assessment_travels_as_plain_data(tmp_path):
     small, big = plan(parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4})))
-    data = big.as_payload().to_dict()
+    data = big.payload.to_dict()
     assert set(data["estimate"]) == SERIALIZED_KEYS and data["estimate"]["fits"] is False
     assert data["estimate"]["peak_gib"] == big.assessment.analytic.peak_gib
-    assert TrialPayload.from_dict(json.loads(json.dumps(data))) == big.as_payload()
+    assert TrialPayload.from_dict(json.loads(json.dumps(data))) == big.payload
     assert big.assessment.limit_gib == pytest.approx(4 - 0.4)
-    invalid = TrialPayload.from_dict({**small.as_payload().to_dict(), "estimate": {}})  # an invalid point's
+    invalid = TrialPayload.from_dict({**small.payload.to_dict(), "estimate": {}})  # an invalid point's
     assert invalid.assessment is None and invalid.to_dict()["estimate"] == {}
 
 
@@ -364,7 +364,7 @@ def test_calibration_from_stored_rows(tmp_path):
 
 def test_build_row_stores_the_estimate_and_its_error(tmp_path):
     t = plan(parse_sweep(tiny_sweep(tmp_path, {})))[0]
-    payload, e = t.as_payload(), t.assessment.analytic
+    payload, e = t.payload, t.assessment.analytic
     row = build_row(payload, "est", "ok", "", {"peak_rss_gib": 0.6, "device_type": "cpu"})
     assert row["est_peak_gib"] == e.peak_gib
     assert row["est_peak_calibrated_gib"] == t.assessment.peak_calibrated_gib
@@ -393,7 +393,7 @@ def test_skipped_trials_become_rows_once_and_never_hide_a_measurement(tmp_path):
 
     measured = tmp_path / "measured"  # a trial that once ran keeps its measured row as the latest
     first = plan(spec)[0]
-    store.write_row(measured, build_row(first.as_payload(), "est", "ok", "", {"peak_rss_gib": 30.0}))
+    store.write_row(measured, build_row(first.payload, "est", "ok", "", {"peak_rss_gib": 30.0}))
     run_sweep(spec, store_path=str(measured), progress=lambda line: None)
     latest = store.read_results(measured).set_index("trial_id").status
     assert latest[first.trial_id] == "ok" and sorted(latest) == ["ok", "skipped"]

@@ -85,7 +85,7 @@ def test_row_projection_uses_real_tokens_and_the_mean_step():
 
     spec = parse_sweep({"name": "proj", "model": {"preset": "tiny"}, "resources": {"workers": 2},
                         "projection": {"dataset_tokens": 1e6, "epochs": 2}})
-    payload = plan(spec)[0].as_payload()
+    payload = plan(spec)[0].payload
     steps_s = [1.0, 1.0, 1.6]  # median 1.0 s, mean 1.2 s: the throughput columns use the mean
     packed = build_row(payload, "proj", "ok", "", _measured_row(steps_s, 4096, [4096] * 3))
     padded = build_row(payload, "proj", "ok", "", _measured_row(steps_s, 4096, [3072] * 3))

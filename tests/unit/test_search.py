@@ -232,7 +232,7 @@ def test_stored_rows_reuse_ok_and_oom_but_not_errors(tmp_path):
     from raybench.results import store
 
     spec = sweep({"train.micro_batch": [1, 2, 4]})
-    a, b, c = (t.as_payload() for t in plan(spec))
+    a, b, c = (t.payload for t in plan(spec))
     start = datetime(2026, 11, 1, tzinfo=timezone.utc)
     for payload, status, minute in ((a, "oom", 0), (a, "ok", 1), (a, "error", 2), (b, "oom", 0), (c, "error", 0)):
         store.write_row(tmp_path, build_row(payload, "s", status, status, {"tok_per_s_per_device": 5.0 if

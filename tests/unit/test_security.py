@@ -48,7 +48,7 @@ def test_failed_trial_detail_keeps_the_traceback_and_drops_secret_values(tmp_pat
                                + f"ValueError: {err}") from err
 
     (trial,) = plan(parse_sweep({"name": "s", "model": {"preset": "tiny"}}))
-    row = run_trial(trial.as_payload(), "s", str(tmp_path), "test", failing_execute)
+    row = run_trial(trial.payload, "s", str(tmp_path), "test", failing_execute)
     assert row["status"] == "error" and "hub refused token" in row["message"]
     assert "HF_TOKEN redacted" in row["message"] and "HF_TOKEN redacted" in row["error_detail"]
     assert row["error_detail"].endswith("token <HF_TOKEN redacted>") and len(row["error_detail"]) <= ERROR_DETAIL_CHARS

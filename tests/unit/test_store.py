@@ -25,7 +25,7 @@ def rows_for(sweep: str = "s", n: int = 3) -> list[dict]:
     for i, t in enumerate(plan(spec)):
         metrics = {"tok_per_s_per_device": 1000.0 + i, "step_time_p50_s": 0.5, "loss_final": 1.25,
                    "hostnames": ["a", "b"], "env": {"NCCL_DEBUG": "WARN"}}
-        rows.append(build_row(t.as_payload(), sweep, "ok", "", metrics, executor="train",
+        rows.append(build_row(t.payload, sweep, "ok", "", metrics, executor="train",
                               started_at=datetime(2026, 1, 1, tzinfo=timezone.utc)))
     return rows
 

@@ -115,7 +115,7 @@ def test_a_cap_the_process_is_already_over_fails_the_trial_in_python():
 def test_compile_cache_defaults_to_the_store():
     def payload(train: dict, **settings):
         sweep = {"name": "cc", "model": {"preset": "tiny"}, "train": train, **settings}
-        return plan(parse_sweep(sweep))[0].as_payload().replace(cache_dir="/store/_cache")
+        return plan(parse_sweep(sweep))[0].payload.replace(cache_dir="/store/_cache")
 
     assert payload({"compile": True}).compile_cache_dir() == "/store/_cache/compile"
     assert payload({"compile": True}, caches={"compile_dir": "/fast/cc"}).compile_cache_dir() == "/fast/cc"
