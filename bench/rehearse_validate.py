@@ -33,10 +33,13 @@ from pathlib import Path
 import pandas as pd
 
 from raybench.planning import calibration
-from raybench.planning.plan import plan
+from raybench.planning.estimate import estimate
+from raybench.planning.plan import config_id, plan
 from raybench.rehearse import fitted, rehearsal
 from raybench.rehearse.choice import predicted_best
+from raybench.results.store import measured_trial_config
 from raybench.spec.load import load_sweep
+from raybench.spec.sweep_spec import TrialConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import validation_split  # bench/validation_split.py
@@ -68,26 +71,40 @@ def measured_rows(parquet: Path) -> pd.DataFrame:
     return measured[(measured.status == "ok") & ~(measured.ended_at > first_failure)].set_index("trial_id")
 
 
+def stored_ids_by_planned_id(measured: pd.DataFrame) -> dict[str, str]:
+    """{the trial id today's plan gives a row's configuration: the row's own trial id}. They differ for LoRA rows
+    from before train.lora.base_dtype: their config_json lacks it, and a plan of the same sweep resolves it
+    (auto) into a new id; the row itself measured the config `store.measured_trial_config` reads."""
+    return {f"{config_id(TrialConfig.model_validate(json.loads(row.config_json)))}-r{row['repeat']}": stored
+            for stored, row in measured.iterrows()}
+
+
 def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: dict,
              heldout_only: bool = False) -> tuple[pd.DataFrame, dict]:
-    """The file's rows rehearsed for `gpu`, each marked with its set; `traces` is kept per GPU by the caller."""
+    """The file's rows rehearsed for `gpu`, each marked with its set; `traces` is kept per GPU by the caller.
+    Each row is rehearsed as it was measured (store.measured_trial_config), joined to its planned trial for
+    the trial's shape and checkpointed blocks."""
     name = entry.sweep
     measured = measured_rows(REPO / entry.path)
+    stored_ids = stored_ids_by_planned_id(measured)
     lines = []
     for trial in plan(sweep_for_gpu(name, gpu)):
-        if trial.trial_id not in measured.index:
+        stored_id = stored_ids.get(trial.trial_id)
+        if stored_id is None:
             continue
-        fitted_on = entry.constants_fitted_on(trial.trial_id)
+        fitted_on = entry.constants_fitted_on(stored_id)
         if heldout_only and fitted_on:
             continue
-        r = rehearsal.rehearse(trial.config, trial.shape, gpu, analytic=trial.assessment.analytic, traces=traces)
+        row = measured.loc[stored_id]
+        config = measured_trial_config(row.config_json)
+        analytic = estimate(config, trial.shape, list(trial.ac_blocks), gpu)
+        r = rehearsal.rehearse(config, trial.shape, gpu, analytic=analytic, traces=traces)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
-        row = measured.loc[trial.trial_id]
         reserved = None if r.peak_gib is None else r.peak_gib * fitted.ALLOCATOR_RESERVE
         lines.append({
             "set": validation_split.FITTING if fitted_on else validation_split.HELDOUT,
-            "fitted": ", ".join(fitted_on) or "-", "trial_id": trial.trial_id,
-            "not_blind": entry.not_blind.get(trial.trial_id),
+            "fitted": ", ".join(fitted_on) or "-", "trial_id": stored_id,
+            "not_blind": entry.not_blind.get(stored_id),
             "config": ", ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in trial.axis_values.items()
                                 if k != "train.ac_mode") + (f", r{trial.repeat}" if trial.repeat else ""),
             "method": r.method, "notes": "; ".join(r.notes) or "-",

@@ -67,3 +67,66 @@ def alpaca_file(tmp_path_factory) -> Path:
 def write_sweep(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+# A chat template in the shape of real ones: each turn opened and closed by special tokens, and a generation prompt
+# that opens the assistant's turn.
+CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s> assistant :{% endif %}")
+
+
+def chat_records(n: int = 16) -> list[dict]:
+    """Conversations of one or two exchanges, of varied lengths (words of the tiny tokenizer's vocabulary)."""
+    def words(i: int, k: int) -> str:
+        return " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(k))
+
+    records = []
+    for i in range(n):
+        turns = [{"role": "user", "content": words(i, 3 + i % 5)},
+                 {"role": "assistant", "content": words(i + 1, 2 + (i * 3) % 7)}]
+        if i % 3 == 0:
+            turns += [{"role": "user", "content": words(i + 2, 4)}, {"role": "assistant", "content": words(i, 5)}]
+        records.append({"messages": turns})
+    return records
+
+
+def make_chat_tokenizer(directory: Path) -> Path:
+    """The tiny tokenizer with a chat template."""
+    from transformers import AutoTokenizer
+
+    make_tokenizer(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer(tmp_path_factory) -> Path:
+    return make_chat_tokenizer(tmp_path_factory.mktemp("chat-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def chat_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("chat") / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in chat_records()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def chat_tokens(chat_file, chat_tokenizer) -> list[tuple[list[int], list[int]]]:
+    """Each conversation of chat_file as token ids and assistant flags, counted without raybench: the template's
+    pieces tokenized one by one (the tiny tokenizer splits on whitespace, so pieces tokenize as in the whole)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_tokenizer)
+    out = []
+    for line in chat_file.read_text().splitlines():
+        ids, mask = [], []
+        for message in json.loads(line)["messages"]:
+            opening = tok(f"<s> {message['role']} :", add_special_tokens=False)["input_ids"]
+            body = tok(f"{message['content']} </s>", add_special_tokens=False)["input_ids"]
+            ids += opening + body
+            mask += [0] * len(opening) + [int(message["role"] == "assistant")] * len(body)
+        out.append((ids, mask))
+    return out

@@ -70,7 +70,7 @@ def _estimate(args) -> int:
 
 
 def _rehearse(args) -> int:
-    from raybench.planning import calibration
+    from raybench.planning import calibration, uncertainty
     from raybench.rehearse import rehearsal
 
     spec = load_sweep(args.sweep)
@@ -101,7 +101,7 @@ def _rehearse(args) -> int:
                                    traces=traced).as_dict()
         calibration.save_rehearsal(store_path, t.config_id, result)
         row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
-               "gpu": gpu, **result}
+               "gpu": gpu, **result, "intervals": uncertainty.rehearsal_intervals(result)}
         rows.append(row)
         if args.json:
             print(json.dumps(row, sort_keys=True), flush=True)
@@ -147,7 +147,7 @@ def _run(args) -> int:
 
 def _trial(args) -> int:
     from raybench.drivers import executors
-    from raybench.drivers.api import read_results
+    from raybench.drivers.api import read_results, tokenize_once
     from raybench.drivers.trial import run_trial
 
     spec = load_sweep(args.sweep)
@@ -159,6 +159,7 @@ def _trial(args) -> int:
         return EXIT_BAD_INPUT
     cuda_snapshot.check(chosen, args.sweep)
     store_path = args.store or spec.store
+    chosen = tokenize_once(chosen, store_path, source=args.sweep)
     row = run_trial(chosen[0].payload, spec.name, store_path, "torchrun", executors.get("torchrun"))
     rows = read_results(store_path, spec.name)
     print(results_table(rows[rows.trial_id == row["trial_id"]]))
@@ -170,10 +171,12 @@ def _report(args) -> int:
 
 
 def _best(args) -> int:
-    from raybench.planning import calibration
-    from raybench.rehearse.choice import predicted_best_report
     from raybench.results.best import best_report, read_rows, resolve_source
 
+    if args.emit_sweep and not args.predict:
+        print("raybench best --emit-sweep: only with --predict (it writes the trials whose predicted choice is in "
+              "doubt)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.predict:
         if not args.source.endswith((".yaml", ".yml")):
             print(f"raybench best --predict: {args.source} is not a sweep file; --predict needs the sweep YAML "
@@ -182,16 +185,45 @@ def _best(args) -> int:
         spec = load_sweep(args.source)
         if args.gpu:  # the GPU whose memory the rehearsals must fit in (estimate.gpu; not part of trial ids)
             spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
-        store_path = args.store or spec.store
-        trials = plan(spec, source=args.source, store_path=store_path)
-        print(predicted_best_report(trials, args.axis or "train.ac_ratio", calibration.rehearsals(store_path)))
-        return EXIT_OK
+        return _best_predicted(args, spec)
 
     store_path, sweep = resolve_source(args.source, args.sweep)
     rows = read_rows(store_path, sweep)
     print(best_report(rows, by=args.by, metric=args.metric, mode=args.mode, axis=args.axis,
                       max_mem_gib=args.max_mem_gib, source=args.source))
     return EXIT_OK if (rows.status == "ok").any() else EXIT_TRIALS_FAILED
+
+
+def _best_predicted(args, spec) -> int:
+    """`best SWEEP --predict`: the predicted choice per group, where it could flip, and (--emit-sweep) the
+    short sweep of the trials in doubt."""
+    from pathlib import Path
+
+    import yaml
+
+    from raybench.planning import calibration
+    from raybench.rehearse import choice, flips
+
+    store_path = args.store or spec.store
+    axis = args.axis or "train.ac_ratio"
+    results = choice.predicted_best(plan(spec, source=args.source, store_path=store_path), axis,
+                                    calibration.rehearsals(store_path))
+    if args.json:
+        for result in results:
+            print(json.dumps(result, sort_keys=True, default=str))
+    else:
+        print(choice.render_predicted_best(results, axis))
+    if args.emit_sweep:
+        points = [d["axis_values"] for r in results for d in r["in_doubt"]]
+        if not points:
+            print(f"nothing in doubt: {args.emit_sweep} not written", file=sys.stderr)
+            return EXIT_OK
+        settle = flips.settle_sweep(spec, points)
+        Path(args.emit_sweep).write_text(yaml.safe_dump(settle, sort_keys=False))
+        print(f"wrote {args.emit_sweep}: {len(points)} trial(s) in doubt, {flips.SETTLE_STEPS} steps each; "
+              f"`raybench run {args.emit_sweep}`, then `raybench best {spec.store} --sweep {settle['name']} "
+              f"--axis {axis}`", file=sys.stderr)
+    return EXIT_OK
 
 
 def _slurm_options(args):
@@ -355,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "train.ac_ratio) per group from the sweep's rehearsals (`raybench rehearse SWEEP` first)")
     p.add_argument("--store", help="with --predict: the store holding the rehearsals (default: the sweep's)")
     p.add_argument("--gpu", help="with --predict: the GPU whose memory they must fit (default: estimate.gpu)")
+    p.add_argument("--json", action="store_true", help="with --predict: one JSON object per group (the figures, "
+                   "their intervals, the values in doubt)")
+    p.add_argument("--emit-sweep", metavar="PATH", help="with --predict: write the trials whose choice may flip "
+                   "inside the prediction intervals as a short sweep (few steps, every one run) to PATH")
     p.set_defaults(func=_best)
     _add_slurm_parsers(sub)
     return parser

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 from raybench.drivers import sweep
-from raybench.planning import calibration
+from raybench.planning import calibration, tokenized
 from raybench.planning.plan import PlannedTrial, plan
 from raybench.results import compaction, store
 from raybench.runtime import cuda_snapshot
+from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
 from raybench.spec.sweep_spec import SweepSpec
 
@@ -32,6 +35,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
     trials = plan(spec, keep_invalid=keep_invalid or searching, source=source,
                   evidence=calibration.evidence(store_path, attempts))
     cuda_snapshot.check(trials, source)  # a CUDA snapshot request refuses CPU trials before anything starts
+    trials = tokenize_once(trials, store_path, progress, source)  # before the first trial, and before any row
     if searching:
         ran = sweep.run_search(spec, trials, attempts, store_path=store_path, address=address, rerun=rerun,
                                progress=progress, verbose=verbose).ran
@@ -40,6 +44,36 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
         ran = _run_grid(spec, trials, stored, store_path, address, progress, verbose)
     compact_if_many_files(store_path, spec.name, progress)
     return ran
+
+
+def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
+                  source: str = "<sweep>") -> list[PlannedTrial]:
+    """The trials, each runnable hf trial's payload carrying its tokenized data: every distinct data spec is
+    tokenized once into the store's cache (or found there from an earlier sweep), before any trial starts, and
+    every trial and rank memory-maps it. A build that fails is bad input: nothing has been launched or written."""
+    cache_root = Path(store_path).resolve() / "_cache" / "data"
+    prepared: dict[str, tuple] = {}  # data spec and tokenizer -> (TokenizedData, tokens per sample)
+    out = []
+    for t in trials:
+        data = t.config.data
+        if data.source != "hf" or t.status != "planned":
+            out.append(t)
+            continue
+        tokenizer = data.tokenizer or t.config.model.path
+        key = json.dumps([data.model_dump(mode="json", include={"path", *tokenized.CONTENT_FIELDS}), tokenizer])
+        if key not in prepared:
+            try:
+                ref = tokenized.prepare(data, tokenizer, cache_root)
+            except Exception as err:  # a record past the first that cannot be rendered, an unreadable file
+                raise ConfigError(source, [Problem("data.path", data.path, f"cannot be tokenized: "
+                                                   f"{type(err).__name__}: {err}")]) from None
+            took = f" in {ref.build_s:.1f} s" if ref.build_s is not None else ""
+            progress(f"data {ref.name}: {ref.samples} samples, cache {ref.cache}{took} ({ref.key})")
+            prepared[key] = ref, tokenized.lengths(tokenized.load(ref.path))
+        ref, counts = prepared[key]
+        ref = tokenized.for_trial(ref, t.config.train.seq_len, data.packing, counts)
+        out.append(dataclasses.replace(t, payload=t.payload.replace(tokenized=ref)))
+    return out
 
 
 def compact_if_many_files(store_path: str, sweep_name: str, progress=print) -> None:

@@ -110,6 +110,8 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
         row.update(metrics_projection(step_s, row["tokens_per_step"], nonpad_fraction, row["world_size"],
                                       plan.dataset_tokens, plan.epochs, plan.total_steps))
     row.update(assessment.row_fields(payload.assessment, row))  # and, for ok rows, the estimate's error
+    if payload.tokenized is not None:  # what the tokens were, known before launch
+        row.update(payload.tokenized.row_fields())
     return row
 
 

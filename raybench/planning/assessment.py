@@ -13,6 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from raybench.planning import uncertainty
 from raybench.planning.estimate import Estimate
 from raybench.spec.hardware import gpu_memory_gib
 from raybench.spec.sweep_spec import EstimateSpec
@@ -42,10 +43,34 @@ class Assessment:
         """The most one rank's peak may reach: memory less the margin."""
         return None if self.memory_gib is None else self.memory_gib - self.margin_gib
 
+    @property
+    def deciding_peak_gib(self) -> float:
+        """The peak the fit is judged on: the rehearsed one, else the calibrated estimate."""
+        return self.rehearsed_peak_gib if self.peak_basis == "rehearsed" else self.peak_calibrated_gib
+
+    @property
+    def step_time_s(self) -> float | None:
+        """The predicted step time: the rehearsal's, else the analytic guess."""
+        return self.rehearsed_step_time_s if self.peak_basis == "rehearsed" else self.analytic.step_time_s
+
+    @property
+    def peak_interval_gib(self) -> tuple[float, float] | None:
+        """Where the measured peak may lie, by the held-out errors of this basis (planning/uncertainty.py)."""
+        # The band is of what a row measures (reserved on a GPU, RSS on CPU); the CUDA context is outside it.
+        unmeasured = self.analytic.peak_gib - self.analytic.measured_part_gib
+        return uncertainty.interval(self.deciding_peak_gib, uncertainty.band(self.peak_basis).reserved_peak,
+                                    fixed=unmeasured)
+
+    @property
+    def step_time_interval_s(self) -> tuple[float, float] | None:
+        return uncertainty.interval(self.step_time_s, uncertainty.band(self.peak_basis).step_time)
+
     def as_dict(self) -> dict:
-        """Plain JSON-safe data: the analytic estimate's keys, then the assessment's own."""
+        """Plain JSON-safe data: the analytic estimate's keys, then the assessment's own, then its intervals
+        (derived: `from_dict` recomputes them)."""
         judged = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "analytic"}
-        return {**self.analytic.as_dict(), **judged}
+        intervals = {"peak_interval_gib": self.peak_interval_gib, "step_time_interval_s": self.step_time_interval_s}
+        return {**self.analytic.as_dict(), **judged, **{k: list(v) if v else None for k, v in intervals.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> Assessment:

@@ -92,6 +92,20 @@ def param_counts(shape: ModelShape, train: TrainSpec) -> ParamCounts:
         head=0 if shape.tie_word_embeddings else shape.vocab_size * h, final_norm=h, adapters=layers * adapters)
 
 
+# Projections TP splits by input features (RowwiseParallel); the others are split by output features.
+ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def tp_local_adapters(shape: ModelShape, train: TrainSpec) -> float:
+    """LoRA adapter elements one rank of a TP group holds: each projection's A (r x in) and B (out x r) with the
+    projection's split dimension divided by tp_size: B's output features on a column-parallel projection, A's
+    input features on a row-parallel one; the other matrix whole (strategies/tp.py)."""
+    proj, r, tp = projection_shapes(shape), train.lora.rank, train.tp_size
+    per_block = sum(r * (i / tp + o) if name in ROW_PARALLEL else r * (i + o / tp)
+                    for name, (i, o) in proj.items() if name in lora_targets(train))
+    return shape.num_hidden_layers * per_block
+
+
 def _optimizer_elements(name: str, counts: ParamCounts, shape: ModelShape, train: TrainSpec, flat: bool) -> float:
     """Optimizer state elements for the trainable parameters (before sharding).
 
@@ -132,7 +146,15 @@ def _dtypes(train: TrainSpec) -> _Dtypes:
         return _Dtypes(4, 4, False)
     if train.strategy in ("fsdp2", "tp_fsdp2", "deepspeed"):  # weights themselves are 16-bit during compute
         return _Dtypes(2, 2, False)
-    return _Dtypes(4, 2, True)  # ddp, tp: torch.autocast over fp32 weights
+    # ddp, tp: torch.autocast over fp32 weights. A LoRA base stored in 16 bits makes the residual stream 16-bit
+    # (the embedding's output); PEFT still upcasts each adapter's input to fp32, which autocast casts down again.
+    return _Dtypes(base_bytes(train), 2, True)
+
+
+def base_bytes(train: TrainSpec) -> int:
+    """Bytes per element of the weights as stored (train.lora.base_dtype for a LoRA base, else fp32; QLoRA's
+    4-bit projections are counted apart)."""
+    return 2 if train.lora_base_dtype in ("bf16", "fp16") else 4
 
 
 def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, float, float]:
@@ -268,34 +290,37 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     dp = world // tp
     full = train.finetune == "full"
     low = 4 if train.precision == "fp32" else 2  # 16-bit compute bytes
-    # TP splits the block projections and, in torchtitan's layout, the embedding and head; norms (and LoRA's
-    # adapters, which TP refuses) are replicated over the TP group.
+    # TP splits the block projections (and their LoRA adapters half-way, tp_local_adapters) and, in torchtitan's
+    # layout, the embedding and head; norms are replicated over the TP group.
     vocab = _tp_layout_split(shape, train)
     root = (counts.embedding + counts.head) / vocab + counts.final_norm  # TP-local
-    local = counts.projections / tp + counts.block_norms + root + counts.adapters
-    trainable = local if full else counts.adapters
+    adapters = tp_local_adapters(shape, train)
+    local = counts.projections / tp + counts.block_norms + root + adapters
+    trainable = local if full else adapters
     # fp32 optimizer states of the whole model, scaled to this rank's TP-local share of the trainables
     states = 4 * _optimizer_elements(train.optimizer, counts, shape, train, flat=train.strategy == "deepspeed")
-    states *= trainable / counts.total if full else 1
-    block = (local - root - counts.adapters) / shape.num_hidden_layers  # one block's share (TP-local)
-    block_adapters = counts.adapters / shape.num_hidden_layers
+    states *= trainable / (counts.total if full else counts.adapters or 1)
+    block = (local - root - adapters) / shape.num_hidden_layers  # one block's share (TP-local)
+    block_adapters = adapters / shape.num_hidden_layers
     offloaded = 0.0
 
+    base = base_bytes(train)
+    stored = base * (local - adapters) + 4 * adapters  # fp32 adapters on a LoRA base
     if train.strategy in ("ddp", "tp"):
-        weights = 4 * local
+        weights = stored
         if train.finetune == "qlora":  # 4-bit projections; embeddings, norms and head stay fp32
             weights = NF4_BYTES_PER_PARAM * counts.projections + 4 * (local - counts.projections)
         if _dtypes(train).autocast:  # autocast's 16-bit weight casts live until backward has used them
             head = shape.vocab_size * shape.hidden_size / vocab
             cast = (0 if train.finetune == "qlora" else counts.projections / tp) + head
-            weights += 2 * (cast + counts.adapters)
+            weights += 2 * ((cast if base == 4 else 0) + adapters)  # a 16-bit base needs no cast
         # DDP's reducer keeps its own bucket copy of every gradient (gradient_as_bucket_view is off)
         grads = 4 * trainable * (2 if train.strategy == "ddp" else 1)
         return weights, grads, states, offloaded
 
     if train.fsdp2_sharded:
         gathered = local if not train.reshard_after_forward else root + 2 * (block + block_adapters)
-        weights = 4 * local / dp + low * gathered  # fp32 shard + unsharded 16-bit copies being computed with
+        weights = stored / dp + low * gathered  # the shard as stored + unsharded 16-bit copies being computed with
         block_trainable = (block + block_adapters) if full else block_adapters
         grads = 4 * trainable / dp + block_trainable * (low + (4 if low == 2 else 0))  # + one block before reduce
         return weights, grads, states / dp, offloaded

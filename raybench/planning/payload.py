@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from raybench.planning.assessment import Assessment
+from raybench.planning.tokenized import TokenizedData
 from raybench.spec.sweep_spec import CacheSpec, PoolSpec, ProjectionSpec, TrialConfig
 
 # glibc's default initial M_MMAP_THRESHOLD; set explicitly, glibc no longer raises it (mallopt(3)).
@@ -35,6 +36,8 @@ class TrialPayload:
     assessment: Assessment | None = None
     # Set by the trial driver: the store's per-cluster cache directory (all-reduce probe, data, compile caches).
     cache_dir: str | None = None
+    # Set by the sweep's driver before launch: the hf data it tokenized (or found) in the store; not part of the id.
+    tokenized: TokenizedData | None = None
     # Set by the warm pool: host memory a long-lived worker may keep for the weights of the next trial, and how
     # many trials the worker process ran before this one (0: a fresh process).
     weights_cache_gib: float = 0.0
@@ -50,6 +53,7 @@ class TrialPayload:
         for name in ("config", "projection", "pool", "caches"):
             data[name] = data[name].model_dump(mode="json")
         data["ac_blocks"] = list(self.ac_blocks)
+        data["tokenized"] = dataclasses.asdict(self.tokenized) if self.tokenized else None
         data["estimate"] = self.assessment.as_dict() if self.assessment else {}
         return data
 
@@ -61,6 +65,7 @@ class TrialPayload:
                       "pool": PoolSpec.model_validate(data["pool"]),
                       "caches": CacheSpec.model_validate(data["caches"]),
                       "ac_blocks": tuple(data["ac_blocks"]),
+                      "tokenized": TokenizedData(**data["tokenized"]) if data.get("tokenized") else None,
                       "assessment": Assessment.from_dict(data["estimate"]) if data.get("estimate") else None})
 
     def compile_cache_dir(self) -> str | None:

@@ -10,14 +10,14 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from raybench.planning import calibration, estimate
+from raybench.planning import calibration, estimate, tokenized
 from raybench.planning.assessment import Assessment, assess
 from raybench.planning.payload import TrialPayload
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
-from raybench.spec.sweep_spec import SweepSpec, TrialConfig
+from raybench.spec.sweep_spec import SweepSpec, TrainSpec, TrialConfig
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,6 @@ def parallelism_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[s
             if heads % train.tp_size:
                 problems.append(("train.tp_size", f"tp_size {train.tp_size} must divide the model's {heads} "
                                  f"{what} (each rank holds whole heads)"))
-        if train.finetune != "full":
-            problems.append(("train.finetune", f"{train.strategy} splits nn.Linear weights and cannot split PEFT "
-                             "adapter layers; use finetune: full, or strategy ddp/fsdp2 for LoRA"))
     if train.offload != "none":
         if train.strategy != "deepspeed":
             problems.append(("train.offload", f"offload is a DeepSpeed ZeRO option; strategy is {train.strategy}"))
@@ -151,6 +148,7 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         if train.strategy != "ddp":
             problems.append(("train.finetune", f"qlora runs with strategy ddp: 4-bit weights are not sharded by "
                              f"{train.strategy} here"))
+    problems += _lora_base_problems(train)
     if train.liger and gpus == 0:
         problems.append(("train.liger", "Liger kernels need CUDA (Triton; resources.gpus_per_worker: 1); "
                          "set train.liger: false on CPU"))
@@ -173,6 +171,31 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
     return problems
 
 
+def _lora_base_problems(train: TrainSpec) -> list[tuple[str, str]]:
+    """An explicit train.lora.base_dtype the run could not keep (auto always can)."""
+    base, precision = train.lora.base_dtype, train.precision
+    if base == "auto":
+        return []
+    field = "train.lora.base_dtype"
+    if train.finetune == "qlora":
+        return [(field, f"base_dtype {base}: qlora's base is 4-bit NF4, with no dtype to choose; remove "
+                 "train.lora.base_dtype (or set auto), or use finetune: lora")]
+    if train.finetune != "lora":
+        return []
+    if base != "fp32" and precision == "fp32":
+        return [(field, f"base_dtype {base} under precision fp32 would compute with rounded weights in fp32; "
+                 "set train.lora.base_dtype: auto (fp32 here), or train.precision to " + base)]
+    if base != "fp32" and base != precision:
+        return [(field, f"base_dtype {base} differs from the compute dtype {precision}: every matmul would cast "
+                 f"the whole base again; set train.lora.base_dtype: auto ({precision}) or fp32")]
+    if base == "fp32" and train.strategy == "deepspeed" and precision != "fp32":
+        return [(field, f"base_dtype fp32 under deepspeed with precision {precision}: DeepSpeed casts the whole "
+                 f"model to {precision} (keeping fp32 master copies of the adapters only), so an fp32 base cannot "
+                 f"be kept; set train.lora.base_dtype: auto ({precision}), or use strategy ddp/fsdp2 for an fp32 "
+                 "base")]
+    return []
+
+
 def _unknown_operators(saved_ops: list[str]) -> list[str]:
     """Entries of train.ac_saved_ops that name no aten operator ("sdpa" stands for every attention kernel)."""
     if not saved_ops:
@@ -181,6 +204,18 @@ def _unknown_operators(saved_ops: list[str]) -> list[str]:
 
     names = {entry.split("#")[0] for entry in saved_ops} - {"sdpa"}
     return sorted(name for name in names if not hasattr(torch.ops.aten, name))
+
+
+def _data_problems(config: TrialConfig, checked: dict[str, list[Problem]]) -> list[Problem]:
+    """What is wrong with the content of a trial's hf data, checked once per distinct data spec and tokenizer.
+    Bad data is bad input whatever --keep-invalid says: no point of the sweep could run on it."""
+    data = config.data
+    tokenizer = data.tokenizer or config.model.path
+    key = json.dumps([data.model_dump(mode="json", include={"path", *tokenized.CONTENT_FIELDS}), tokenizer])
+    if key in checked:
+        return []
+    checked[key] = tokenized.problems(data, tokenizer)
+    return checked[key]
 
 
 def _grid(spec: SweepSpec):
@@ -205,6 +240,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
     base = spec.base_trial()
     shapes: dict[tuple, ModelShape] = {}
     trials, problems = [], []
+    data_checked: dict[str, list[Problem]] = {}
     for grid_values in _grid(spec):
         raw = copy_trial(base)
         # Bundle axes set several fields per value; trials show every field an axis set, by its dotted path.
@@ -216,6 +252,8 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
         key = (config.model.preset, config.model.path)
         shape = shapes.get(key) or shapes.setdefault(key, model_shape(config))
         reasons = trial_problems(config, shape)
+        if config.data.source == "hf":
+            problems += _data_problems(config, data_checked)
         cid = config_id(config)
         blocks = tuple(checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
         if reasons and not keep_invalid:

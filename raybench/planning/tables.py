@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raybench.planning import estimate
+from raybench.planning import estimate, uncertainty
 from raybench.planning.plan import PlannedTrial
 from raybench.results.report import cell, render
 
@@ -43,7 +43,8 @@ def estimate_table(trials: list[PlannedTrial]) -> str:
 
 
 def rehearsal_table(rows: list[dict]) -> str:
-    """One line per rehearsed configuration: peak memory by category, communication, predicted step time."""
+    """One line per rehearsed configuration: peak memory by category, communication, predicted step time; the
+    peaks and the step time with their intervals (planning/uncertainty.py)."""
     axes = list(dict.fromkeys(k for r in rows for k in r["axis_values"]))
     headers = ["#", "config_id", *(a.split(".")[-1] for a in axes), "world", "method", "params", "grads", "optim",
                "activ", "temp", "peak GiB", "reserved", "comm GB", "busbw", "compute s", "exposed comm s", "step s",
@@ -53,12 +54,15 @@ def rehearsal_table(rows: list[dict]) -> str:
         m = r["memory_gib"]
         comm = sum(r["comm_bytes"].values()) / 1e9 if r["comm_bytes"] else None
         busbw = f"{r['busbw_gbps']:.0f} ({r['busbw_source']})" if r.get("busbw_gbps") else "-"
+        iv = uncertainty.rehearsal_intervals(r)
         lines.append([str(r["index"]), r["config_id"], *(str(r["axis_values"].get(a, "")) for a in axes),
                       str(r["world_size"]), r["method"],
                       *(cell(m.get(k), ".2f") for k in ("parameters", "gradients", "optimizer_state", "activations",
                                                         "temporaries")),
-                      cell(r["peak_gib"], ".2f"), cell(r.get("reserved_gib"), ".2f"), cell(comm, ".1f"), busbw,
-                      cell(r["compute_s"], ".3g"), cell(r["exposed_comm_s"], ".3g"), cell(r["step_time_s"], ".3g"),
+                      uncertainty.with_interval(r["peak_gib"], iv["peak_gib"], ".2f"),
+                      uncertainty.with_interval(r.get("reserved_gib"), iv["reserved_gib"], ".2f"), cell(comm, ".1f"),
+                      busbw, cell(r["compute_s"], ".3g"), cell(r["exposed_comm_s"], ".3g"),
+                      uncertainty.with_interval(r["step_time_s"], iv["step_time_s"], ".3g"),
                       cell(r["trace_s"], ".0f"),
                       "; ".join(r["notes"]) or "-"])
     return render(headers, lines)

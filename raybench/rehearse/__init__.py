@@ -14,6 +14,7 @@ SAC ILP.
 
 Modules, each importing only those listed after it:
 - `choice`: `raybench best SWEEP --predict`, the best value of an axis from the stored rehearsals.
+- `flips`: where that choice could flip inside the prediction intervals, and the sweep that settles it.
 - `rehearsal`: one trial's rehearsal (`rehearse`), or its analytic fallback and why.
 - `policy`: the op-level policy (torch's SAC estimator and ILP).
 - `compiled`: what torch.compile's blocks keep for backward and the bytes their kernels move (inductor's

@@ -1,45 +1,61 @@
 """`raybench best SWEEP --predict`: the value of an axis (the sAC ratio by default) whose stored rehearsal fits in
-device memory with the highest predicted tokens/s per GPU, per group of planned trials, and the op-level policy
-torch's SAC ILP picks for the same memory."""
+device memory with the highest predicted tokens/s per GPU, per group of planned trials, whether that choice could
+flip inside the prediction intervals, and the op-level policy torch's SAC ILP picks for the same memory."""
 
 from __future__ import annotations
 
-from raybench.rehearse import policy, rehearsal
+from raybench.planning import uncertainty
+from raybench.rehearse import flips, policy, rehearsal
 from raybench.results.report import render
 
 
 def predicted_tok_per_s_per_device(trial) -> float | None:
     """Tokens per second per GPU the rehearsal predicts: the step's tokens on one rank over its step time."""
     step_s = trial.assessment.rehearsed_step_time_s if trial.assessment else None
-    if not step_s:
-        return None
+    return _tokens(trial) / step_s if step_s else None
+
+
+def _tokens(trial) -> float:
+    """Tokens one GPU's step trains on (a TP group shares its tokens)."""
     train = trial.config.train
-    return train.micro_batch * train.seq_len * train.grad_accum / train.tp_size / step_s
+    return train.micro_batch * train.seq_len * train.grad_accum / train.tp_size
+
+
+def _value(trial, axis: str) -> dict:
+    """One value of a group: the rehearsal's figures with their intervals."""
+    judged = trial.assessment
+    return {"value": trial.axis_values.get(axis), "axis_values": trial.axis_values,
+            "peak_gib": judged.rehearsed_peak_gib, "peak_interval_gib": judged.peak_interval_gib,
+            "fits": judged.fits, "tok_per_s_per_device": predicted_tok_per_s_per_device(trial),
+            "tok_interval": uncertainty.reciprocal(judged.step_time_interval_s, _tokens(trial)),
+            "compute_s": judged.rehearsed_compute_s or 0.0}
 
 
 def predicted_best(trials: list, axis: str = "train.ac_ratio", rehearsals: dict | None = None) -> list[dict]:
     """Per group of planned trials that differ only in `axis`: the value whose rehearsal fits in device memory
-    with the highest predicted tokens/s per GPU (None when no rehearsed value fits), and every value's figures.
+    with the highest predicted tokens/s per GPU (None when no rehearsed value fits), every value's figures with
+    their intervals, and "in_doubt": the values the choice may flip between inside those intervals ([] when it
+    stands; flips.in_doubt).
 
     With the stored rehearsals ({config_id: rehearsal}), each group also gets "op_policy": the op-level
     checkpointing policy torch's ILP picks within the same memory limit (see `group_op_policy`)."""
     groups: dict[tuple, list] = {}
+    seen = set()
     for t in trials:
-        if t.assessment and t.assessment.peak_basis == "rehearsed":
+        if t.assessment and t.assessment.peak_basis == "rehearsed" and t.config_id not in seen:
+            seen.add(t.config_id)  # repeats of a configuration are one value
             key = tuple((k, str(v)) for k, v in t.axis_values.items() if k != axis)
             groups.setdefault(key, []).append(t)
     results = []
     for key, members in groups.items():
-        values = [{"value": t.axis_values.get(axis), "peak_gib": t.assessment.rehearsed_peak_gib,
-                   "fits": t.assessment.fits, "tok_per_s_per_device": predicted_tok_per_s_per_device(t),
-                   "compute_s": t.assessment.rehearsed_compute_s or 0.0} for t in members]
+        values = [_value(t, axis) for t in members]
         fitting = [v for v in values if v["fits"] and v["tok_per_s_per_device"]]
         # Communication-bound steps predict equal times whatever is recomputed (it hides behind the collectives):
         # among equals, the least compute (the least recomputation) wins.
         best = max(fitting, key=lambda v: (round(v["tok_per_s_per_device"], 6), -v["compute_s"])) if fitting else None
         first = members[0].assessment
         results.append({"group": dict(key), "best": best, "values": values, "memory_gib": first.memory_gib,
-                        "margin_gib": first.margin_gib,
+                        "margin_gib": first.margin_gib, "in_doubt": flips.in_doubt(values, first.limit_gib),
                         "op_policy": group_op_policy(members, rehearsals) if rehearsals is not None else None})
     return results
 
@@ -66,9 +82,13 @@ def group_op_policy(members: list, rehearsals: dict) -> dict:
 
 
 def predicted_best_report(trials: list, axis: str = "train.ac_ratio", rehearsals: dict | None = None) -> str:
-    """`raybench best SWEEP --predict`: the predicted best value of `axis` per group, one line per group; with
-    the stored rehearsals, then the op-level policy per group."""
-    results = predicted_best(trials, axis, rehearsals)
+    """`raybench best SWEEP --predict`: the predicted best value of `axis` per group, one line per group, then
+    where the choice could flip; with the stored rehearsals, then the op-level policy per group."""
+    return render_predicted_best(predicted_best(trials, axis, rehearsals), axis)
+
+
+def render_predicted_best(results: list[dict], axis: str = "train.ac_ratio") -> str:
+    """predicted_best's results as `raybench best --predict` prints them."""
     if not results:
         return "no rehearsed trials: run `raybench rehearse SWEEP` first (it stores rehearsals in the sweep's store)"
     headers = ["group", f"best {axis.split('.')[-1]}", "pred tok/s/GPU", "peak GiB", "limit GiB", "every value: "
@@ -79,14 +99,30 @@ def predicted_best_report(trials: list, axis: str = "train.ac_ratio", rehearsals
         every = "; ".join(f"{v['value']}: {v['peak_gib']:.1f}/{'yes' if v['fits'] else 'NO'}/"
                           f"{v['tok_per_s_per_device'] or 0:.0f}" for v in r["values"])
         if best:
-            chosen = [str(best["value"]), f"{best['tok_per_s_per_device']:.0f}", f"{best['peak_gib']:.1f}"]
+            chosen = [str(best["value"]),
+                      uncertainty.with_interval(best["tok_per_s_per_device"], best["tok_interval"], ".0f"),
+                      uncertainty.with_interval(best["peak_gib"], best["peak_interval_gib"], ".1f")]
         else:
             chosen = ["none fits", "-", "-"]
         rows.append([_group_name(r), *chosen, _limit(r), every])
-    text = render(headers, rows)
-    if rehearsals is not None:
+    text = render(headers, rows) + "\n\n" + _doubt_report(results)
+    if any(r["op_policy"] is not None for r in results):
         text += "\n\n" + _op_policy_report(results)
     return text
+
+
+def _doubt_report(results: list[dict]) -> str:
+    """Per group: whether the choice stands inside the intervals, else which values are in doubt, why, and the
+    measurement that settles them."""
+    lines = ["within the prediction intervals (held-out errors; docs/rehearse.md, intervals and flips):"]
+    for r in results:
+        doubts = r["in_doubt"]
+        if not doubts:
+            lines.append(f"  {_group_name(r)}: the choice stands")
+            continue
+        lines.append(f"  {_group_name(r)}: in doubt; {flips.settle_line(doubts)}")
+        lines += [f"    {d['value']}: {d['why']}" for d in doubts]
+    return "\n".join(lines)
 
 
 def _group_name(result: dict) -> str:

@@ -74,11 +74,12 @@ def block_and_inputs(config: TrialConfig, shape: ModelShape, mode, mesh: DeviceM
                      device: torch.device = torch.device("cpu")) -> _Block:
     """One decoder block of the trial's model with its techniques applied and its storage created under `mode`
     (a FakeTensorMode: shapes only), in its strategy's arrangement: bf16 weights under FSDP2's mixed precision,
-    fp32 weights under autocast for ddp and tp; under tp and tp_fsdp2 its projections split over `mesh` as
-    `tp.block_plan` splits them (FSDP2 gathers a tp_fsdp2 block's TP shards before it runs), and under sequence
-    parallelism its input split over the sequence. Inputs as the model passes them: hidden states of
-    micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have none). `device`: where
-    the block runs (the rehearsal's fake tensors are CPU ones; tests run real blocks on CUDA too)."""
+    fp32 weights (a LoRA base in train.lora.base_dtype) under autocast for ddp and tp; under tp and tp_fsdp2 its
+    projections split over `mesh` as `tp.block_plan` splits them (FSDP2 gathers a tp_fsdp2 block's TP shards
+    before it runs), and under sequence parallelism its input split over the sequence. Inputs as the model passes
+    them: hidden states of micro_batch x seq_len, positions, rotary embeddings, no mask (packed batches have
+    none). `device`: where the block runs (the rehearsal's fake tensors are CPU ones; tests run real blocks on
+    CUDA too)."""
     model, train = unwrapped_model(config)
     dtype = next(model.parameters()).dtype
     block = decoder_blocks(model)[-1]

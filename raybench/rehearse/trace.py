@@ -442,8 +442,9 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
 def unwrapped_model(config: TrialConfig) -> tuple[nn.Module, TrainSpec]:
     """The trial's model with its techniques (no checkpointing, no compile) on the meta device, its parameters
     in the dtype its strategy computes with, and the TrainSpec it was built with. FSDP2's mixed-precision
-    policy casts them to bf16 before each forward (fsdp2.shard); ddp and tp keep them fp32 and run forward under
-    autocast (`strategies.autocast_for`). Cast on meta: fake storage cannot be swapped in place afterwards."""
+    policy casts them to bf16 before each forward (fsdp2.shard); ddp and tp keep them fp32 (a LoRA base in
+    train.lora.base_dtype, cast by the LoRA technique itself) and run forward under autocast
+    (`strategies.autocast_for`). Cast on meta: fake storage cannot be swapped in place afterwards."""
     train = config.train.model_copy(update={"ac_ratio": "0", "compile": False})
     model, _, _ = _build_traced(config, train)
     if train.precision == "bf16" and train.fsdp2_sharded:

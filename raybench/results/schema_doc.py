@@ -40,6 +40,7 @@ DESCRIPTIONS = {
     # measurements
     "steps_timed": "Steps measured after the warm-up steps.",
     "tokens_per_step": "micro_batch × seq_len × grad_accum × data-parallel ranks (padding included).",
+    "nonpad_tokens_per_step": "Non-padding tokens per timed step, all ranks together, as the batches held them.",
     "step_time_p50_s": "Median step time over the timed steps (a step lasts as long as its slowest rank).",
     "step_time_p90_s": "90th percentile step time.",
     "step_time_mean_s": "Mean step time.",
@@ -121,6 +122,19 @@ DESCRIPTIONS = {
     "est_step_time_s": ("The plan's step-time guess: FLOPs per step at an assumed 40% MFU of the GPU's peak; "
                         "null on CPU."),
     "est_peak_error": "ok rows: measured peak / the part of the raw estimate it covers − 1.",
+    # the data (data.source hf; null otherwise)
+    "dataset_name": "Last component of data.path.",
+    "dataset_hash": "Content hash of the data files.",
+    "data_cache_key": ("Key of the tokenized data in the store's cache: the hash of the data files, the tokenizer "
+                       "files and the options that change the token ids."),
+    "data_cache": "hit (the sweep found the data tokenized in the store) or build (the sweep tokenized it).",
+    "data_build_s": ("Seconds the sweep's driver spent tokenizing the data before launch, shared by all its trials "
+                     "and apart from every setup time; null on a hit."),
+    "data_samples": "Records (samples) of the tokenized split.",
+    "sample_tokens_mean": "Mean tokens per sample, before truncation to seq_len.",
+    "sample_tokens_max": "Most tokens in one sample, before truncation to seq_len.",
+    "packing_efficiency": ("Real tokens over the row positions they occupy at the trial's seq_len and layout, over "
+                           "the whole dataset: 1 is no padding (packed rows' tails and padded rows are padding)."),
     # provenance
     "device_type": "cuda or cpu.",
     "gpu_name": "GPU model as CUDA reports it; null on CPU.",
@@ -159,7 +173,9 @@ UNITS = {
     "tok_per_s": "tokens/s", "nonpad_tok_per_s": "tokens/s",
     "tok_per_s_per_device": "tokens/s per device", "nonpad_tok_per_s_per_device": "tokens/s per device",
     "tflops_per_device": "TFLOP/s", "flops_per_token": "FLOP/token", "mfu": "fraction (0–1)",
-    "tokens_per_step": "tokens", "steps_timed": "steps", "projected_steps": "steps", "projected_hours": "h",
+    "tokens_per_step": "tokens", "nonpad_tokens_per_step": "tokens", "sample_tokens_mean": "tokens",
+    "sample_tokens_max": "tokens", "data_samples": "samples", "packing_efficiency": "fraction (0–1)",
+    "steps_timed": "steps", "projected_steps": "steps", "projected_hours": "h",
     "projected_device_hours": "device-hours", "phase_sum_over_step": "ratio", "est_peak_error": "fraction",
     "loss_first": "nats", "loss_final": "nats", "train_seq_len": "tokens", "train_micro_batch": "sequences",
     "train_steps": "steps", "train_warmup_steps": "steps", "resources_cpus_per_worker": "CPUs",

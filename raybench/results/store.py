@@ -284,3 +284,16 @@ def ok_trial_ids(store: str | Path, sweep: str) -> set[str]:
 
 def json_column(value) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def measured_trial_config(config_json: str) -> TrialConfig:
+    """The trial config a stored row measured, from its config_json (to rehearse it again, say).
+
+    Rows from before train.lora.base_dtype existed do not hold it. Their LoRA base was fp32 under ddp, fsdp2 and
+    tp, and under deepspeed the compute dtype (DeepSpeed casts the whole model: auto). Read as written, such a
+    row would default to auto and stand for a 16-bit base it never had."""
+    config = json.loads(config_json)
+    train = config.setdefault("train", {})
+    if train.get("finetune") == "lora" and train.get("strategy", "ddp") != "deepspeed":
+        train.setdefault("lora", {}).setdefault("base_dtype", "fp32")
+    return TrialConfig.model_validate(config)

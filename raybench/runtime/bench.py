@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from raybench.runtime.data import NONPAD_TOKENS
 from raybench.runtime.sampler import Sampler
 from raybench.runtime.strategies import Trainable
 from raybench.spec.sweep_spec import TrainSpec
@@ -74,7 +75,19 @@ def _plain(loss: torch.Tensor) -> torch.Tensor:
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    # Not every entry is a tensor: flash attention's varlen arguments include the longest sequence, an int.
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _nonpad_tokens(batch: dict) -> int:
+    """A batch's non-padding tokens, counted on the host (no device sync), and taken out of the batch: hf data
+    says how many it holds (its packed rows' padded tails carry no mask); padded data masks its padding; data
+    without padding carries no mask, and every token counts."""
+    given = batch.pop(NONPAD_TOKENS, None)
+    if given is not None:
+        return int(given)
+    mask = batch.get("attention_mask")
+    return batch["input_ids"].numel() if mask is None else int(mask.sum())
 
 
 def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
@@ -88,9 +101,7 @@ def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
     clock.start()
     for micro in range(train.grad_accum):
         host_batch = next(batches)
-        # Counted on the host (no device sync). Data without padding carries no mask: every token counts.
-        mask = host_batch.get("attention_mask")
-        nonpad += host_batch["input_ids"].numel() if mask is None else int(mask.sum())
+        nonpad += _nonpad_tokens(host_batch)
         batch = _to_device(host_batch, device)
         clock.mark("data")
         last = micro == train.grad_accum - 1

@@ -1,29 +1,44 @@
-"""Training batches: synthetic tokens, or alpaca-style JSON/JSONL tokenized with a local tokenizer.
+"""Training batches: synthetic tokens, alpaca-style JSON/JSONL tokenized with a local tokenizer, or real data
+tokenized once per sweep (data.source hf: planning.tokenized) and laid out per batch here.
 
 Every batch is a dict of input_ids and labels of shape [micro_batch, seq_len], plus an attention_mask when
 the data has padding. Packed and synthetic data fill every position, so they carry no mask: every token counts
 as non-padding, and the model is not handed an all-ones mask that transformers would inspect on the device
 (a host sync per micro-batch inside the timed step). Padded data masks the padding in the loss (labels -100)
 and in the non-padding token count.
+
+hf data is read from the memory-mapped cache by index, and each batch is built by the loader's collate function
+(in its worker processes when data.num_workers > 0): samples truncated to seq_len, padded one per row or packed
+several per row, labels, masks and position ids. A packed row gives each sample its own position ids from 0 and
+no attention_mask: transformers then finds the sequences from the position ids (masking_utils'
+find_packed_sequence_indices) and masks attention block-causally, each sample attending to itself only; sdpa
+and eager get that as a mask, flash_attention_2 gets the sequences' boundaries (cu_seq_lens) and runs its
+variable-length kernel with no mask at all. A packed row's padded tail is a sequence of its own, out of the loss.
+Such batches carry their non-padding token count (NONPAD_TOKENS), which the timed loop takes out of the batch.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from raybench.planning import tokenized
+from raybench.planning.tokenized import TokenizedData, format_record
 from raybench.spec.presets import ModelShape
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
 
 IGNORE_INDEX = -100
 SYNTHETIC_POOL_BATCHES = 16  # distinct synthetic micro-batches per rank; cycled after that
-PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
+NONPAD_TOKENS = "nonpad_tokens"  # a batch's own count of its non-padding tokens (hf data), not a model input
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -32,11 +47,6 @@ def read_records(path: str | Path) -> list[dict]:
     if text.lstrip().startswith("["):
         return json.loads(text)
     return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def format_record(rec: dict) -> str:
-    input_block = f"### Input:\n{rec['input']}\n\n" if rec.get("input") else ""
-    return PROMPT.format(instruction=rec.get("instruction", ""), input_block=input_block) + rec.get("output", "")
 
 
 def tokenize_records(records: list[dict], tokenizer) -> list[list[int]]:
@@ -155,6 +165,85 @@ def cached_text_dataset(data: DataSpec, model_path: str | None, seq_len: int, ca
     return dataset
 
 
+class _ListColumn:
+    """Sample i of an Arrow list column, as a numpy view of the memory-mapped values: nothing is copied."""
+
+    def __init__(self, column):
+        self.chunks = [(chunk.offsets.to_numpy(), chunk.values.to_numpy()) for chunk in column.chunks]
+        self.starts = np.cumsum([0] + [len(chunk) for chunk in column.chunks])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        c = int(np.searchsorted(self.starts, i, side="right")) - 1
+        offsets, values = self.chunks[c]
+        j = i - self.starts[c]
+        return values[offsets[j]:offsets[j + 1]]
+
+
+class TokenRows(Dataset):
+    """The rows of a trial over cached tokenized data: row r holds the samples tokenized.row_bounds assigns it,
+    each truncated to seq_len, as views of the memory-mapped cache (every rank and loader worker shares it)."""
+
+    def __init__(self, path: str, seq_len: int, packing: bool):
+        cached = tokenized.load(path)
+        self.ids = _ListColumn(cached.data.column("input_ids"))
+        masked = "assistant_masks" in cached.column_names
+        self.masks = _ListColumn(cached.data.column("assistant_masks")) if masked else None
+        self.bounds = tokenized.row_bounds(tokenized.lengths(cached), seq_len, packing)
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, r: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        return [(self.ids[i][: self.seq_len], None if self.masks is None else self.masks[i][: self.seq_len])
+                for i in range(self.bounds[r], self.bounds[r + 1])]
+
+
+def collate_rows(rows: list, seq_len: int, pad_id: int, packing: bool, varlen: bool) -> dict:
+    """One micro-batch from TokenRows items: the per-batch work of a real loader (see the module doc)."""
+    ids = np.full((len(rows), seq_len), pad_id, dtype=np.int64)
+    labels = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int64)
+    positions = np.zeros((len(rows), seq_len), dtype=np.int64)
+    filled, sequences = [], []  # real tokens per row; every sequence's length, padded tails included
+    for b, samples in enumerate(rows):
+        at = 0
+        for tokens, loss in samples:
+            n = len(tokens)
+            ids[b, at:at + n] = tokens
+            labels[b, at:at + n] = tokens if loss is None else np.where(loss > 0, tokens, IGNORE_INDEX)
+            # No sequence's first token is predicted from the token before it (another sample's, when packed).
+            labels[b, at] = IGNORE_INDEX
+            positions[b, at:at + n] = np.arange(n)
+            sequences.append(n)
+            at += n
+        if at < seq_len:
+            positions[b, at:] = np.arange(seq_len - at)
+            sequences.append(seq_len - at)
+        filled.append(at)
+    batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels), NONPAD_TOKENS: sum(filled)}
+    if packing:
+        batch["position_ids"] = torch.from_numpy(positions)
+        if varlen:  # flash_attention_2: the sequences' boundaries over the flattened batch, for its varlen kernel
+            cu = torch.from_numpy(np.cumsum([0] + sequences).astype(np.int32))
+            batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(sequences),
+                         max_length_k=max(sequences))
+    elif min(filled) < seq_len:  # no all-ones mask (see the module doc)
+        batch["attention_mask"] = torch.from_numpy((np.arange(seq_len) < np.array(filled)[:, None]).astype(np.int64))
+    return batch
+
+
+def hf_rows(config: TrialConfig, ref: TokenizedData | None, cache_dir: str | None) -> tuple[TokenRows, object]:
+    """The trial's rows and collate function. The driver tokenized the data before launch (ref); a bare worker
+    run (no driver) tokenizes it here, into the store's cache when it has one."""
+    data, train = config.data, config.train
+    if ref is None:
+        root = Path(cache_dir, "data") if cache_dir else Path(tempfile.gettempdir(), "raybench-data")
+        ref = tokenized.prepare(data, data.tokenizer or config.model.path, root)
+    collate = functools.partial(collate_rows, seq_len=train.seq_len, pad_id=ref.pad_id, packing=data.packing,
+                                varlen=config.model.attn_implementation == "flash_attention_2")
+    return TokenRows(ref.path, train.seq_len, data.packing), collate
+
+
 def synthetic_dataset(shape: ModelShape, micro_batch: int, seq_len: int, seed: int, rank: int) -> TensorDataset:
     gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
     ids = torch.randint(0, shape.vocab_size, (SYNTHETIC_POOL_BATCHES * micro_batch, seq_len), generator=gen)
@@ -170,15 +259,20 @@ def _collate(rows) -> dict[str, torch.Tensor]:
 
 
 def batches(config: TrialConfig, shape: ModelShape, rank: int, world_size: int,
-            cache_dir: str | None = None) -> Iterator[dict]:
-    """An endless iterator of this rank's micro-batches (epochs repeat with a new shuffle)."""
+            cache_dir: str | None = None, ref: TokenizedData | None = None) -> Iterator[dict]:
+    """An endless iterator of this rank's micro-batches (epochs repeat with a new shuffle); `ref` is the hf
+    data the driver tokenized for the trial."""
     train, data = config.train, config.data
+    collate = _collate
     if data.source == "synthetic":
         # Each rank draws its own tokens, so no sampler is needed.
         dataset = synthetic_dataset(shape, train.micro_batch, train.seq_len, train.seed, rank)
         sampler = None
     else:
-        dataset = cached_text_dataset(data, config.model.path, train.seq_len, cache_dir)
+        if data.source == "hf":
+            dataset, collate = hf_rows(config, ref, cache_dir)
+        else:
+            dataset = cached_text_dataset(data, config.model.path, train.seq_len, cache_dir)
         if len(dataset) < world_size * train.micro_batch:
             raise ValueError(f"{data.path}: {len(dataset)} sequences of {train.seq_len} tokens, fewer than one "
                              f"micro-batch per rank ({world_size} x {train.micro_batch}); add data or shorten seq_len")
@@ -194,7 +288,7 @@ def batches(config: TrialConfig, shape: ModelShape, rank: int, world_size: int,
         # Both only exist with worker processes (torch rejects them otherwise; plan.py says so up front).
         persistent_workers=data.persistent_workers and data.num_workers > 0,
         prefetch_factor=data.prefetch_factor if data.num_workers > 0 else None,
-        collate_fn=_collate,
+        collate_fn=collate,
     )
     epoch = 0
     while True:

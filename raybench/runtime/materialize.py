@@ -9,9 +9,10 @@ ZeRO-1/2 hold whole parameters by design and materialize before wrapping.
 Values do not depend on the strategy or the world size:
 - random init (presets): each parameter is drawn in blocks of rows, each block from its own generator seeded
   by (seed, parameter name, block index), so a rank draws only the row blocks its shard overlaps and the
-  concatenation of all blocks is the same tensor every strategy would build whole. The distributions are
-  Hugging Face's `_init_weights` for Llama/Qwen2 (normal(0, initializer_range) for linear and embedding
-  weights, ones for norms, zeros for biases) and PEFT's for LoRA (A kaiming-uniform, B zeros);
+  concatenation of all blocks is the same tensor every strategy would build whole. Values are drawn in fp32 and
+  rounded into a 16-bit tensor (a LoRA base in bf16), as a cast of the fp32 model would round them. The
+  distributions are Hugging Face's `_init_weights` for Llama/Qwen2 (normal(0, initializer_range) for linear and
+  embedding weights, ones for norms, zeros for biases) and PEFT's for LoRA (A kaiming-uniform, B zeros);
 - real weights (a model directory): torch.distributed.checkpoint reads the safetensors files with its
   Hugging Face reader, each rank only the slices of its own shards (`safe_open(...).get_slice`), so a node holds
   about one copy of the weights in all, never one per rank (docs/model-build.md measures both ways). A ZeRO-3
@@ -197,7 +198,9 @@ def _draw(local: torch.Tensor, offset: tuple[int, ...], shape: tuple[int, ...], 
     for block in range(first // rows_per_block, (last - 1) // rows_per_block + 1):
         start = block * rows_per_block
         rows = min(rows_per_block, shape[0] - start)
-        values = torch.empty((rows, *shape[1:]), dtype=local.dtype, device=local.device)
+        # Drawn in fp32 whatever the destination's dtype: a 16-bit tensor (a LoRA base in bf16) then holds the
+        # fp32 build's values rounded, the same values as a cast of the fp32 model.
+        values = torch.empty((rows, *shape[1:]), dtype=torch.float32, device=local.device)
         fill(values, _generator(seed, name, block, local.device))
         lo, hi = max(first, start), min(last, start + rows)
         local[lo - first:hi - first].copy_(values[(slice(lo - start, hi - start), *columns)])

@@ -77,17 +77,27 @@ def fill(model: nn.Module, device: torch.device, source: WeightsSource, info: di
 
     The warm pool's weights cache holds whole tensors: a whole build fills it (within its budget); a sharded
     build takes its shards from it on a hit, and never fills it, which would mean holding whole tensors."""
-    cached = weights.STATE_CACHE.get(source.cache_key) if source.cache_key else None
-    if source.cache_key:
+    key = _cache_key(source, model)
+    cached = weights.STATE_CACHE.get(key) if key else None
+    if key:
         info["weights_cache"] = "hit" if cached is not None else "miss"
     materialize(model, device, source.seed, source.weights_dir, cached if cached is not None else source.state,
                 source.missing_weights)
-    if whole and source.cache_key and cached is None:
+    if whole and key and cached is None:
         budget = int(source.cache_gib * 2**30)
         # Only copy what the cache can keep: a model over the budget (a 1B model in fp32 over the default 4 GiB)
         # would cost every trial a host copy of its weights, counted in its build time and peak RSS.
         if sum(t.numel() * t.element_size() for t in model.parameters()) <= budget:
-            weights.STATE_CACHE.put(source.cache_key, base_state(model), budget)
+            weights.STATE_CACHE.put(key, base_state(model), budget)
+
+
+def _cache_key(source: WeightsSource, model: nn.Module) -> str | None:
+    """The weights cache key of this build: the cache holds tensors in the dtypes they were built in, so a LoRA
+    base stored in bf16 must neither hand its rounded values to an fp32 trial of the same model nor take them."""
+    if source.cache_key is None:
+        return None
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
+    return f"{source.cache_key}:{'+'.join(dtypes)}"
 
 
 def build_model(spec: ModelSpec, device: torch.device, seed: int, local_copy: str = "never",

@@ -174,6 +174,7 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         comm_exposed_frac=facts.comm_exposed_p50_s / step_p50 if facts.comm_exposed_p50_s is not None else None,
         steps_timed=len(timed),
         tokens_per_step=tokens_per_step,
+        nonpad_tokens_per_step=sum(r.nonpad_tokens[warm:]) / len(timed),
         tok_per_s=tok_per_s,
         tok_per_s_per_device=per_device,
         nonpad_tok_per_s=nonpad_per_s,

@@ -206,7 +206,7 @@ def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, 
     config, train = payload.config, payload.config.train
     # Ranks of one tensor-parallel group share a batch: data is drawn per data-parallel rank.
     dp_rank, dp_size = strategies.data_parallel_rank(train, ctx)
-    batches = data.batches(config, shape, dp_rank, dp_size, payload.cache_dir)
+    batches = data.batches(config, shape, dp_rank, dp_size, payload.cache_dir, payload.tokenized)
     t_loop = time.perf_counter()
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
     dynamo_before = compile.dynamo_counts() if train.compile else None

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from raybench.spec.errors import ConfigError, Problem
-from raybench.spec.sweep_spec import SweepSpec
+from raybench.spec.sweep_spec import HF_ONLY_FIELDS, DataSpec, SweepSpec
 from raybench.spec.validate import problems_from_validation, sweep_problems
 
 
@@ -23,24 +23,62 @@ def _check_paths(spec: SweepSpec) -> list[Problem]:
                                 "set exactly one of model.preset or model.path"))
     if model.path is not None:
         problems += check_model_dir(model.path, model.allow_pickle)
-    if data.source == "json":
-        if data.path is None:
-            problems.append(Problem("data.path", None, "data.source=json needs a JSON/JSONL file path"))
-        elif not Path(data.path).is_file():
-            problems.append(Problem("data.path", data.path, "file not found"))
-        tokenizer = data.tokenizer or model.path
-        if tokenizer is None:
-            problems.append(Problem("data.tokenizer", None, "text data needs a local tokenizer directory "
-                                    "(data.tokenizer, or a model.path that contains one)"))
-        elif not Path(tokenizer).is_dir():
-            problems.append(Problem("data.tokenizer", tokenizer, "directory not found"))
-    elif data.path is not None or data.tokenizer is not None:
-        problems.append(Problem("data.path", data.path, "only used with data.source=json; remove it"))
+    return problems + _check_data(data, model.path)
+
+
+# Shipped sweeps mark the paths a user must set with this prefix (a user's local copy of a public dataset).
+PLACEHOLDER = "/EDIT-ME/"
+HF_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
+
+
+def _check_data(data: DataSpec, model_path: str | None) -> list[Problem]:
+    """The data's files exist and the options fit the source (the content is checked by planning.tokenized)."""
+    if data.source == "synthetic":
+        if data.path is not None or data.tokenizer is not None:
+            return [Problem("data.path", data.path, "only used with data.source json or hf; remove it")]
+        problems = []
+    else:
+        problems = _check_data_files(data, model_path)
+    if data.source != "hf":
+        defaults = DataSpec.model_fields
+        problems += [Problem(f"data.{name}", getattr(data, name), "only used with data.source=hf; remove it")
+                     for name in HF_ONLY_FIELDS if getattr(data, name) != defaults[name].default]
+    elif data.loss_on == "assistant" and data.format == "text":
+        problems.append(Problem("data.loss_on", data.loss_on, "plain text has no assistant turns; use format "
+                                "messages or alpaca, or loss_on: all"))
+    return problems
+
+
+def _check_data_files(data: DataSpec, model_path: str | None) -> list[Problem]:
+    problems = []
+    path = Path(data.path) if data.path is not None else None
+    if path is None:
+        what = "a JSON/JSONL file" if data.source == "json" else "a data file, a dataset directory or a saved dataset"
+        problems.append(Problem("data.path", None, f"data.source={data.source} needs {what}"))
+    elif data.path.startswith(PLACEHOLDER):
+        problems.append(Problem("data.path", data.path, "a placeholder: set it to the path of your local copy"))
+    elif not path.exists() or (data.source == "json" and not path.is_file()):
+        problems.append(Problem("data.path", data.path, "file not found" if data.source == "json" else
+                                "no such file or directory"))
+    elif path.is_file() and data.source == "hf" and not path.name.endswith(HF_FILE_SUFFIXES):
+        problems.append(Problem("data.path", data.path, f"unknown data file type; use one of "
+                                f"{', '.join(HF_FILE_SUFFIXES)}, or a directory"))
+    tokenizer = data.tokenizer or model_path
+    if tokenizer is None:
+        problems.append(Problem("data.tokenizer", None, "text data needs a local tokenizer directory "
+                                "(data.tokenizer, or a model.path that contains one)"))
+    elif tokenizer.startswith(PLACEHOLDER):
+        problems.append(Problem("data.tokenizer", tokenizer, "a placeholder: set it to your local tokenizer "
+                                "(or model) directory"))
+    elif not Path(tokenizer).is_dir():
+        problems.append(Problem("data.tokenizer", tokenizer, "directory not found"))
     return problems
 
 
 def check_model_dir(path: str, allow_pickle: bool) -> list[Problem]:
     root = Path(path)
+    if path.startswith(PLACEHOLDER):
+        return [Problem("model.path", path, "a placeholder: set it to your local model directory")]
     if not root.is_dir():
         return [Problem("model.path", path, "directory not found")]
     if not (root / "config.json").is_file():

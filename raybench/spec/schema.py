@@ -37,6 +37,7 @@ class TrialMetrics:
 
     steps_timed: int = field(metadata=INT32)
     tokens_per_step: int
+    nonpad_tokens_per_step: float
     step_time_p50_s: float
     step_time_p90_s: float
     step_time_mean_s: float
@@ -112,6 +113,13 @@ PLAN_METRIC_COLUMNS = [
     ("est_peak_gib", "float64"), ("est_peak_calibrated_gib", "float64"), ("est_step_time_s", "float64"),
     ("est_peak_error", "float64"),
 ]
+# What the tokens were (data.source hf): the dataset, its tokenized cache, and the trial's layout of it. The sweep's
+# driver knows them before launch (planning.tokenized.TokenizedData.row_fields); null for other sources.
+DATA_COLUMNS = [
+    ("dataset_name", "string"), ("dataset_hash", "string"), ("data_cache_key", "string"), ("data_cache", "string"),
+    ("data_build_s", "float64"), ("data_samples", "int64"), ("sample_tokens_mean", "float64"),
+    ("sample_tokens_max", "int64"), ("packing_efficiency", "float64"),
+]
 PROVENANCE_COLUMNS = [
     ("device_type", "string"), ("gpu_name", "string"), ("gpu_count", "int32"),
     ("gpu_memory_gib", "float64"), ("gpu_mem_clock_max_mhz", "float64"),
@@ -145,7 +153,7 @@ def record_columns(record: type) -> list[tuple[str, str]]:
     return [(f.name, f.metadata.get("kind") or _kind(hints[f.name])) for f in dataclasses.fields(record)]
 
 
-METRIC_COLUMNS = record_columns(TrialMetrics) + PLAN_METRIC_COLUMNS
+METRIC_COLUMNS = record_columns(TrialMetrics) + PLAN_METRIC_COLUMNS + DATA_COLUMNS
 METRIC_NAMES = [name for name, _ in METRIC_COLUMNS]
 # Measured on GPUs only: null in every CPU trial's row.
 GPU_ONLY_METRICS = ("peak_alloc_gib", "peak_reserved_gib", "mfu", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz",

@@ -60,16 +60,44 @@ class ModelSpec(_Spec):
 
 
 class DataSpec(_Spec):
-    source: Literal["synthetic", "json"] = Field("synthetic", description="Random tokens, or alpaca-style JSON/JSONL.")
-    path: str | None = Field(None, description="JSON or JSONL file with instruction/input/output records.")
+    source: Literal["synthetic", "json", "hf"] = Field("synthetic", description=(
+        "Random tokens; json: alpaca-style JSON/JSONL tokenized in each trial; hf: local files or a saved dataset "
+        "read with the datasets library and tokenized once per sweep into the store (docs/user-guide.md)."))
+    path: str | None = Field(None, description=(
+        "json: a JSON/JSONL file of instruction/input/output records; hf: a .jsonl/.json/.parquet/.arrow file, a "
+        "directory of them (a downloaded dataset repository) or a directory written by save_to_disk."))
     tokenizer: str | None = Field(None, description="Local tokenizer directory; defaults to model.path.")
-    packing: bool = Field(True, description="Concatenate examples into full sequences instead of padding each.")
+    packing: bool = Field(True, description=(
+        "Several examples per sequence instead of one padded example each. json: examples concatenated and cut; "
+        "hf: whole examples side by side, each with its own position ids and attending only to itself."))
+    format: Literal["text", "messages", "alpaca"] = Field("text", description=(
+        "hf: what a record holds: text (one text column), messages (a list of {role, content} turns rendered by "
+        "the tokenizer's own chat template) or alpaca (instruction/input/output in the Alpaca prompt)."))
+    field: str | None = Field(None, description=(
+        "hf: the column holding the text or the messages; null: 'text' or 'messages'."))
+    loss_on: Literal["all", "assistant"] = Field("all", description=(
+        "hf: tokens the loss counts: all, or assistant (the assistant turns of messages, the response of alpaca)."))
+    split: str = Field("train", description="hf: the split to read (a saved dataset of one split has no splits).")
+    max_samples: int | None = Field(None, ge=1, description="hf: the first N records of the split only; null: all.")
     num_workers: int = Field(0, ge=0, le=64, description="torch DataLoader worker processes per rank.")
     pin_memory: bool = Field(False, description="Pin host memory of batches (GPU only).")
     prefetch_factor: int | None = Field(
         None, ge=1, le=1024, description="Batches each loader worker prepares ahead; needs num_workers > 0."
     )
     persistent_workers: bool = Field(True, description="Keep loader workers alive across epochs (num_workers > 0).")
+
+    @model_serializer(mode="wrap")
+    def _dump_hf_fields_for_hf_only(self, handler) -> dict:
+        # Trial ids hash the dumped config (plan.config_id): the hf fields came after ids were issued, so other
+        # sources leave them out and every earlier trial keeps its id (load refuses them set off their defaults).
+        data = handler(self)
+        if self.source != "hf":
+            for name in HF_ONLY_FIELDS:
+                data.pop(name, None)
+        return data
+
+
+HF_ONLY_FIELDS = ("format", "field", "loss_on", "split", "max_samples")
 
 
 # Module names shared by the Llama and Qwen2 families, per LoraSpec.targets.
@@ -87,6 +115,11 @@ class LoraSpec(_Spec):
     targets: Literal["attention", "attention_mlp", "all_linear"] = Field(
         "attention_mlp", description="Which linear layers get adapters."
     )
+    base_dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field("auto", description=(
+        "finetune lora: the dtype the frozen base weights are stored in (adapters, their gradients and optimizer "
+        "state stay fp32). auto: the compute dtype (train.precision), as frameworks keep a frozen base; fp32 "
+        "keeps an fp32 copy of the base under bf16/fp16 compute (not with deepspeed, which casts the whole model "
+        "to the compute dtype). Result rows hold the resolved dtype; null unless finetune is lora."))
 
 
 class TrainSpec(_Spec):
@@ -139,13 +172,23 @@ class TrainSpec(_Spec):
         f"{', '.join(ENV_PREFIXES)}."))
 
     @model_serializer(mode="wrap")
-    def _dump_without_unset_saved_ops(self, handler) -> dict:
+    def _dump_for_trial_ids(self, handler) -> dict:
         # Trial ids hash the dumped config (plan.config_id): ac_saved_ops came after ids were issued, so it is
         # left out while unset and every earlier trial keeps its id (stored rows, resumes).
         data = handler(self)
         if self.ac_saved_ops is None:
             data.pop("ac_saved_ops", None)
+        _dump_lora_base_dtype(data.get("lora"), self.lora_base_dtype)
         return data
+
+    @property
+    def lora_base_dtype(self) -> str | None:
+        """The dtype of a LoRA trial's frozen base weights: lora.base_dtype, auto resolved to the compute dtype
+        (train.precision); None unless finetune is lora (a full fine-tune trains fp32 weights, QLoRA's base is
+        4-bit)."""
+        if self.finetune != "lora":
+            return None
+        return self.precision if self.lora.base_dtype == "auto" else self.lora.base_dtype
 
     @property
     def tensor_parallel(self) -> bool:
@@ -165,6 +208,17 @@ class TrainSpec(_Spec):
         split logits (torch's loss_parallel). Not when the embedding and head share one weight, nor under Liger,
         whose Triton norm and fused head-and-loss kernels take whole tensors."""
         return self.tensor_parallel and not tied_embeddings and not self.liger
+
+
+def _dump_lora_base_dtype(lora: dict | None, resolved: str | None) -> None:
+    """A trial's dump holds the resolved base dtype, so that auto and the dtype it stands for are one trial
+    (one id). Full fine-tune and QLoRA trials leave it out: they have no such base, and keep the ids they had
+    before the field existed."""
+    if lora is None:  # a dump that excludes the section
+        return
+    lora.pop("base_dtype", None)
+    if resolved is not None:
+        lora["base_dtype"] = resolved
 
 
 class ResourcesSpec(_Spec):
@@ -300,4 +354,8 @@ class SweepSpec(_Spec):
 
     def base_trial(self) -> dict:
         """The trial fields before any axis is applied, as plain data."""
-        return self.model_dump(mode="json", include=set(TRIAL_SECTIONS))
+        base = self.model_dump(mode="json", include=set(TRIAL_SECTIONS))
+        # A trial's dump resolves lora.base_dtype (TrainSpec); the axes apply to what the sweep wrote, so that an
+        # axis over precision or finetune resolves it again per grid point.
+        base["train"]["lora"]["base_dtype"] = self.train.lora.base_dtype
+        return base

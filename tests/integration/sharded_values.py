@@ -78,6 +78,9 @@ def main() -> int:
     zero3 = {"strategy": "deepspeed", "zero_stage": 3, "precision": "fp32"}
     cases = {"fsdp2": (TrainSpec(strategy="fsdp2", precision="fp32"), fsdp2),
              "fsdp2-lora": (TrainSpec(strategy="fsdp2", precision="fp32", finetune="lora"), fsdp2),
+             # the frozen base in bf16 (train.lora.base_dtype auto), drawn and read from safetensors shard by shard
+             "fsdp2-lora-bf16-base": (TrainSpec(strategy="fsdp2", finetune="lora"), fsdp2),
+             "fsdp2-lora-bf16-base-dir": (TrainSpec(strategy="fsdp2", finetune="lora"), fsdp2, from_dir),
              "tp": (TrainSpec(strategy="tp", tp_size=world, precision="fp32"), tp),
              "zero3": (TrainSpec(**zero3), deepspeed),
              "zero3-lora-sac": (TrainSpec(**zero3, finetune="lora", ac_ratio="1/2"), deepspeed),

@@ -219,8 +219,9 @@ def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(
 def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
     """The same trial fresh (torchrun) and as a later trial of a pool group that first ran other kinds."""
     base = {"steps": 6, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"}
-    # LoRA dropout draws from the global generator, which a warm actor's earlier trials have advanced.
-    target = {"strategy": "fsdp2", "ac_ratio": "1/2", "finetune": "lora", "lora.dropout": 0.1}
+    # LoRA dropout draws from the global generator, which a warm actor's earlier trials have advanced; under
+    # tensor parallelism every rank of the group must draw the same masks (strategies/tp.py).
+    target = {"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2", "finetune": "lora", "lora.dropout": 0.1}
     # Kinds that share the target's group (a DeepSpeed trial would run in a group of its own: another shape).
     before = [{"compile": True}, {"finetune": "lora"}, {"micro_batch": 2}]
     spec = parse_sweep({"name": "warm-fresh", "model": {"preset": "tiny"}, "executor": "pool", "train": base,
@@ -249,3 +250,50 @@ def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
     assert 0 < ray_worker < 0.25, ray_worker
     assert warm.peak_rss_gib - ray_worker == pytest.approx(fresh.peak_rss_gib, rel=0.10), (
         warm.peak_rss_gib, ray_worker, fresh.peak_rss_gib)
+
+
+def test_real_chat_data_tokenized_once_packed_and_padded(cluster, tmp_path, model_dir, chat_file, chat_tokenizer,
+                                                         chat_tokens):
+    """The shipped CPU chat sweep (sweeps/chat-cpu.yaml) on data made here: one tokenization serves the packed and
+    the padded trial, a later sweep finds it in the store, and the rows' token counts match a count of the data
+    made without raybench."""
+    from pathlib import Path
+
+    import yaml
+
+    from raybench.drivers.api import run_sweep
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "sweeps" / "chat-cpu.yaml").read_text())
+    raw["model"]["path"] = str(model_dir)
+    raw["data"].update(path=str(chat_file), tokenizer=str(chat_tokenizer))
+    seq_len, per_step = raw["train"]["seq_len"], raw["resources"]["workers"] * raw["train"]["micro_batch"]
+    lengths = [min(len(ids), seq_len) for ids, _ in chat_tokens]
+    packed_rows, used = 0, seq_len
+    for n in lengths:  # whole conversations side by side, a new row when the next one does not fit
+        packed_rows, used = (packed_rows + 1, n) if used + n > seq_len else (packed_rows, used + n)
+    # Each trial runs one epoch, every step timed, so every token of the data is counted exactly once.
+    assert packed_rows % per_step == 0 and len(lengths) % per_step == 0 and packed_rows < len(lengths)
+    raw["train"]["warmup_steps"] = 0
+    raw["axes"] = {"layout": [{"data.packing": True, "train.steps": packed_rows // per_step},
+                              {"data.packing": False, "train.steps": len(lengths) // per_step}]}
+    run_sweep(parse_sweep(raw), store_path=str(tmp_path), progress=lambda line: None)
+    rows = store.read_results(tmp_path, "chat-cpu").set_index("data_packing")
+    assert list(rows.status) == ["ok", "ok"] and set(rows.world_size) == {2}
+    assert set(rows.data_cache) == {"build"} and rows.data_cache_key.nunique() == 1 and rows.data_build_s.min() > 0
+    assert set(rows.dataset_name) == {"chat.jsonl"} and set(rows.data_samples) == {len(chat_tokens)}
+    counts = [len(ids) for ids, _ in chat_tokens]
+    assert set(rows.sample_tokens_max) == {max(counts)}
+    assert rows.sample_tokens_mean.tolist() == pytest.approx([sum(counts) / len(counts)] * 2)
+    for packing, layout_rows in ((True, packed_rows), (False, len(lengths))):
+        row = rows.loc[packing]
+        assert row.tokens_per_step == per_step * seq_len
+        assert row.nonpad_tokens_per_step * row.steps_timed == sum(lengths)
+        assert row.packing_efficiency == pytest.approx(sum(lengths) / (layout_rows * seq_len))
+        assert row.nonpad_tok_per_s / row.tok_per_s == pytest.approx(row.packing_efficiency)
+        assert row.loss_first == row.loss_first and row.loss_final == row.loss_final  # not NaN
+    # A later sweep on the same data and tokenizer tokenizes nothing.
+    raw.update(name="chat-cpu-again", axes={"data.packing": [True]})
+    run_sweep(parse_sweep(raw), store_path=str(tmp_path), progress=lambda line: None)
+    again = store.read_results(tmp_path, "chat-cpu-again").iloc[0]
+    assert again.status == "ok" and again.data_cache == "hit" and again.data_build_s != again.data_build_s
+    assert again.data_cache_key == rows.data_cache_key.iloc[0]

@@ -115,13 +115,33 @@ def test_deepspeed_zero_stages_on_8_gpus():
 def test_lora_r16_trains_only_adapters():
     e = est(trial("ddp", finetune="lora", lora={"rank": 16}))
     assert e.params_trainable == LORA16
-    assert e.params_gib == pytest.approx((4 * (N + LORA16) + 2 * (PROJ + VH + LORA16)) / GIB)
+    # the frozen base in bf16 (auto under bf16 compute), fp32 adapters; autocast casts the adapters only
+    assert e.params_gib == pytest.approx((2 * N + 4 * LORA16 + 2 * LORA16) / GIB)
+    fp32_base = est(trial("ddp", finetune="lora", lora={"rank": 16, "base_dtype": "fp32"}))
+    assert fp32_base.params_gib == pytest.approx((4 * (N + LORA16) + 2 * (PROJ + VH + LORA16)) / GIB)
     assert e.grads_gib == pytest.approx(8 * LORA16 / GIB)
     assert e.optimizer_gib == pytest.approx(8 * LORA16 / GIB)
     qlora = est(trial("ddp", finetune="qlora", lora={"rank": 16}))
     # 4-bit projections; fp32 embeddings, norms and adapters; autocast casts only the head and adapters
     assert qlora.params_gib == pytest.approx((estimate.NF4_BYTES_PER_PARAM * PROJ + 4 * (N - PROJ + LORA16)
                                               + 2 * (VH + LORA16)) / GIB)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_bf16_lora_base_halves_the_base_weights(strategy):
+    """The frozen base's stored bytes halve (fp32 -> bf16); ddp also drops autocast's bf16 copies of the base,
+    which a bf16 base does not need. Adapters, gradients and optimizer state stay as they were."""
+    def lora(base_dtype: str) -> estimate.Estimate:
+        return est(trial(strategy, workers=1, finetune="lora", lora={"rank": 16, "targets": "all_linear",
+                                                                     "base_dtype": base_dtype}))
+
+    bf16, fp32 = lora("auto"), lora("fp32")
+    saved = 2 * N + (2 * (PROJ + VH) if strategy == "ddp" else 0)  # two bytes per base weight, + the casts
+    assert fp32.params_gib - bf16.params_gib == pytest.approx(saved / GIB)
+    assert lora("bf16").params_gib == bf16.params_gib
+    for part in ("grads_gib", "optimizer_gib"):
+        assert getattr(bf16, part) == getattr(fp32, part)
+    assert est(trial("deepspeed", workers=1, finetune="lora")).params_gib == pytest.approx(2 * (N + LORA16) / GIB)
 
 
 def test_tensor_parallel_splits_the_projections_the_vocabulary_and_the_sequence():
@@ -220,7 +240,8 @@ def _saved_bytes_per_token(model, batch: int, seq: int, autocast: bool) -> float
     ("ddp", "bf16", "full", "attention"),  # autocast over fp32 weights
     ("fsdp2", "bf16", "full", "attention"),  # bf16 weights (FSDP2's policy, DeepSpeed's cast)
     ("ddp", "fp32", "lora", "attention_mlp"),
-    ("ddp", "bf16", "lora", "attention"),
+    ("ddp", "bf16", "lora", "attention"),  # a bf16 base under autocast
+    ("ddp", "bf16", "lora-fp32-base", "attention_mlp"),
 ])
 def test_block_activations_match_what_torch_saves(strategy, precision, finetune, targets):
     import torch
@@ -229,8 +250,9 @@ def test_block_activations_match_what_torch_saves(strategy, precision, finetune,
     from raybench.runtime.techniques import lora
 
     shape = ModelShape("llama", 256, 3, 4, 2, 512, 1000, 2048, False)
+    finetune, _, base = finetune.partition("-")
     train = TrainSpec(strategy=strategy, precision=precision, finetune=finetune,
-                      lora=LoraSpec(rank=8, targets=targets))
+                      lora=LoraSpec(rank=8, targets=targets, base_dtype="fp32" if base else "auto"))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **shape.hf_config_kwargs()),
                                              dtype=torch.float32, attn_implementation="sdpa")
@@ -285,7 +307,7 @@ SERIALIZED_KEYS = {
     "device", "params_total", "params_trainable", "params_gib", "grads_gib", "optimizer_gib", "activations_gib",
     "other_gib", "offloaded_gib", "flops_per_step", "step_time_s", "peak_gib", "measured_part_gib", "calibration",
     "calibration_rows", "peak_calibrated_gib", "memory_gib", "margin_gib", "fits", "peak_basis",
-    "rehearsed_peak_gib", "rehearsed_step_time_s", "rehearsed_compute_s"}
+    "rehearsed_peak_gib", "rehearsed_step_time_s", "rehearsed_compute_s", "peak_interval_gib", "step_time_interval_s"}
 
 
 def test_the_assessment_travels_as_plain_data(tmp_path):

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
+import yaml
 
-from raybench.planning.plan import plan
-from raybench.spec.load import load_sweep, parse_sweep
+from raybench.planning.plan import config_id, plan
+from raybench.results.store import measured_trial_config
+from raybench.spec.errors import ConfigError
+from raybench.spec.load import PLACEHOLDER, load_sweep, parse_sweep
 from raybench.spec.sac import checkpointed_blocks
+from raybench.spec.sweep_spec import TrialConfig
 
 REPO = Path(__file__).resolve().parents[2]
 # User sweeps (sweeps/) and the project's own regression sweeps (bench/sweeps/): every shipped sweep plans.
@@ -64,10 +69,51 @@ def test_committed_gpu_rows_keep_their_ids():
     that leave it unset, or stored rows would no longer match their trials (resume, rehearse validation)."""
     import pandas as pd
 
-    for sweep in ("gpu-sac-1b", "gpu-seed000-1gpu"):
+    for sweep in ("gpu-sac-1b",):  # gpu-seed000-1gpu's LoRA rows: the next test
         rows = pd.read_parquet(REPO / "docs" / "results" / "gpu-2026-11-22" / f"{sweep}.parquet")
         planned = {t.config_id for t in plan(load_sweep(BENCH_SWEEPS / f"{sweep}.yaml"))}
         assert planned <= set(rows.config_id), sweep
+
+
+def test_committed_lora_rows_from_before_the_base_dtype_get_new_ids_and_read_as_measured():
+    """train.lora.base_dtype changed what a LoRA trial measures (auto: a bf16 base where it was fp32), so the
+    seed 000 LoRA rows' configurations plan under new ids; read back, their configs say what they measured."""
+    import pandas as pd
+
+    rows = pd.read_parquet(REPO / "docs" / "results" / "gpu-2026-11-22" / "gpu-seed000-1gpu.parquet")
+    trials = plan(load_sweep(BENCH_SWEEPS / "gpu-seed000-1gpu.yaml"))
+    assert {t.config.train.lora_base_dtype for t in trials} == {"bf16"}
+    assert not {t.config_id for t in trials} & set(rows.config_id)
+    as_written = {config_id(TrialConfig.model_validate(json.loads(c))) for c in rows.config_json}
+    assert {t.config_id for t in trials} <= as_written  # only the base dtype differs
+    measured = [measured_trial_config(c) for c in rows.config_json]
+    assert {c.train.lora_base_dtype for c in measured} == {"fp32"}  # fsdp2 kept an fp32 base then
+
+
+def test_full_finetune_and_qlora_trials_keep_their_ids():
+    """Ids computed before train.lora.base_dtype existed: the field is left out of every dump but LoRA's."""
+    full = TrialConfig.model_validate({"model": {"preset": "tiny"}})
+    qlora = TrialConfig.model_validate({"model": {"preset": "tiny"}, "train": {"finetune": "qlora"}})
+    assert (config_id(full), config_id(qlora)) == ("f93ad76455577afa", "bf5fee9e7d11ac94")
+    set_anyway = TrialConfig.model_validate({"model": {"preset": "tiny"}, "train": {"lora": {"base_dtype": "fp32"}}})
+    assert config_id(set_anyway) == config_id(full)
+
+
+def test_lora_ids_hash_the_resolved_base_dtype():
+    def lora_id(**train) -> str:
+        return config_id(TrialConfig.model_validate({"model": {"preset": "tiny"},
+                                                     "train": {"finetune": "lora", **train}}))
+
+    assert lora_id() == lora_id(lora={"base_dtype": "bf16"}) != lora_id(lora={"base_dtype": "fp32"})
+    assert lora_id(precision="fp32") == lora_id(precision="fp32", lora={"base_dtype": "fp32"})
+    assert lora_id(strategy="deepspeed") == lora_id(strategy="deepspeed", lora={"base_dtype": "bf16"})
+
+
+def test_axes_resolve_the_lora_base_dtype_per_grid_point():
+    """The sweep's base trial keeps auto as written: an axis over precision resolves it again at each point."""
+    spec = parse_sweep({"name": "b", "model": {"preset": "tiny"}, "train": {"finetune": "lora"},
+                        "axes": {"train.precision": ["bf16", "fp32"]}})
+    assert [t.config.train.lora_base_dtype for t in plan(spec)] == ["bf16", "fp32"]
 
 
 def test_plan_output_identical_across_processes():
@@ -84,6 +130,21 @@ def test_ten_thousand_point_grid_plans():
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=[str(p.relative_to(REPO)) for p in SWEEPS])
-def test_every_shipped_sweep_validates_and_plans(path):
-    trials = plan(load_sweep(path))
-    assert trials
+def test_every_shipped_sweep_validates_and_plans(path, request):
+    if PLACEHOLDER not in path.read_text():
+        assert plan(load_sweep(path))
+        return
+    # A sweep on the user's own copy of a dataset: refused as shipped, naming each path to set, and valid once
+    # they point at a model, data of the sweep's format and a tokenizer (made here, as a user's would be).
+    with pytest.raises(ConfigError) as refused:
+        load_sweep(path)
+    assert all("placeholder" in p.message for p in refused.value.problems)
+    raw = yaml.safe_load(path.read_text())
+    data = raw["data"]
+    if data.get("path", "").startswith(PLACEHOLDER):
+        data["path"] = str(request.getfixturevalue("alpaca_file" if data["format"] == "alpaca" else "chat_file"))
+    if data.get("tokenizer", "").startswith(PLACEHOLDER):
+        data["tokenizer"] = str(request.getfixturevalue("chat_tokenizer"))
+    if raw["model"].get("path", "").startswith(PLACEHOLDER):
+        raw["model"]["path"] = str(request.getfixturevalue("model_dir"))
+    assert plan(parse_sweep(raw, str(path), path.parent))

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from raybench.cli.main import main
-from raybench.planning import calibration
+from raybench.planning import calibration, estimate
 from raybench.planning.plan import plan
 from raybench.rehearse import compiled, fake_world, fitted, policy, rehearsal, roofline, step_time, trace
 from raybench.rehearse.choice import predicted_best
@@ -61,6 +61,8 @@ def fake_trace(trial, skip_propagation: bool = True) -> trace.StepTrace:
 # (trace.one_sequence_per_row).
 REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size": 2},
               "ddp": {"strategy": "ddp"}, "ddp-lora": {"strategy": "ddp", "finetune": "lora"},
+              # Adapters split with their projections: the replicated ones' partial gradients, the joined sums.
+              "tp-lora": {"strategy": "tp", "tp_size": 2, "finetune": "lora"},
               "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256},
               "ddp-liger": {"strategy": "ddp", "liger": True, "seq_len": 256},
               "tp-liger": {"strategy": "tp", "tp_size": 2, "liger": True, "seq_len": 256},
@@ -158,6 +160,23 @@ def test_ddp_ranks_hold_a_whole_replica_at_every_world_size(world, real):
         assert_close(fake.peak_gib, sum(real[2][case]["memory_gib"].values()), f"{case} world {world}: peak")
         assert fake.comm_bytes["allreduce"] == 4 * trial.assessment.analytic.params_trainable
         assert fake.overlapped_comm == ("allreduce",)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_bf16_lora_base_halves_the_rehearsed_base_weights(strategy):
+    """The trace builds the model through the LoRA technique, so a base stored in bf16 (auto under bf16 compute)
+    rests in half the bytes of an fp32 one; the fp32 adapters and their optimizer state do not change."""
+    def resident(base_dtype: str) -> tuple:
+        trial = tiny_trial(1, strategy=strategy, finetune="lora", lora={"base_dtype": base_dtype})
+        return trial, fake_trace(trial).resident_gib
+
+    trial, bf16 = resident("auto")
+    _, fp32 = resident("fp32")
+    counts = estimate.param_counts(trial.shape, trial.config.train)
+    base = counts.total - counts.adapters
+    assert fp32["parameters"] * GIB == pytest.approx(4 * base + 4 * counts.adapters)
+    assert bf16["parameters"] * GIB == pytest.approx(2 * base + 4 * counts.adapters)
+    assert bf16["optimizer_state"] == fp32["optimizer_state"]
 
 
 def test_ddp_buckets_count_from_construction():
@@ -469,6 +488,12 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     assert [e["peak_basis"] for e in estimates] == ["rehearsed", "analytic"]
     # The allocator's reserve on the tensor peak, plus the CUDA context the estimate assumes.
     assert estimates[0]["rehearsed_peak_gib"] == pytest.approx(rows[0]["peak_gib"] * fitted.ALLOCATOR_RESERVE + 1.0)
+    # Every figure carries its interval, the analytic fallback's the wider (planning/uncertainty.py).
+    traced_step, analytic_step = (r["intervals"]["step_time_s"] for r in rows)
+    assert traced_step[0] < rows[0]["step_time_s"] < traced_step[1]
+    assert analytic_step[1] / analytic_step[0] > traced_step[1] / traced_step[0]
+    low, high = estimates[0]["peak_interval_gib"]
+    assert low < estimates[0]["rehearsed_peak_gib"] < high
     assert main(["rehearse", str(sweep), "--trial", "nope"]) == 2
     assert "--trial" in capsys.readouterr().err
 

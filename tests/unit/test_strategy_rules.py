@@ -34,7 +34,6 @@ def rule_problems(train: dict = None, resources: dict = None, data: dict = None,
     ({"strategy": "tp", "tp_size": 4}, {"workers": 4}, "train.tp_size", "2 KV heads"),
     ({"strategy": "deepspeed", "tp_size": 2}, {"workers": 2}, "train.tp_size", "not supported"),
     ({"strategy": "ddp", "tp_size": 2}, {"workers": 2}, "train.tp_size", "tp_size: 1"),
-    ({"strategy": "tp", "tp_size": 2, "finetune": "lora"}, {"workers": 2}, "train.finetune", "adapter"),
     ({"finetune": "qlora"}, {}, "train.finetune", "needs CUDA"),
     ({"liger": True}, {}, "train.liger", "need CUDA"),
     ({"precision": "fp16", "grad_scaler": False}, {}, "train.grad_scaler", "underflow"),
@@ -63,10 +62,32 @@ def test_data_and_attention_rules():
 
 def test_valid_combinations_plan():
     for train, workers in [({"strategy": "tp", "tp_size": 2}, 2), ({"strategy": "tp_fsdp2", "tp_size": 2}, 4),
+                           ({"strategy": "tp", "tp_size": 2, "finetune": "lora"}, 2),
+                           ({"strategy": "tp_fsdp2", "tp_size": 2, "finetune": "lora", "lora": {"dropout": 0.1}}, 4),
                            ({"strategy": "deepspeed", "zero_stage": 3}, 2), ({"ac_mode": "op", "ac_ratio": 1}, 2),
                            ({"precision": "fp16"}, 2), ({"optimizer": "adafactor"}, 1)]:
         raw = {**BASE, "train": {**BASE["train"], **train}, "resources": {"workers": workers}}
         assert plan(parse_sweep(raw))[0].status == "planned"
+
+
+@pytest.mark.parametrize("train, words", [
+    ({"precision": "fp32", "lora": {"base_dtype": "bf16"}}, "base_dtype bf16 under precision fp32"),
+    ({"precision": "bf16", "lora": {"base_dtype": "fp16"}}, "base_dtype fp16 differs from the compute dtype bf16"),
+    ({"strategy": "deepspeed", "lora": {"base_dtype": "fp32"}}, "DeepSpeed casts the whole model to bf16"),
+])
+def test_a_lora_base_the_run_cannot_keep_is_refused_with_a_fix(train, words):
+    found = rule_problems({"finetune": "lora", **train})["train.lora.base_dtype"]
+    assert words in found and "set train.lora.base_dtype: auto" in found, found
+
+
+def test_qlora_takes_no_base_dtype_and_other_lora_bases_plan():
+    assert "4-bit" in rule_problems({"finetune": "qlora", "lora": {"base_dtype": "bf16"}})["train.lora.base_dtype"]
+    for train in ({"lora": {"base_dtype": "fp32"}}, {"strategy": "fsdp2", "lora": {"base_dtype": "fp32"}},
+                  {"precision": "fp16", "lora": {"base_dtype": "fp16"}}, {"precision": "fp32"},
+                  {"strategy": "deepspeed"}, {"strategy": "deepspeed", "precision": "fp32",
+                                              "lora": {"base_dtype": "fp32"}}):
+        raw = {**BASE, "train": {**BASE["train"], "finetune": "lora", **train}}
+        assert plan(parse_sweep(raw))[0].status == "planned", train
 
 
 def test_keep_invalid_records_the_reason():

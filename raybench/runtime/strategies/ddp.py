@@ -12,6 +12,7 @@ from raybench.spec.sweep_spec import TrainSpec
 def setup(model: nn.Module, train: TrainSpec, ctx: RankContext, materialize=already_materialized) -> Trainable:
     materialize(True)  # DDP broadcasts rank 0's whole parameters at construction
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    # LoRA freezes most weights; DDP then needs to skip them when building its reducer buckets (it does).
+    # LoRA freezes most weights; DDP then needs to skip them when building its reducer buckets (it does). A base
+    # stored in bf16 (train.lora.base_dtype) runs under the same autocast, which has nothing to cast for it.
     ddp = DistributedDataParallel(model, device_ids=device_ids)
     return torch_trainable(ddp, train, ctx, no_grad_sync=ddp.no_sync, autocast=autocast_for(train, ctx.device))

@@ -7,6 +7,9 @@ worker). On CPU DeepSpeed needs DS_ACCELERATOR=cpu before its first import and t
 communication backend also JIT-builds a shared-memory all-reduce op (`deepspeed_shm_comm`, ~30-90 s with g++)
 the first time on a machine and then loads it from the torch extensions cache (TORCH_EXTENSIONS_DIR).
 
+With bf16/fp16 the engine casts the whole module to that dtype (a LoRA base already stored in it stays as it
+is; an fp32 base cannot be kept, plan refuses it) and keeps fp32 master copies of the trainable parameters.
+
 ZeRO-1/2 keep whole parameters on every rank: the model is materialized whole before `initialize`. ZeRO-3 is
 partitioned from the meta device (`partition_on_meta`): no rank ever holds the whole model.
 """

@@ -14,6 +14,16 @@ torchtitan's layout:
 Otherwise (a head tied to the embedding, or Liger's kernels) only the projections are split: the norms run on
 the whole sequence and the embedding and head stay whole on every rank.
 
+LoRA adapters are split with their base projection, the way Megatron-style frameworks split them (NeMo's
+ParallelLinearAdapter): on a column-parallel base, A whole and B split by output features; on a row-parallel
+base, A split by input features and B whole, so that A's partial output, through B, joins the base's partial
+output and the sum is reduced in the base's one all-reduce (or reduce-scatter under sequence parallelism).
+PEFT's own tensor-parallel LoRA needs transformers' `from_pretrained(tp_plan=...)` loading (raybench builds on
+the meta device and parallelizes with torch's styles) and reduces a row-parallel adapter in a collective of its
+own; `LoraColwiseParallel` and `LoraRowwiseParallel` are torch's two styles taught the PEFT layer. Dropout on
+the adapter's input draws the same mask on every rank of a TP group (every rank seeds alike, warm_up), as the
+unsplit model draws one mask for the replicated activations.
+
 All ranks of a TP group must see the same batch: the worker feeds data by data-parallel rank
 (`strategies.data_parallel_rank`). Here the TP group is the whole world.
 """
@@ -21,13 +31,14 @@ All ranks of a TP group must see the same batch: the worker feeds data by data-p
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import ContextManager
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -47,19 +58,74 @@ NORMS = ("input_layernorm", "post_attention_layernorm")
 SEQUENCE = Shard(1)  # (batch, sequence, hidden)
 
 
+def is_lora_layer(module: nn.Module) -> bool:
+    """A PEFT LoRA layer: its base projection in `base_layer`, its adapters in `lora_A`/`lora_B` (by name)."""
+    return isinstance(getattr(module, "lora_A", None), nn.ModuleDict) and hasattr(module, "base_layer")
+
+
+class LoraColwiseParallel(ColwiseParallel):
+    """ColwiseParallel for a PEFT LoRA layer: the base weight (and bias) and each B split by output features, each A
+    whole. The input arrives replicated; B's input gradient is partial per rank and joins the base's in the one
+    all-reduce of the input's gradient that ColwiseParallel already makes."""
+
+    def _partition_lora_fn(self, name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
+        if name == "base_layer" or name.startswith("lora_B."):
+            self._partition_linear_fn(name, module, device_mesh)
+        elif name.startswith("lora_A."):
+            _replicate(module, device_mesh)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not is_lora_layer(module):
+            return super()._apply(module, device_mesh)
+        return distribute_module(
+            module, device_mesh, self._partition_lora_fn,
+            functools.partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            functools.partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+class LoraRowwiseParallel(RowwiseParallel):
+    """RowwiseParallel for a PEFT LoRA layer: the base weight and each A split by input features, each B whole. The
+    base's output and B's (of A's partial output) are both partial sums, so PEFT's `base + B(A(x)) * scale` stays
+    one partial sum, reduced once by RowwiseParallel's output redistribution."""
+
+    def _partition_lora_fn(self, name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
+        if name == "base_layer" or name.startswith("lora_A."):
+            self._partition_linear_fn(name, module, device_mesh)
+        elif name.startswith("lora_B."):
+            _replicate(module, device_mesh)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not is_lora_layer(module):
+            return super()._apply(module, device_mesh)
+        self.desired_input_layouts = (Shard(-1),)  # what RowwiseParallel sets for a Linear
+        return distribute_module(
+            module, device_mesh, self._partition_lora_fn,
+            functools.partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            functools.partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+def _replicate(module: nn.Module, device_mesh: DeviceMesh) -> None:
+    """Every parameter of `module` as a replicated DTensor (one computation's operands must all be DTensors)."""
+    for name, param in module.named_parameters(recurse=False):
+        module.register_parameter(name, nn.Parameter(distribute_tensor(param, device_mesh, [Replicate()]),
+                                                     requires_grad=param.requires_grad))
+
+
 def block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
     """The parallelize plan of one decoder block, by full module name inside it.
 
-    Found by leaf name rather than fixed paths so the plan also reaches into checkpoint wrappers.
+    Found by leaf name rather than fixed paths so the plan also reaches into checkpoint wrappers. A projection
+    with LoRA adapters is the PEFT layer of that name (its nn.Linear is its `base_layer`): the LoRA styles split
+    it whole.
     """
     plan = {}
     for name, _ in block.named_modules():
         leaf = name.rsplit(".", 1)[-1]
         if leaf in COLWISE:
-            plan[name] = ColwiseParallel()
+            plan[name] = LoraColwiseParallel()
         elif leaf in ROWWISE:
-            plan[name] = RowwiseParallel(output_layouts=SEQUENCE, use_local_output=False) if sequence_parallel \
-                else RowwiseParallel()
+            plan[name] = LoraRowwiseParallel(output_layouts=SEQUENCE, use_local_output=False) \
+                if sequence_parallel else LoraRowwiseParallel()
         elif sequence_parallel and leaf in NORMS:
             plan[name] = SequenceParallel()
         elif sequence_parallel and leaf == "self_attn":  # one all-gather of the norm's output for q, k and v
@@ -93,12 +159,16 @@ def parallelize(model: nn.Module, tp_mesh: DeviceMesh, train: TrainSpec) -> Call
     says where `train.tp_sequence_parallel`; returns what forward and backward must run in (loss_parallel, or
     nothing)."""
     sequence_parallel = train.tp_sequence_parallel(model.config.tie_word_embeddings)
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
     for block in decoder_blocks(model):
         parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
-    if not sequence_parallel:
-        return contextlib.nullcontext
-    parallelize_module(model, tp_mesh, outer_plan(model))
-    return loss_parallel
+    if sequence_parallel:
+        parallelize_module(model, tp_mesh, outer_plan(model))
+    # torch's SequenceParallel gives the norms new Parameters that require grad: a LoRA base's frozen norms would
+    # train. Every parameter keeps the flag it had.
+    for name, param in model.named_parameters():
+        param.requires_grad_(name not in frozen)
+    return loss_parallel if sequence_parallel else contextlib.nullcontext
 
 
 @torch.no_grad()

@@ -1,0 +1,392 @@
+"""Real data, tokenized once per sweep (data.source: hf).
+
+Records are read with the `datasets` library from local files or a saved dataset, rendered (plain text, the
+tokenizer's own chat template, or the Alpaca prompt), tokenized whole, and saved in the store's cache as Arrow
+(save_to_disk) under a key that hashes the data files, the tokenizer files and the options. Every trial and rank,
+of this sweep and of later ones, memory-maps those files (load_from_disk): nothing is tokenized or copied again.
+Truncation to seq_len and padding or packing are per trial and happen in the loader (runtime.data), so one cache
+serves every seq_len and both layouts.
+
+`problems` checks a data spec's content before anything starts (plan calls it), `prepare` builds or finds the
+cache (the driver calls it before the first trial), `dataset` hands the tokenized `datasets.Dataset` to any
+other training stack. datasets, transformers and numpy load on first use: planning stays light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from raybench.spec.errors import Problem
+from raybench.spec.sweep_spec import DataSpec
+
+# Bump when what a cache directory holds changes: older entries are then never read.
+CACHE_VERSION = 1
+META_FILE = "raybench.json"  # what a cache entry is, written into it before it becomes visible
+PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
+# Tokenizer files whose content decides the token ids (chat_template.jinja: the template of messages).
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template")
+# The data fields that decide the token ids (packing, seq_len and the loader's fields are per trial).
+CONTENT_FIELDS = ("format", "field", "loss_on", "split", "max_samples")
+# Above this many records the build tokenizes in several processes (below, starting them costs more).
+PARALLEL_RECORDS = 50_000
+
+
+@dataclass(frozen=True)
+class TokenizedData:
+    """A tokenized dataset in the store's cache, as a trial's payload carries it to every rank."""
+
+    key: str  # hash of the data files, the tokenizer files and the options
+    path: str  # the save_to_disk directory
+    cache: str  # "hit" (found in the store) or "build" (tokenized by this sweep)
+    build_s: float | None  # seconds the build took; None on a hit
+    name: str  # the data path's last component
+    data_hash: str  # hash of the data files alone
+    samples: int
+    tokens_mean: float  # tokens per sample, before truncation to seq_len
+    tokens_max: int
+    pad_id: int
+    packing_efficiency: float | None = None  # per trial (its seq_len and packing): real tokens / row positions
+
+    def row_fields(self) -> dict:
+        """The row's data columns (docs/schema.md)."""
+        return {"dataset_name": self.name, "dataset_hash": self.data_hash, "data_cache_key": self.key,
+                "data_cache": self.cache, "data_build_s": self.build_s, "data_samples": self.samples,
+                "sample_tokens_mean": self.tokens_mean, "sample_tokens_max": self.tokens_max,
+                "packing_efficiency": self.packing_efficiency}
+
+
+def format_record(rec: dict) -> str:
+    """An Alpaca record as one text: the prompt, then the response."""
+    return _alpaca_prompt(rec) + (rec.get("output") or "")
+
+
+def _alpaca_prompt(rec: dict) -> str:
+    input_block = f"### Input:\n{rec['input']}\n\n" if rec.get("input") else ""
+    return PROMPT.format(instruction=rec.get("instruction") or "", input_block=input_block)
+
+
+def _datasets():
+    # Local files only: never reach for a hub, in the driver or in a rank (datasets reads this at its import; a
+    # rank's worker module has set it already, so a warm actor's environment is left as it was).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()  # the sweep's own progress view owns the terminal
+    return datasets
+
+
+def load_tokenizer(directory: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json"))
+
+
+def read_split(data: DataSpec, streaming: bool, cache_dir: str):
+    """The records of data.split: a saved dataset is memory-mapped as it is; files are read by the builder
+    their suffix names (or, for a directory, the one datasets infers), converted to Arrow in cache_dir."""
+    datasets = _datasets()
+    path = Path(data.path)
+    if _is_saved_dataset(path):
+        saved = datasets.load_from_disk(str(path))
+        if isinstance(saved, datasets.DatasetDict):
+            if data.split not in saved:
+                raise KeyError(f"no split '{data.split}'; the saved dataset has {', '.join(saved)}")
+            saved = saved[data.split]
+        return saved.to_iterable_dataset() if streaming else saved
+    if path.is_dir():
+        return datasets.load_dataset(str(path), split=data.split, streaming=streaming, cache_dir=cache_dir)
+    # A single file is the split "train", as datasets names it.
+    builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}[path.suffix]
+    return datasets.load_dataset(builder, data_files=str(path), split=data.split, streaming=streaming,
+                                 cache_dir=cache_dir)
+
+
+def _field(data: DataSpec) -> str:
+    return data.field or ("messages" if data.format == "messages" else "text")
+
+
+def _render(rec: dict, data: DataSpec, tokenizer) -> tuple[str, list[tuple[int, int]]]:
+    """A record's text and the character spans the loss counts (empty: all of it)."""
+    if data.format == "text":
+        return rec[_field(data)], []
+    if data.format == "alpaca":
+        prompt, text = _alpaca_prompt(rec), format_record(rec)
+        return text, [(len(prompt), len(text))]
+    messages = rec[_field(data)]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    if data.loss_on == "all":
+        return text, []
+    return text, _assistant_spans(messages, text, tokenizer)
+
+
+def _assistant_spans(messages: list[dict], text: str, tokenizer) -> list[tuple[int, int]]:
+    """Where each assistant turn sits in the rendered conversation: after the conversation before it with the
+    generation prompt, up to the conversation including it. Works with any template that renders a
+    conversation's beginning the same whatever follows (most do; `{% generation %}` markers are not needed)."""
+    spans = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (upto.startswith(before) and text.startswith(upto)):
+            raise ValueError("the chat template renders an earlier turn differently once later turns follow, so "
+                             "assistant turns cannot be located; use loss_on: all")
+        spans.append((len(before), len(upto)))
+    return spans
+
+
+def encoder(data: DataSpec, tokenizer):
+    """The batched map function: records → input_ids, and assistant_masks (1: in the loss) for loss_on assistant.
+
+    Plain text and Alpaca records get the tokenizer's special tokens and an end-of-sequence token; a chat
+    template writes its own. assistant_masks is the column name TRL's SFTTrainer reads for the same purpose."""
+    import numpy as np
+
+    special = data.format != "messages"
+    eos = tokenizer.eos_token_id
+    masked = data.loss_on == "assistant"
+
+    def encode(batch: dict) -> dict:
+        records = [dict(zip(batch, values)) for values in zip(*batch.values())]
+        rendered = [_render(rec, data, tokenizer) for rec in records]
+        enc = tokenizer([text for text, _ in rendered], add_special_tokens=special, return_offsets_mapping=masked)
+        out = {"input_ids": []}
+        if masked:
+            out["assistant_masks"] = []
+        for i, ids in enumerate(enc["input_ids"]):
+            tail = [eos] if special and eos is not None else []
+            out["input_ids"].append(list(ids) + tail)
+            if masked:  # a token is in the loss when it starts inside a counted span
+                starts = np.array([start for start, _ in enc["offset_mapping"][i]], dtype=np.int64)
+                inside = np.zeros(len(starts), dtype=bool)
+                for lo, hi in rendered[i][1]:
+                    inside |= (starts >= lo) & (starts < hi)
+                # The end-of-sequence token closes the response: the model must learn to stop.
+                out["assistant_masks"].append(inside.astype(np.int8).tolist() + [1] * len(tail))
+        return out
+
+    return encode
+
+
+def _features(data: DataSpec):
+    datasets = _datasets()
+    columns = {"input_ids": datasets.List(datasets.Value("int32"))}
+    if data.loss_on == "assistant":
+        columns["assistant_masks"] = datasets.List(datasets.Value("int8"))
+    return datasets.Features(columns)
+
+
+# ---- checks before anything starts --------------------------------------------------------------------------
+
+def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
+    """What is wrong with a data spec's content: unreadable data, a missing split or column, records of the wrong
+    shape, a tokenizer without a chat template when messages need one. Reads the first record only."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="raybench-data-check-") as scratch:
+            first = next(iter(read_split(data, streaming=True, cache_dir=scratch)), None)
+    except KeyError as err:
+        return [Problem("data.split", data.split, f"{err.args[0]}; set data.split to one of them")]
+    except ValueError as err:  # datasets' unknown split: 'Unknown split "x". Should be one of [...]'
+        if "split" in str(err).lower():
+            return [Problem("data.split", data.split, f"{err}; set data.split to one of them")]
+        return [Problem("data.path", data.path, f"cannot be read as a dataset: {err}")]
+    except Exception as err:  # a malformed file: datasets raises many kinds of errors
+        return [Problem("data.path", data.path, f"cannot be read as a dataset: {type(err).__name__}: {err}")]
+    if first is None:
+        return [Problem("data.path", data.path, f"split '{data.split}' holds no records")]
+    found = _record_problem(first, data)
+    if found:
+        return [found]
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except Exception as err:
+        return [Problem("data.tokenizer", tokenizer_dir, f"cannot load a tokenizer from it: {err}")]
+    if data.format == "messages" and not tokenizer.chat_template:
+        return [Problem("data.tokenizer", tokenizer_dir, "has no chat template (tokenizer_config.json "
+                        "chat_template, or chat_template.jinja) to render messages; use a chat model's tokenizer, "
+                        "or format: text with a text column")]
+    if data.loss_on == "assistant" and not tokenizer.is_fast:
+        return [Problem("data.loss_on", data.loss_on, "finding assistant tokens needs a fast tokenizer "
+                        "(tokenizer.json); use loss_on: all")]
+    try:
+        encoder(data, tokenizer)({k: [v] for k, v in first.items()})
+    except Exception as err:
+        return [Problem("data.format", data.format, f"the first record cannot be rendered: {err}")]
+    return []
+
+
+def _record_problem(rec: dict, data: DataSpec) -> Problem | None:
+    columns = ", ".join(rec) or "none"
+    if data.format == "alpaca":
+        if data.field is not None:
+            return Problem("data.field", data.field, "alpaca records are read from instruction, input and output; "
+                           "remove data.field")
+        if not {"instruction", "output"} <= set(rec):
+            return Problem("data.format", data.format, f"alpaca records need instruction and output columns; "
+                           f"{data.path} has {columns}")
+        return None
+    field = _field(data)
+    if field not in rec:
+        return Problem("data.field", data.field, f"no column '{field}' in {data.path} (its columns: {columns}); "
+                       "set data.field")
+    value = rec[field]
+    if data.format == "text" and not isinstance(value, str):
+        return Problem("data.field", field, f"holds {type(value).__name__}, not text; name a text column, or use "
+                       "format: messages for conversations")
+    if data.format == "messages" and not (isinstance(value, list) and value and all(
+            isinstance(m, dict) and {"role", "content"} <= set(m) for m in value)):
+        return Problem("data.field", field, "holds no list of {role, content} messages; name the messages column, "
+                       "or use format: text")
+    return None
+
+
+# ---- the cache ----------------------------------------------------------------------------------------------
+
+def _digest(h, root: Path, files: list[Path]) -> None:
+    for path in files:
+        h.update(str(path.relative_to(root) if path != root else path.name).encode())
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+
+
+def _data_files(path: Path) -> list[Path]:
+    """Every file of the data (a directory's files, hidden ones aside: a repository's .git holds copies)."""
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(path).parts))
+
+
+def data_hash(path: str) -> str:
+    h = hashlib.sha256()
+    root = Path(path)
+    _digest(h, root, _data_files(root))
+    return h.hexdigest()[:24]
+
+
+def cache_key(data: DataSpec, tokenizer_dir: str, hashed_data: str) -> str:
+    """Hash of the data's content, the tokenizer files' content, the options that change the token ids, and the
+    versions of the code that produces them: a changed file or option never hits a stale entry."""
+    import tokenizers
+    import transformers
+
+    options = data.model_dump(include=set(CONTENT_FIELDS))
+    h = hashlib.sha256(json.dumps({"v": CACHE_VERSION, "data": hashed_data, "options": options,
+                                   "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+                                  sort_keys=True).encode())
+    root = Path(tokenizer_dir)
+    _digest(h, root, sorted(p for p in root.iterdir() if p.is_file() and p.name.startswith(TOKENIZER_FILES)))
+    return h.hexdigest()[:24]
+
+
+def prepare(data: DataSpec, tokenizer_dir: str, cache_root: str | Path) -> TokenizedData:
+    """The tokenized data in cache_root: found there, or built now. Concurrent builders (ranks of a bare run,
+    two sweeps) each build into a temporary directory and the first rename wins."""
+    hashed = data_hash(data.path)
+    key = cache_key(data, tokenizer_dir, hashed)
+    final = Path(cache_root) / f"hf-{key}"
+    if (final / META_FILE).is_file():  # the store may have moved since the build: the path is where it is now
+        meta = json.loads((final / META_FILE).read_text())
+        return TokenizedData(**{**meta, "path": str(final)}, cache="hit", build_s=None)
+    t0 = time.perf_counter()
+    Path(cache_root).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=cache_root))
+    try:
+        meta = _build(data, tokenizer_dir, key, hashed, final, work)
+        try:
+            os.rename(work / "out", final)
+        except OSError:  # another builder's copy landed first: same key, same content
+            if not (final / META_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return TokenizedData(**meta, cache="build", build_s=time.perf_counter() - t0)
+
+
+def _build(data: DataSpec, tokenizer_dir: str, key: str, hashed: str, final: Path, work: Path) -> dict:
+    records = read_split(data, streaming=False, cache_dir=str(work / "hf"))
+    if data.max_samples is not None:
+        records = records.select(range(min(data.max_samples, len(records))))
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenized = records.map(
+        encoder(data, tokenizer), batched=True, remove_columns=records.column_names, features=_features(data),
+        # Written under the build's directory, never next to the user's saved dataset.
+        cache_file_name=str(work / "hf" / "tokenized.arrow"), load_from_cache_file=False,
+        num_proc=min(os.cpu_count() or 1, 8) if len(records) >= PARALLEL_RECORDS else None)
+    tokenized.save_to_disk(str(work / "out"))
+    counts = lengths(tokenized)
+    if len(counts) == 0:
+        raise ValueError(f"{data.path}: split '{data.split}' holds no records")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    meta = {"key": key, "path": str(final), "name": Path(data.path).name, "data_hash": hashed,
+            "samples": len(counts), "tokens_mean": float(counts.mean()), "tokens_max": int(counts.max()),
+            "pad_id": int(pad or 0)}
+    (work / "out" / META_FILE).write_text(json.dumps(meta, sort_keys=True))
+    return meta
+
+
+def load(path: str):
+    """The cached tokenized dataset, memory-mapped."""
+    return _datasets().load_from_disk(path)
+
+
+def lengths(tokenized):
+    """Tokens per sample of a tokenized dataset, from the Arrow list offsets (no token is read)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    column = tokenized.data.column("input_ids")
+    return np.asarray(pc.list_value_length(column).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def row_bounds(counts, seq_len: int, packing: bool):
+    """Which samples each row of seq_len tokens holds, as boundaries: row r is samples [b[r], b[r+1]).
+
+    Every sample is truncated to seq_len. Padding: one sample per row. Packing: samples in order, a new row
+    whenever the next one would not fit whole (the row's tail is padding), so no sample is split across rows."""
+    import numpy as np
+
+    counts = np.minimum(np.asarray(counts), seq_len)
+    if not packing:
+        return np.arange(len(counts) + 1)
+    bounds, used = [0], 0
+    for i, n in enumerate(counts.tolist()):
+        if used + n > seq_len:
+            bounds.append(i)
+            used = 0
+        used += n
+    bounds.append(len(counts))
+    return np.asarray(bounds)
+
+
+def packing_efficiency(counts, seq_len: int, packing: bool) -> float:
+    """Real tokens over the row positions they fill at this seq_len and layout (1: no padding at all)."""
+    import numpy as np
+
+    rows = len(row_bounds(counts, seq_len, packing)) - 1
+    return float(np.minimum(np.asarray(counts), seq_len).sum() / (rows * seq_len))
+
+
+def for_trial(ref: TokenizedData, seq_len: int, packing: bool, counts) -> TokenizedData:
+    return dataclasses.replace(ref, packing_efficiency=packing_efficiency(counts, seq_len, packing))
+
+
+def dataset(data: DataSpec, cache_root: str | Path, tokenizer_dir: str | None = None):
+    """The tokenized `datasets.Dataset` of a data spec (input_ids, and assistant_masks for loss_on assistant),
+    for any training stack: from cache_root when it is there (a store's `_cache/data`, where `raybench run`
+    puts it), else tokenized into it."""
+    return load(prepare(data, tokenizer_dir or data.tokenizer, cache_root).path)
