@@ -87,18 +87,24 @@ def _rehearse(args) -> int:
               "all_reduce busbw of the cluster)", file=sys.stderr)
         return EXIT_BAD_INPUT
     set_busbw = args.busbw or spec.estimate.busbw_gbps
-    seen, traced, rows = set(), {}, []
+    seen, traced, rows, priced, used = set(), {}, [], {}, set()
     for t in trials:
         if t.config_id in seen:  # repeats of one configuration rehearse once
             continue
         seen.add(t.config_id)
-        gpu = (args.gpu or spec.estimate.gpu) if t.config.resources.gpus_per_worker > 0 else None
+        on_gpu = t.config.resources.gpus_per_worker > 0
+        gpu = (args.gpu or spec.estimate.gpu) if on_gpu else None
         busbw, source = set_busbw, "set"
         if not busbw:
             busbw, source = calibration.probe_busbw_gbps(store_path, t.world_size, gpu), "probe"
+        device = gpu if on_gpu else "cpu"
+        if device not in priced:  # the store's calibration profile of the device, else the shipped constants
+            priced[device] = _device_calibration(store_path, device)
         # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
         result = rehearsal.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.assessment.analytic,
-                                   traces=traced).as_dict()
+                                   calibration=priced[device], traces=traced).as_dict()
+        if result["method"] == "traced" and (gpu or priced[device].profiled):
+            used.add(priced[device].source)
         calibration.save_rehearsal(store_path, t.config_id, result)
         row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
                "gpu": gpu, **result, "intervals": uncertainty.rehearsal_intervals(result)}
@@ -109,7 +115,75 @@ def _rehearse(args) -> int:
         print(rehearsal_table(rows))
         print(f"\n{len(rows)} configuration(s) rehearsed; stored in {store_path}/{calibration.REHEARSALS_DIR} "
               f"(`raybench estimate {args.sweep}` fits them by their rehearsal)")
+        if used:
+            print("priced with: " + "; ".join(sorted(used)))
     return EXIT_OK
+
+
+def _device_calibration(store_path, device: str | None):
+    """The Calibration of `device` (a GPU name, or "cpu") from the store's profile, else the shipped constants
+    (a GPU trial without a GPU name is priced by nothing, so by the shipped constants)."""
+    from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
+    from raybench.results.profiles import load_profile
+
+    found = load_profile(store_path, device) if device else None
+    return Calibration.from_profile(found) if found else SHIPPED_CALIBRATION
+
+
+def _calibrate(args) -> int:
+    """Measure the device the rehearsal prices trials on and store its profile (one per device type)."""
+    import time
+
+    import torch
+
+    from raybench.rehearse.fitted import derive
+    from raybench.results.profiles import save_profile
+    from raybench.runtime import calibrate
+
+    t0 = time.perf_counter()
+    kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        print("raybench calibrate --device cuda: no CUDA device visible (--device cpu calibrates the CPU)",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+    measured = calibrate.measure(device, quick=args.quick, progress=None if args.json else print)
+    profile = {**measured, "derived": derive(measured),
+               "command": "raybench calibrate" + (f" --device {args.device}" if args.device else "")
+               + (" --quick" if args.quick else "")}
+    profile["duration_s"] = time.perf_counter() - t0
+    path = save_profile(args.store, profile)
+    if args.json:
+        print(json.dumps({**profile, "path": str(path)}, sort_keys=True))
+        return EXIT_OK
+    print(_calibration_report(profile))
+    print(f"profile {profile['fingerprint']['key']} stored in {path} ({profile['duration_s']:.1f} s); "
+          "`raybench rehearse` and `best --predict` price this device with it")
+    return EXIT_OK
+
+
+def _calibration_report(profile: dict) -> str:
+    """What `raybench calibrate` measured and the rehearsal constants it derived, one figure a line."""
+    fp, d = profile["fingerprint"], profile["derived"]
+
+    def fraction(value) -> str:
+        return f" ({value:.3f} of the table's peak)" if value is not None else ""
+
+    lines = [(f"device: {fp['device_name']} x{fp['device_count']} (key {fp['key']}; torch {fp['torch_version']}, "
+              f"CUDA {fp['cuda_version'] or '-'})")]
+    for g in profile["matmul"]:
+        m, n, k = g["shape"]
+        lines.append(f"  matmul {g['dtype']} {m}x{n}x{k}: {g['flop_per_s'] / 1e12:.3f} TFLOP/s"
+                     f"{fraction(g['fraction_of_peak'])}")
+    for b in profile["bandwidth"]:
+        lines.append(f"  {b['kind']}: {b['bytes_per_s'] / 1e9:.1f} GB/s{fraction(b['fraction_of_peak'])}")
+    lines.append(f"  launch cost: {profile['launch_s'] * 1e6:.2f} us per tiny operator")
+    lines.append(f"  allocator reserve: {profile['allocator_reserve']:.3f} ({profile['allocator_note']})")
+    lines.append(f"  collectives: {profile['collectives']['note']}")
+    lines.append(f"derived: efficiency {d['efficiency']:.3f} of peak FLOP/s, bandwidth fraction "
+                 f"{d['bandwidth_fraction']:.3f}, reserve {d['reserve']:.3f} (x step share {d['step_share']:.3f} "
+                 f"fitted on H100 rows)" + (", absolute peaks (no table row)" if d["peaks_flop_per_s"] else ""))
+    return "\n".join(lines)
 
 
 def _run(args) -> int:
@@ -203,16 +277,27 @@ def _best_predicted(args, spec) -> int:
 
     from raybench.planning import calibration
     from raybench.rehearse import choice, flips
+    from raybench.rehearse.fitted import Calibration
 
     store_path = args.store or spec.store
     axis = args.axis or "train.ac_ratio"
-    results = choice.predicted_best(plan(spec, source=args.source, store_path=store_path), axis,
-                                    calibration.rehearsals(store_path))
+    trials = plan(spec, source=args.source, store_path=store_path)
+    stored = calibration.rehearsals(store_path)
+    results = choice.predicted_best(trials, axis, stored)
+    # The rehearsals were priced when `rehearse` ran, with the profile the store held for their GPU then.
+    used = sorted({Calibration.of(stored[t.config_id]).source for t in trials
+                   if stored.get(t.config_id, {}).get("method") == "traced"})
+    gpu = spec.estimate.gpu
+    latest = _device_calibration(store_path, gpu).source if gpu else None
     if args.json:
         for result in results:
-            print(json.dumps(result, sort_keys=True, default=str))
+            print(json.dumps({**result, "priced_with": used}, sort_keys=True, default=str))
     else:
         print(choice.render_predicted_best(results, axis))
+        print("\nrehearsals priced with: " + ("; ".join(used) or "-"))
+    if latest and used and latest not in used:
+        print(f"the store's calibration for {gpu} is now {latest}: `raybench rehearse {args.source}` prices the "
+              "rehearsals with it", file=sys.stderr)
     if args.emit_sweep:
         points = [d["axis_values"] for r in results for d in r["in_doubt"]]
         if not points:
@@ -346,6 +431,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
     p.set_defaults(func=_rehearse)
 
+    p = sub.add_parser("calibrate", help="measure this device for the rehearsal (matmul and bandwidth efficiency, "
+                       "launch cost, allocator reserve) and store its profile; `rehearse` prices it with that")
+    p.add_argument("--store", default="./raybench-results", help="result store to keep the profile in "
+                   "(STORE/calibration/, one per device type; default ./raybench-results)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when visible, else cpu")
+    p.add_argument("--quick", action="store_true", help="fewer shapes, smaller buffers, shorter budgets")
+    p.add_argument("--json", action="store_true", help="the profile as one JSON object")
+    p.set_defaults(func=_calibrate)
+
     p = sub.add_parser("run", help="run a sweep on an embedded local Ray, or on --address")
     p.add_argument("sweep")
     where = p.add_mutually_exclusive_group()
@@ -380,7 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", default="gpu_name", help="group by this result column (gpu_name; CPU rows: 'cpu')")
     p.add_argument("--metric", default="tok_per_s_per_device", help="rank by this result column")
     p.add_argument("--mode", choices=["max", "min"], help="default: inferred from the metric's name")
-    p.add_argument("--axis", help="best value of this config field per group and model, e.g. train.ac_ratio")
+    p.add_argument("--axis", help="best value of this config field per group and model, e.g. train.ac_ratio; with "
+                   "--predict also fields that vary together, comma-separated: train.strategy,train.tp_size")
     p.add_argument("--max-mem-gib", type=float, help="only configurations whose mean peak memory per device "
                    "(GPU reserved, CPU RSS) is at most this")
     p.add_argument("--predict", action="store_true", help="before running: the best --axis value (default "

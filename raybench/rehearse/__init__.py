@@ -23,7 +23,8 @@ Modules, each importing only those listed after it:
 - `trace`: the traced step (torch's memory trackers, collectives, every operator's cost).
 - `fake_world`: fake tensors and torch's fake process group, and what the trace counts in them.
 - `roofline`: one operator's FLOPs and bytes, priced on a GPU of the hardware table.
-- `fitted`: the constants fitted on GPU measurements, with where they come from.
+- `fitted`: the constants fitted on GPU measurements, with where they come from, and the `Calibration` a
+  device's profile (`raybench calibrate`) replaces them with.
 
 This package is the one place that touches private torch APIs (torch.distributed._tools, the fake process
 group, FakeTensorMode, DTensor's sharding propagator, the runtime-estimation op lists, inductor's partitioner

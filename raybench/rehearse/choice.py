@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from raybench.planning import uncertainty
 from raybench.rehearse import flips, policy, rehearsal
+from raybench.rehearse.fitted import Calibration
 from raybench.results.report import render
 
 
@@ -24,15 +25,26 @@ def _tokens(trial) -> float:
 def _value(trial, axis: str) -> dict:
     """One value of a group: the rehearsal's figures with their intervals."""
     judged = trial.assessment
-    return {"value": trial.axis_values.get(axis), "axis_values": trial.axis_values,
+    return {"value": axis_value(trial.axis_values, axis), "axis_values": trial.axis_values,
             "peak_gib": judged.rehearsed_peak_gib, "peak_interval_gib": judged.peak_interval_gib,
             "fits": judged.fits, "tok_per_s_per_device": predicted_tok_per_s_per_device(trial),
             "tok_interval": uncertainty.reciprocal(judged.step_time_interval_s, _tokens(trial)),
             "compute_s": judged.rehearsed_compute_s or 0.0}
 
 
+def axis_value(axis_values: dict, axis: str):
+    """A trial's value of `axis`: one config field, or several comma-separated ones that vary together (a bundle
+    such as {strategy: tp_fsdp2, tp_size: 2} against {strategy: fsdp2}), as their values joined by '/'; a field
+    a point leaves at its default shows as '-'."""
+    fields = axis.split(",")
+    if len(fields) == 1:
+        return axis_values.get(axis)
+    return "/".join(str(axis_values.get(field, "-")) for field in fields)
+
+
 def predicted_best(trials: list, axis: str = "train.ac_ratio", rehearsals: dict | None = None) -> list[dict]:
-    """Per group of planned trials that differ only in `axis`: the value whose rehearsal fits in device memory
+    """Per group of planned trials that differ only in `axis` (one config field, or several comma-separated): the
+    value whose rehearsal fits in device memory
     with the highest predicted tokens/s per GPU (None when no rehearsed value fits), every value's figures with
     their intervals, and "in_doubt": the values the choice may flip between inside those intervals ([] when it
     stands; flips.in_doubt).
@@ -44,7 +56,7 @@ def predicted_best(trials: list, axis: str = "train.ac_ratio", rehearsals: dict 
     for t in trials:
         if t.assessment and t.assessment.peak_basis == "rehearsed" and t.config_id not in seen:
             seen.add(t.config_id)  # repeats of a configuration are one value
-            key = tuple((k, str(v)) for k, v in t.axis_values.items() if k != axis)
+            key = tuple((k, str(v)) for k, v in t.axis_values.items() if k not in axis.split(","))
             groups.setdefault(key, []).append(t)
     results = []
     for key, members in groups.items():
@@ -75,7 +87,7 @@ def group_op_policy(members: list, rehearsals: dict) -> dict:
     if chosen is None:
         return {"policy": None}
     if train.compile:  # the policy's base is an FSDP2 trial, whose compiled blocks the rehearsal inspects
-        chosen = policy.compiled_policy(chosen, base.config, base.shape)
+        chosen = policy.compiled_policy(chosen, base.config, base.shape, Calibration.of(full_ac))
     tokens = train.micro_batch * train.seq_len * train.grad_accum / train.tp_size
     return {"policy": chosen.as_dict(), "peak_gib": chosen.reserved_gib + context_gib,
             "tok_per_s_per_device": tokens / chosen.step_time_s}

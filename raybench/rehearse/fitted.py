@@ -1,5 +1,11 @@
 """The constants of the rehearsal fitted on GPU measurements; every other figure of a prediction comes from the
-trace and the hardware table."""
+trace and the hardware table. A device `raybench calibrate` measured replaces them with its profile
+(`Calibration`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 # Achieved fraction of the per-operator roofline (peak FLOP/s and memory bandwidth) on an H100 SXM, the median
 # of roofline / measured step time over the 10 eager rows of the committed 1B sAC sweep
@@ -18,3 +24,73 @@ ALLOCATOR_RESERVE = 1.16
 # many times a byte of the eager operators' roofline. Fitted like the two above on the 10 compiled rows of the
 # same sweep (docs/results/rehearse-2026-11-26.md, section 5).
 COMPILED_BYTE_COST = 1.26
+
+
+SHIPPED = "shipped H100 constants"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What prices a rehearsal on one device: the shipped constants above, or a profile `raybench calibrate`
+    measured on that device (`from_profile`). The roofline prices FLOPs at the table's peak (x matmul_ratio:
+    the shipped `matmul_efficiency_ratio`, 1 for a profile, which measured its own matmuls) and bytes at the
+    table's bandwidth x bandwidth_fraction / efficiency; the step divides the roofline by efficiency, so FLOPs
+    run at `efficiency` of the peak and bytes at `bandwidth_fraction` of the bandwidth. A device without a
+    table row (a CPU) is priced at the profile's absolute `peaks` and `bandwidth` instead."""
+
+    efficiency: float = ROOFLINE_EFFICIENCY
+    bandwidth_fraction: float = ROOFLINE_EFFICIENCY  # the shipped constant prices bytes like FLOPs
+    reserve: float = ALLOCATOR_RESERVE
+    launch_s: float | None = None  # measured, recorded; not priced (the fitted efficiency carries launch gaps)
+    source: str = SHIPPED  # how rows name it: "shipped H100 constants" or "profile: <device> <date>"
+    peaks: dict | None = None  # FLOP/s by dtype name ("bf16", "fp32"), for a device the table lacks
+    bandwidth: float | None = None  # bytes/s, likewise
+
+    @property
+    def profiled(self) -> bool:
+        return self.source != SHIPPED
+
+    @classmethod
+    def from_profile(cls, profile: dict) -> Calibration:
+        """The calibration a stored profile (`derive`'s "derived" in it) gives."""
+        d = profile["derived"]
+        return cls(efficiency=d["efficiency"], bandwidth_fraction=d["bandwidth_fraction"], reserve=d["reserve"],
+                   launch_s=d.get("launch_s"), source=f"profile: {profile['fingerprint']['key']} {profile['date']}",
+                   peaks=d.get("peaks_flop_per_s"), bandwidth=d.get("bandwidth_bytes_per_s"))
+
+    @classmethod
+    def of(cls, rehearsal: dict) -> Calibration:
+        """The calibration a stored rehearsal was priced with (the shipped constants for one stored before
+        rehearsals kept it)."""
+        return cls(**rehearsal["calibration"]) if rehearsal.get("calibration") else cls()
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SHIPPED_CALIBRATION = Calibration()
+
+
+def step_share() -> float:
+    """The share of its matmul rate the H100's step reached: ROOFLINE_EFFICIENCY over the H100's measured
+    matmul efficiency (the hardware table's MAMF figure, 0.803), 0.872. It covers what a calibration's kernels
+    do not see (launch gaps, small and fused shapes) and is kept for every profile."""
+    from raybench.spec.hardware import matmul_efficiency
+
+    return ROOFLINE_EFFICIENCY / matmul_efficiency(ROOFLINE_REFERENCE_GPU)
+
+
+def derive(measured: dict) -> dict:
+    """The rehearsal's constants from one calibration's figures (runtime.calibrate.measure): FLOPs at the
+    measured bf16 matmul fraction of the table's peak x step_share(), bytes at the measured bandwidth fraction x
+    step_share(), the measured allocator reserve. A device without table peaks (a CPU) is its own roofline: its
+    best measured FLOP/s and bytes/s are the peaks, at fraction 1."""
+    share = step_share()
+    matmul = measured["matmul_fraction"].get("bf16")
+    moved = measured["bandwidth_fraction"]
+    absolute = matmul is None or moved is None
+    return {"efficiency": (1.0 if absolute else matmul) * share,
+            "bandwidth_fraction": (1.0 if absolute else moved) * share,
+            "reserve": measured["allocator_reserve"], "launch_s": measured["launch_s"], "step_share": share,
+            "peaks_flop_per_s": dict(measured["matmul_flop_per_s"]) if absolute else None,
+            "bandwidth_bytes_per_s": measured["bandwidth_bytes_per_s"] if absolute else None}

@@ -12,7 +12,7 @@ import torch
 
 from raybench.rehearse.compiled import compiled_block_saving_gib
 from raybench.rehearse.fake_world import fake_mode, one_sequence_per_row
-from raybench.rehearse.fitted import ALLOCATOR_RESERVE, ROOFLINE_EFFICIENCY
+from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.roofline import Roofline, flop_formulas, gpu_roofline
 from raybench.rehearse.step_time import predict_step_time
 from raybench.rehearse.trace import StepTrace, fake_batches, liger_rope, unwrapped_model
@@ -51,7 +51,8 @@ def _sac_estimator(roofline: Roofline):
     return estimator
 
 
-def block_ops(config: TrialConfig, shape: ModelShape, gpu: str) -> dict:
+def block_ops(config: TrialConfig, shape: ModelShape, gpu: str,
+              calibration: Calibration = SHIPPED_CALIBRATION) -> dict:
     """One decoder block's operators in forward, as torch's SACStats (plain data): each operator's name, output
     bytes, roofline milliseconds on `gpu`, and the estimator's constraints (views, random and in-place ops).
 
@@ -61,7 +62,7 @@ def block_ops(config: TrialConfig, shape: ModelShape, gpu: str) -> dict:
     which casting the whole model reproduces. Every block runs the same operators; the first one's are taken.
     """
     model, train = unwrapped_model(config)
-    estimator = _sac_estimator(gpu_roofline(gpu))
+    estimator = _sac_estimator(gpu_roofline(gpu, calibration))
     with fake_mode():
         model.to_empty(device="cpu")
         batch = next(fake_batches(train, shape.vocab_size, torch.device("cpu")))
@@ -86,7 +87,7 @@ class OpPolicy:
     kept_fraction: float  # the ILP's budget: share of the block's recomputable output bytes it may keep
     saved_gib_per_block: float  # what the policy keeps per block run eager
     peak_gib: float  # tensor peak (compiled blocks: what the partitioner keeps given the policy, `compiled_policy`)
-    reserved_gib: float  # x ALLOCATOR_RESERVE, as rehearsals report for GPUs
+    reserved_gib: float  # x the calibration's reserve, as rehearsals report for GPUs
     compute_s: float
     step_time_s: float
 
@@ -132,8 +133,7 @@ def _solve(stats, kept_fraction: float) -> list[int]:
     return decisions
 
 
-def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float,
-              efficiency: float = ROOFLINE_EFFICIENCY) -> OpPolicy | None:
+def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float) -> OpPolicy | None:
     """The op-level policy torch's ILP picks for every decoder block so that the GPU's reserved peak stays
     within `reserved_limit_gib`, from the rehearsal of the same trial with every block checkpointed whole
     (`full_ac`: a Rehearsal as a dict, with block_ops; a compiled trial's has its compiled_traffic). None when
@@ -143,10 +143,11 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float,
     operator outputs adds layers x S to that peak, and takes the saved operators' time off the recomputation
     the full-AC step pays. Both come from the trace (the same roofline, `block_ops`), nothing is fitted here.
     A step of several micro-batches recomputes each block once per micro-batch, and holds one micro-batch's
-    activations at a time.
+    activations at a time. The reserve and efficiency are those the rehearsal was priced with (its calibration).
     """
+    calibration = Calibration.of(full_ac)
     stats = _recomputable(full_ac["block_ops"])
-    room_gib = reserved_limit_gib / ALLOCATOR_RESERVE - full_ac["peak_gib"]
+    room_gib = reserved_limit_gib / calibration.reserve - full_ac["peak_gib"]
     if room_gib < 0:
         return None
     kept_fraction = min(1.0, room_gib * GIB / 1024 / layers / sum(_kib(stats.memory)))
@@ -163,23 +164,24 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float,
                       roofline_s=full_ac["roofline_s"] - recomputed_blocks * saved_s, compute_s=0.0, memory_s=0.0,
                       block_memory_bound_s=full_ac["block_memory_bound_s"] - recomputed_blocks * saved_memory_bound_s)
     timing = predict_step_time(trace, full_ac["world_size"], full_ac["busbw_gbps"], full_ac["busbw_source"],
-                               efficiency, full_ac.get("compiled_traffic"))
+                               calibration.efficiency, full_ac.get("compiled_traffic"))
     peak = full_ac["peak_gib"] + layers * saved_bytes / GIB
     return OpPolicy(
         saved=_counts(stats.func_names, saved), kept_fraction=kept_fraction,
         ac_saved_ops=_as_saved_ops(full_ac["block_ops"]["func_names"], [i for i in saved if i not in views]),
         recomputed=_counts(stats.func_names, [i for i, keep in enumerate(decisions) if not keep and i not in views]),
-        saved_gib_per_block=saved_bytes / GIB, peak_gib=peak, reserved_gib=peak * ALLOCATOR_RESERVE,
+        saved_gib_per_block=saved_bytes / GIB, peak_gib=peak, reserved_gib=peak * calibration.reserve,
         compute_s=timing.compute_s, step_time_s=timing.step_time_s)
 
 
-def compiled_policy(policy: OpPolicy, config: TrialConfig, shape: ModelShape) -> OpPolicy:
+def compiled_policy(policy: OpPolicy, config: TrialConfig, shape: ModelShape,
+                    calibration: Calibration = SHIPPED_CALIBRATION) -> OpPolicy:
     """`policy` for blocks that run compiled: torch.compile's partitioner takes the policy's tags as constraints
     and keeps what it then chooses, which the ILP (eager) does not see (compiled_block_saving_gib)."""
     train = config.train.model_copy(update={"ac_ratio": "1", "ac_mode": "op", "ac_saved_ops": policy.ac_saved_ops})
     saving = compiled_block_saving_gib(config.model_copy(update={"train": train}), shape, op_policy=True)
     peak = policy.peak_gib - shape.num_hidden_layers * saving
-    return dataclasses.replace(policy, peak_gib=peak, reserved_gib=peak * ALLOCATOR_RESERVE)
+    return dataclasses.replace(policy, peak_gib=peak, reserved_gib=peak * calibration.reserve)
 
 
 def _as_saved_ops(names: list[str], saved: list[int]) -> list[str]:

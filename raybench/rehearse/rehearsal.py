@@ -15,7 +15,7 @@ from raybench.planning.estimate import Estimate
 from raybench.planning.plan import config_id
 from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block_traffic
 from raybench.rehearse.fake_world import init_fake_world
-from raybench.rehearse.fitted import ALLOCATOR_RESERVE, ROOFLINE_EFFICIENCY
+from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.policy import block_ops
 from raybench.rehearse.step_time import link_busbw_gbps, predict_step_time
 from raybench.rehearse.trace import (
@@ -42,7 +42,7 @@ class Rehearsal:
     world_size: int
     memory_gib: dict[str, float] = field(default_factory=dict)
     peak_gib: float | None = None  # tensor memory at the step's peak (what torch's allocator would hold)
-    reserved_gib: float | None = None  # GPU trials: what the caching allocator would reserve (x ALLOCATOR_RESERVE)
+    reserved_gib: float | None = None  # GPU trials: what the caching allocator would reserve (x its reserve)
     resident_gib: dict[str, float] = field(default_factory=dict)
     comm_bytes: dict[str, int] = field(default_factory=dict)
     flops: float | None = None
@@ -60,6 +60,7 @@ class Rehearsal:
     overlapped_comm: list[str] = field(default_factory=list)  # collectives issued beside compute (op_policy)
     block_ops: dict | None = None  # one decoder block's operators, when op_policy can start from this trial
     grad_accum: int = 1  # micro-batches per step: the times and collectives cover them all, the memory the peak
+    calibration: dict | None = None  # traced: the Calibration that priced it (its source names the profile)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -86,9 +87,12 @@ def why_not_traceable(config: TrialConfig) -> str | None:
 
 
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
-             busbw_source: str = "probe", analytic: Estimate | None = None, efficiency: float = ROOFLINE_EFFICIENCY,
-             rank: int = 0, traces: dict | None = None) -> Rehearsal:
+             busbw_source: str = "probe", analytic: Estimate | None = None,
+             calibration: Calibration = SHIPPED_CALIBRATION, rank: int = 0, traces: dict | None = None) -> Rehearsal:
     """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
+
+    `calibration` prices it: the shipped H100 constants, or the profile `raybench calibrate` stored for the
+    device (a CPU profile gives CPU trials a roofline, and so a step time); the row names it in its notes.
 
     `traces` (a dict the caller keeps) reuses the trace of a trial whose traced step is identical: compiled
     and eager twins trace the same eager step and differ only in the predicted time.
@@ -100,15 +104,16 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
     traces = {} if traces is None else traces
-    key = (config_id(traced_config(config)), rank, gpu if on_gpu else None)
+    key = (config_id(traced_config(config)), rank, gpu if on_gpu else None, calibration.source)
     t0 = time.perf_counter()
     if key not in traces:
         init_fake_world(rank, world)
         try:
             ctx = RankContext(rank, world, rank, torch.device("cpu"))
-            traces[key] = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None)
+            traces[key] = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None,
+                                     calibration=calibration)
             if on_gpu and gpu and is_policy_base(config):
-                traces[key].block_ops = block_ops(config, shape, gpu)
+                traces[key].block_ops = block_ops(config, shape, gpu, calibration)
         except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
             return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
         finally:
@@ -127,11 +132,12 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     peak_gib = sum(memory.values())
     source = busbw_source if busbw_gbps else "links"
     busbw = busbw_gbps or link_busbw_gbps(gpu, world)
-    timing = predict_step_time(trace, world, busbw, source if busbw else "none", efficiency, traffic)
-    has_time = on_gpu and trace.roofline_s > 0
+    timing = predict_step_time(trace, world, busbw, source if busbw else "none", calibration.efficiency, traffic)
+    has_time = (on_gpu or bool(calibration.peaks)) and trace.roofline_s > 0
+    notes = [*notes, f"priced with {calibration.source}"] if on_gpu or calibration.profiled else notes
     return Rehearsal(
         "traced", notes, rank, world, memory_gib=memory, peak_gib=peak_gib,
-        reserved_gib=peak_gib * (ALLOCATOR_RESERVE if on_gpu else 1.0),
+        reserved_gib=peak_gib * (calibration.reserve if on_gpu else 1.0),
         resident_gib=trace.resident_gib, comm_bytes=trace.comm_bytes, flops=trace.flops,
         compute_s=timing.compute_s if has_time else None, comm_s=timing.comm_s if busbw else None,
         exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,
@@ -140,7 +146,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         block_memory_bound_s=trace.block_memory_bound_s if has_time else None, compiled_traffic=traffic,
         trace_s=time.perf_counter() - t0,
         overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None,
-        grad_accum=trace.grad_accum)
+        grad_accum=trace.grad_accum, calibration=calibration.as_dict())
 
 
 def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, traces: dict) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from raybench.rehearse.fitted import ROOFLINE_REFERENCE_GPU
+from raybench.rehearse.fitted import ROOFLINE_REFERENCE_GPU, SHIPPED_CALIBRATION, Calibration
 from raybench.runtime.techniques import liger_reference
 from raybench.spec.hardware import matmul_efficiency, memory_bandwidth_tb_per_s, peak_tflops
 
@@ -66,14 +66,23 @@ class Roofline:
         return flops, flops / peak if peak else 0.0, moved / self.bandwidth if self.bandwidth else 0.0
 
 
-def gpu_roofline(gpu: str | None) -> Roofline:
-    """The roofline of raybench's hardware table for `gpu` (no GPU: every operator costs 0 s). Its tensor-core
-    peaks are scaled by the GPU's measured matmul efficiency relative to the GPU ROOFLINE_EFFICIENCY was fitted
-    on (`matmul_efficiency_ratio`)."""
-    ratio = matmul_efficiency_ratio(gpu)
-    peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 * (ratio if name != "fp32" else 1.0) for dtype, name in
-             ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))} if gpu else {}
-    bandwidth = (memory_bandwidth_tb_per_s(gpu) or 0) * 1e12 or None
+def gpu_roofline(gpu: str | None, calibration: Calibration = SHIPPED_CALIBRATION) -> Roofline:
+    """The roofline of raybench's hardware table for `gpu` (no GPU: every operator costs 0 s). With the shipped
+    constants its tensor-core peaks are scaled by the GPU's measured matmul efficiency relative to the GPU
+    ROOFLINE_EFFICIENCY was fitted on (`matmul_efficiency_ratio`); a calibration profile measured its own. Bytes
+    are priced at bandwidth_fraction / efficiency of the bandwidth (1 with the shipped constants), so that over
+    the step's efficiency they run at the calibrated fraction. A profile with absolute peaks (a CPU's, or a GPU
+    the table lacks) is the roofline itself."""
+    dtypes = ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))
+    byte_scale = calibration.bandwidth_fraction / calibration.efficiency
+    if calibration.peaks:
+        known = calibration.peaks
+        peaks = {dtype: known.get(name, known.get("bf16" if name == "fp16" else name, 0.0)) for dtype, name in dtypes}
+        return Roofline(peaks, (calibration.bandwidth or 0) * byte_scale or None)
+    ratio = 1.0 if calibration.profiled else matmul_efficiency_ratio(gpu)
+    peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 * (ratio if name != "fp32" else 1.0)
+             for dtype, name in dtypes} if gpu else {}
+    bandwidth = (memory_bandwidth_tb_per_s(gpu) or 0) * 1e12 * byte_scale or None
     return Roofline(peaks, bandwidth)
 
 

@@ -30,6 +30,7 @@ from raybench.rehearse.fake_world import (
     marking_propagation,
     one_sequence_per_row,
 )
+from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.roofline import Roofline, fusable, gpu_roofline
 from raybench.runtime import bench, strategies
 from raybench.runtime.materialize import to_empty_keeping_ties
@@ -376,7 +377,8 @@ def liger_rope(config: TrialConfig, shape: ModelShape):
 
 
 def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
-               gpu: str | None = None, skip_propagation: bool = True, every_micro_batch: bool = False) -> StepTrace:
+               gpu: str | None = None, skip_propagation: bool = True, every_micro_batch: bool = False,
+               calibration: Calibration = SHIPPED_CALIBRATION) -> StepTrace:
     """Build, wrap and run one training step of `config` on this rank under the step tracker.
 
     fake=True: storage is fake (call `init_fake_world` first); fake=False: the real thing on a real process
@@ -409,7 +411,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
     with mode:
         _create_optimizer_state(trainable)
         batches = fake_batches(train, shape.vocab_size, ctx.device)
-        tracker = tracker_cls(gpu_roofline(gpu))
+        tracker = tracker_cls(gpu_roofline(gpu, calibration))
         if not fsdp:
             tracker.track_external(trainable.model, trainable.optimizer)
         if train.strategy == "ddp":  # its reducer holds a bucket copy of every trainable gradient from construction

@@ -100,3 +100,23 @@ def test_overlapping_step_times_are_in_doubt_and_a_clear_choice_stands(tmp_path,
     assert json.loads(line)["in_doubt"] == [] and len(json.loads(line)["best"]["peak_interval_gib"]) == 2
     assert "nothing in doubt" in captured.err and not emitted.exists()
     assert main(["best", clear, "--emit-sweep", str(emitted)]) == 2  # only with --predict
+
+
+def test_fields_that_vary_together_are_one_axis(tmp_path):
+    """A bundle of strategy and tp_size: `--axis train.strategy,train.tp_size` compares its points in one group."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(json.dumps({
+        "name": "bundle", "model": {"preset": "tiny"}, "train": TRAIN,
+        "resources": {"gpus_per_worker": 1, "workers": 2},
+        "estimate": {"gpu": "H100 SXM", "device_memory_gib": 80, "margin_gib": 0}, "store": str(tmp_path / "store"),
+        "axes": {"parallelism": [{"train.strategy": "tp", "train.tp_size": 2}, {"train.strategy": "fsdp2"}]}}))
+    spec = load_sweep(path)
+    for t, step_s in zip(plan(spec), (0.5, 0.4)):
+        calibration.save_rehearsal(tmp_path / "store", t.config_id, {
+            "method": "traced", "peak_gib": 10.0, "reserved_gib": 11.6, "step_time_s": step_s, "compute_s": step_s})
+    (result,) = predicted_best(plan(spec, store_path=spec.store), axis="train.strategy,train.tp_size")
+    assert [v["value"] for v in result["values"]] == ["tp/2", "fsdp2/-"]
+    # tok/s per GPU: a TP pair shares its tokens, so fsdp2 at 0.4 s beats tp at 0.5 s by 2.5x, not 1.25x.
+    assert result["best"]["value"] == "fsdp2/-"
+    tok = {v["value"]: v["tok_per_s_per_device"] for v in result["values"]}
+    assert tok["fsdp2/-"] / tok["tp/2"] == pytest.approx(2.5)
