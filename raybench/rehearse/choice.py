@@ -103,7 +103,8 @@ def render_predicted_best(results: list[dict], axis: str = "train.ac_ratio") -> 
     """predicted_best's results as `raybench best --predict` prints them."""
     if not results:
         return "no rehearsed trials: run `raybench rehearse SWEEP` first (it stores rehearsals in the sweep's store)"
-    headers = ["group", f"best {axis.split('.')[-1]}", "pred tok/s/GPU", "peak GiB", "limit GiB", "every value: "
+    named = ",".join(field.split(".")[-1] for field in axis.split(","))
+    headers = ["group", f"best {named}", "pred tok/s/GPU", "peak GiB", "limit GiB", "every value: "
                "peak GiB / fits / tok/s/GPU"]
     rows = []
     for r in results:

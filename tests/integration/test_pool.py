@@ -151,7 +151,11 @@ def test_groups_recycle_after_configured_trials(cluster, tmp_path):
 
 
 def test_other_executors_get_the_pools_idle_resources(cluster, tmp_path):
-    run(pool_sweep("pool-before-train", {"train.lr": [1e-4]}), tmp_path)
+    # The warm group's trial: LoRA under tensor parallelism, with dropout (every rank of the TP group draws the
+    # same masks, strategies/tp.py).
+    tp_lora = {"train.strategy": "tp", "train.tp_size": 2, "train.finetune": "lora", "train.lora.dropout": 0.1}
+    rows = run(pool_sweep("pool-before-train", {"setup": [tp_lora]}), tmp_path)
+    assert list(rows.status) == ["ok"], list(rows.message)
     assert groups()  # a warm group holds the 2 CPUs of this machine
     spec = parse_sweep({"name": "train-after-pool", "model": {"preset": "tiny"}, "executor": "torchrun",
                         "train": {"steps": 4, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"},
@@ -219,9 +223,8 @@ def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(
 def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
     """The same trial fresh (torchrun) and as a later trial of a pool group that first ran other kinds."""
     base = {"steps": 6, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"}
-    # LoRA dropout draws from the global generator, which a warm actor's earlier trials have advanced; under
-    # tensor parallelism every rank of the group must draw the same masks (strategies/tp.py).
-    target = {"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2", "finetune": "lora", "lora.dropout": 0.1}
+    # LoRA dropout draws from the global generator, which a warm actor's earlier trials have advanced.
+    target = {"strategy": "fsdp2", "ac_ratio": "1/2", "finetune": "lora", "lora.dropout": 0.1}
     # Kinds that share the target's group (a DeepSpeed trial would run in a group of its own: another shape).
     before = [{"compile": True}, {"finetune": "lora"}, {"micro_batch": 2}]
     spec = parse_sweep({"name": "warm-fresh", "model": {"preset": "tiny"}, "executor": "pool", "train": base,
