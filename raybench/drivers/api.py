@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from raybench.drivers import sweep
@@ -59,8 +58,7 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
         if data.source != "hf" or t.status != "planned":
             out.append(t)
             continue
-        tokenizer = data.tokenizer or t.config.model.path
-        key = json.dumps([data.model_dump(mode="json", include={"path", *tokenized.CONTENT_FIELDS}), tokenizer])
+        key, tokenizer = tokenized.spec_key(data, t.config.model.path)
         if key not in prepared:
             try:
                 ref = tokenized.prepare(data, tokenizer, cache_root)

@@ -209,12 +209,10 @@ def _unknown_operators(saved_ops: list[str]) -> list[str]:
 def _data_problems(config: TrialConfig, checked: dict[str, list[Problem]]) -> list[Problem]:
     """What is wrong with the content of a trial's hf data, checked once per distinct data spec and tokenizer.
     Bad data is bad input whatever --keep-invalid says: no point of the sweep could run on it."""
-    data = config.data
-    tokenizer = data.tokenizer or config.model.path
-    key = json.dumps([data.model_dump(mode="json", include={"path", *tokenized.CONTENT_FIELDS}), tokenizer])
+    key, tokenizer = tokenized.spec_key(config.data, config.model.path)
     if key in checked:
         return []
-    checked[key] = tokenized.problems(data, tokenizer)
+    checked[key] = tokenized.problems(config.data, tokenizer)
     return checked[key]
 
 

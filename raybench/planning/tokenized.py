@@ -278,6 +278,13 @@ def data_hash(path: str) -> str:
     return h.hexdigest()[:24]
 
 
+def spec_key(data: DataSpec, model_path: str | None) -> tuple[str, str]:
+    """(key, tokenizer directory) of a data spec: trials whose keys are equal tokenize to the same data (before
+    any file is read: plan checks and the driver prepares each distinct key once)."""
+    tokenizer = data.tokenizer or model_path
+    return json.dumps([data.model_dump(mode="json", include={"path", *CONTENT_FIELDS}), tokenizer]), tokenizer
+
+
 def cache_key(data: DataSpec, tokenizer_dir: str, hashed_data: str) -> str:
     """Hash of the data's content, the tokenizer files' content, the options that change the token ids, and the
     versions of the code that produces them: a changed file or option never hits a stale entry."""
