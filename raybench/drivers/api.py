@@ -55,7 +55,8 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
     out = []
     for t in trials:
         data = t.config.data
-        if data.source != "hf" or t.status != "planned":
+        # A user's stack (stack.kind) tokenizes its own data: raybench's tokenization would describe other batches.
+        if data.source != "hf" or t.status != "planned" or t.config.stack.kind != "raybench":
             out.append(t)
             continue
         key, tokenizer = tokenized.spec_key(data, t.config.model.path)

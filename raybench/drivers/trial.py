@@ -90,6 +90,7 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
         "ended_at": ended_at or datetime.now(timezone.utc),
         "trial_wall_s": wall_s,
         **flatten_config(config),
+        "stack_kind": payload.config.stack.kind,  # raybench's own loop leaves the section out of its dump
         "world_size": config["resources"]["workers"],
         "num_layers": payload.num_layers,
         "ac_blocks": list(payload.ac_blocks),

@@ -10,7 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from raybench.planning import calibration, estimate, tokenized
+from raybench.planning import calibration, estimate, stacks, tokenized
 from raybench.planning.assessment import Assessment, assess
 from raybench.planning.payload import TrialPayload
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
@@ -216,6 +216,16 @@ def _data_problems(config: TrialConfig, checked: dict[str, list[Problem]]) -> li
     return checked[key]
 
 
+def _stack_problems(config: TrialConfig, checked: dict[str, list[Problem]]) -> list[Problem]:
+    """What is wrong with a trial's stack section (its entry, its own keys, raybench fields it does not take),
+    checked once per distinct stack and train section. Like bad data, bad input whatever --keep-invalid says."""
+    key = json.dumps([config.stack.model_dump(mode="json"), config.train.model_dump(mode="json")], sort_keys=True)
+    if key in checked:
+        return []
+    checked[key] = stacks.problems(config)
+    return checked[key]
+
+
 def _grid(spec: SweepSpec):
     """Axis-value dicts in declaration order (first axis varies slowest), excluded points removed."""
     keys = list(spec.axes)
@@ -239,6 +249,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
     shapes: dict[tuple, ModelShape] = {}
     trials, problems = [], []
     data_checked: dict[str, list[Problem]] = {}
+    stack_checked: dict[str, list[Problem]] = {}
     for grid_values in _grid(spec):
         raw = copy_trial(base)
         # Bundle axes set several fields per value; trials show every field an axis set, by its dotted path.
@@ -252,6 +263,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
         reasons = trial_problems(config, shape)
         if config.data.source == "hf":
             problems += _data_problems(config, data_checked)
+        problems += _stack_problems(config, stack_checked)
         cid = config_id(config)
         blocks = tuple(checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
         if reasons and not keep_invalid:
@@ -261,7 +273,9 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
             continue
         status, why_not = ("invalid", tuple(why for _, why in reasons)) if reasons else ("planned", ())
         judged = None
-        if not reasons:  # an invalid combination has no meaningful estimate (its mesh may not even exist)
+        # An invalid combination has no meaningful estimate (its mesh may not even exist), and the estimate models
+        # raybench's own loop, not a user's stack.
+        if not reasons and config.stack.kind == "raybench":
             raw_est = estimate.estimate(config, shape, blocks, spec.estimate.gpu)
             judged, skip = assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)), rehearsed.get(cid))
             if skip:

@@ -167,6 +167,8 @@ DESCRIPTIONS = {
     "cuda_version": "CUDA runtime version torch was built with; null on CPU builds.",
     "nccl_version": "NCCL version; null without CUDA.",
     "git_sha": "Commit of the raybench checkout, when run from one.",
+    "stack_version": "The user's training stack and its libraries' versions (e.g. 'transformers 5.23.0, trl 1.16.0'); "
+                     "null for raybench's own loop (stack_kind raybench).",
 }
 # Units a suffix rule would get wrong or cannot know.
 UNITS = {

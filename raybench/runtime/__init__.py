@@ -3,6 +3,7 @@
 `worker` (init → model → techniques → strategy → timed loop → measurements), `strategies/` (ddp, fsdp2,
 deepspeed, tp, tp_fsdp2) and `techniques/` (liger, qlora, lora, activation checkpointing, compile), `model`,
 `materialize` and `weights` (building and filling the model), `data`, `bench` (the timed loop),
-`rank_metrics`, `fingerprint`, `probe`, `sampler`, `limits`, `cuda_snapshot`, `isolation` (what a warm actor
-puts back between trials). Imports `spec` and the plan's `payload` only: no Ray, no results store (no pyarrow).
+`rank_metrics`, `fingerprint`, `allreduce` (bus bandwidth), `probe` (step timing for any loop), `sampler`,
+`limits`, `cuda_snapshot`, `isolation` (what a warm actor puts back between trials), `stacks/` (the user's own
+training stacks). Imports `spec` and the plan's `payload` only: no Ray, no results store (no pyarrow).
 """

@@ -12,26 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from raybench.runtime.data import NONPAD_TOKENS
+from raybench.runtime.probe import PHASES, LoopRecord
 from raybench.runtime.sampler import Sampler
 from raybench.runtime.strategies import Trainable
 from raybench.spec.sweep_spec import TrainSpec
-
-PHASES = ("data", "forward", "backward", "optimizer")
-
-
-@dataclass
-class LoopRecord:
-    step_times_s: list[float] = field(default_factory=list)  # every step, warm-up included
-    step_starts: list[float] = field(default_factory=list)  # perf_counter() at each step's start
-    losses: list[float] = field(default_factory=list)
-    nonpad_tokens: list[int] = field(default_factory=list)  # this rank's non-padding tokens per step
-    phase_times_s: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
-
 
 class PhaseClock:
     """Accumulates time per phase within one step: `mark(phase)` closes the interval since the last mark."""
@@ -92,15 +80,16 @@ def _nonpad_tokens(batch: dict) -> int:
 
 def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
                clock: PhaseClock, sync: bool = True) -> tuple:
-    """One optimizer step over grad_accum micro-batches; returns (loss tensor, non-padding tokens).
+    """One optimizer step over grad_accum micro-batches; returns (loss tensor, tokens, non-padding tokens).
 
     sync=False skips the gradient reduction of the last micro-batch too (see `backward_with_and_without_sync`).
     """
     total_loss = torch.zeros((), device=device)
-    nonpad = 0
+    tokens = nonpad = 0
     clock.start()
     for micro in range(train.grad_accum):
         host_batch = next(batches)
+        tokens += host_batch["input_ids"].numel()
         nonpad += _nonpad_tokens(host_batch)
         batch = _to_device(host_batch, device)
         clock.mark("data")
@@ -115,24 +104,25 @@ def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
         total_loss += loss.detach()
     trainable.step()
     clock.mark("optimizer")
-    return total_loss, nonpad
+    return total_loss, tokens, nonpad
 
 
 def timed_loop(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
                sampler: Sampler | None = None) -> LoopRecord:
-    record = LoopRecord()
+    record = LoopRecord(phase_times_s={p: [] for p in PHASES})
     clock = PhaseClock(device)
     losses = []
     synchronize(device)
     for _ in range(train.steps):
         start = time.perf_counter()
         record.step_starts.append(start)
-        loss, nonpad = train_step(trainable, batches, train, device, clock)
+        loss, tokens, nonpad = train_step(trainable, batches, train, device, clock)
         synchronize(device)
         record.step_times_s.append(time.perf_counter() - start)
         for phase, seconds in clock.totals_s().items():
             record.phase_times_s[phase].append(seconds)
         losses.append(loss)
+        record.tokens.append(tokens)
         record.nonpad_tokens.append(nonpad)
         if sampler is not None:
             sampler.tick()

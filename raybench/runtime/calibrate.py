@@ -153,7 +153,7 @@ def allocator_reserve(device: torch.device, sizes: Sizes) -> tuple[float, str]:
 
 def collectives(device: torch.device) -> dict:
     """All-reduce bus bandwidth between the visible GPUs: not measured by this one process (it needs one process
-    per GPU); every multi-rank sweep measures it with its trials (`runtime.probe`), and the rehearsal uses the
+    per GPU); every multi-rank sweep measures it with its trials (`runtime.allreduce`), and the rehearsal uses the
     stored probe of the cluster, else nominal links."""
     count = torch.cuda.device_count() if device.type == "cuda" else 0
     if count < 2:

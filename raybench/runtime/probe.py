@@ -1,70 +1,126 @@
-"""All-reduce bus bandwidth across a trial's ranks, measured as nccl-tests does and cached per cluster.
+"""Step timing for any training loop: the per-rank record raybench's own loop writes, from someone else's loop.
 
-busbw = algbw * 2(n-1)/n with algbw = bytes / time: the ring all-reduce moves 2(n-1)/n of the buffer over each
-link, so busbw is comparable across world sizes and with the links' rated bandwidth. The result is cached in
-the store (keyed by the ranks' hostnames, world size and device type) so a sweep measures it once.
+A user's training stack (a transformers Trainer, Lightning, torchtune, a script of their own) calls the probe
+once per optimizer step; the trial then reduces every rank's record into the same columns as raybench's own loop
+(`rank_metrics`): tok/s/device over the timed window, step p50/p90 with warm-up excluded, losses, peaks.
+
+    from raybench.runtime.probe import StepProbe
+
+    probe = StepProbe()                       # this rank's device: the current CUDA device, else the CPU
+    probe.start()                             # right before the first step
+    for batch in loader:
+        loss = train_step(batch)
+        probe.step(tokens=batch["input_ids"].numel(), nonpad_tokens=int(batch["attention_mask"].sum()), loss=loss)
+    probe.finish()                            # under a raybench `command` trial: writes this rank's record
+
+Each `step` call ends the step that began at the previous call (or at `start`) and synchronizes the device first,
+so that a step's end is when its kernels finished, as raybench's own loop times it. That one synchronization per
+optimizer step is the probe's only cost inside the loop (bench/probe_overhead.py measures it).
+
+Imports torch lazily and nothing else outside the standard library, so a stack's own environment needs only
+raybench's source on its path (docs/stacks/command.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
+import resource
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+PHASES = ("data", "forward", "backward", "optimizer")
 
-SIZES_MIB = (1, 4, 16, 64, 256)
-WARMUP_ITERS, TIMED_ITERS = 2, 5
-
-
-def bus_bandwidth_gbps(size_bytes: int, seconds: float, world_size: int) -> float:
-    return size_bytes / seconds * 2 * (world_size - 1) / world_size / 1e9
+# Set by raybench for a `command` trial's processes: where each rank's record goes (`finish`).
+RECORD_DIR_ENV = "RAYBENCH_PROBE_DIR"
+# KiB: ru_maxrss's unit on Linux.
+_KIB = 1024
 
 
-def measure(device: torch.device, world_size: int, sizes_mib=SIZES_MIB) -> dict[str, float]:
-    """Bus bandwidth per message size in GB/s: the mean time of TIMED_ITERS all-reduces after warm-up."""
-    results = {}
-    for mib in sizes_mib:
-        buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
-        for _ in range(WARMUP_ITERS):
-            dist.all_reduce(buf)
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(TIMED_ITERS):
-            dist.all_reduce(buf)
-        _sync(device)
-        seconds = (time.perf_counter() - start) / TIMED_ITERS
-        results[str(mib)] = bus_bandwidth_gbps(buf.numel() * 4, seconds, world_size)
-        del buf
-    return results
+@dataclass
+class LoopRecord:
+    """One rank's steps, as raybench's loop (`bench.timed_loop`) and the probe record them."""
+
+    step_times_s: list[float] = field(default_factory=list)  # every step, warm-up included
+    step_starts: list[float] = field(default_factory=list)  # perf_counter() at each step's start
+    losses: list[float] = field(default_factory=list)  # nan: not known
+    tokens: list[int] = field(default_factory=list)  # this rank's tokens per step, padding included
+    nonpad_tokens: list[int] = field(default_factory=list)  # this rank's non-padding tokens per step
+    # Per phase, seconds per step: raybench's own loop only (a user's loop has no phase boundaries: empty).
+    phase_times_s: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class StepProbe:
+    def __init__(self, device=None):
+        self.device = device if device is not None else _default_device()
+        self.record = LoopRecord()
+        self.on_step = None  # called after each step's record (raybench's utilization sampler ticks here)
+        self._last: float | None = None
 
+    def start(self) -> None:
+        """Mark the start of the first step (after the model, the optimizer and the data are ready)."""
+        self._sync()
+        self._last = time.perf_counter()
 
-def cache_path(cache_dir: str, hostnames: list[str], world_size: int, device_type: str) -> Path:
-    key = json.dumps([sorted(hostnames), world_size, device_type])
-    return Path(cache_dir) / f"busbw-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    def step(self, tokens: int, nonpad_tokens: int | None = None, loss=None) -> None:
+        """End one optimizer step: `tokens` this rank processed in it (padding included), `nonpad_tokens` the
+        real ones among them (None: all), and the step's loss (a number or a tensor; None: not known)."""
+        self._sync()
+        now = time.perf_counter()
+        if self._last is None:
+            raise RuntimeError("StepProbe.step() before start(): call start() right before the first step")
+        self.record.step_starts.append(self._last)
+        self.record.step_times_s.append(now - self._last)
+        self.record.tokens.append(int(tokens))
+        self.record.nonpad_tokens.append(int(tokens if nonpad_tokens is None else nonpad_tokens))
+        self.record.losses.append(float("nan") if loss is None else float(loss))
+        if self.on_step is not None:
+            self.on_step()
+        self._last = time.perf_counter()
 
+    def peaks_gib(self) -> dict:
+        """This process's peak host RSS (its whole life: the probe did not see the process start) and the device
+        allocator's peaks (None on CPU)."""
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _KIB / 2**30
+        alloc = reserved = None
+        if self.device.type == "cuda":
+            import torch
 
-def cached_measure(device: torch.device, rank: int, world_size: int, hostnames: list[str],
-                   cache_dir: str) -> dict[str, float]:
-    """Bus bandwidth by message size (MiB -> GB/s); every rank calls this, rank 0 decides and broadcasts."""
-    path = cache_path(cache_dir, hostnames, world_size, device.type)
-    decision = [None]
-    if rank == 0 and path.exists():
-        decision = [json.loads(path.read_text())]
-    dist.broadcast_object_list(decision, src=0)
-    if decision[0] is not None:
-        return decision[0]
-    results = measure(device, world_size)
-    if rank == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
+            alloc = torch.cuda.max_memory_allocated(self.device) / 2**30
+            reserved = torch.cuda.max_memory_reserved(self.device) / 2**30
+        return {"rss_gib": rss, "alloc_gib": alloc, "reserved_gib": reserved}
+
+    def to_dict(self) -> dict:
+        """This rank's record as plain data, step starts on the wall clock (comparable across processes)."""
+        offset = time.time() - time.perf_counter()
+        return {"rank": int(os.environ.get("RANK", "0")), "step_times_s": self.record.step_times_s,
+                "step_starts_wall": [s + offset for s in self.record.step_starts],
+                "tokens": self.record.tokens, "nonpad_tokens": self.record.nonpad_tokens,
+                "losses": self.record.losses, "peaks": self.peaks_gib(), "device_type": self.device.type}
+
+    def finish(self) -> Path | None:
+        """Write this rank's record where a raybench `command` trial reads it; outside one, do nothing."""
+        directory = os.environ.get(RECORD_DIR_ENV)
+        if not directory:
+            return None
+        data = self.to_dict()
+        path = Path(directory) / f"rank-{data['rank']}.json"
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(results))
+        tmp.write_text(json.dumps(data))
         tmp.replace(path)
-    return results
+        return path
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+
+def _default_device():
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,11 +1,13 @@
 """One trial's measurements: what each rank measured, reduced across ranks in one place, into TrialMetrics.
 
-Every rank calls `reduce_ranks` (it runs the collectives); rank 0 then turns the reduction into the typed
-`schema.TrialMetrics` record with `trial_metrics`. How each quantity combines across ranks:
+Every rank calls `reduce_ranks`, which gathers each rank's record and `combine`s them; rank 0 then turns the
+reduction into the typed `schema.TrialMetrics` record with `trial_metrics`. Records a user's stack wrote with the
+probe from processes raybench did not start (a `command` trial) go through the same `combine`. How each quantity
+combines across ranks:
 - a step lasts as long as its slowest rank (max per step);
 - losses and phase times are averaged over ranks (each rank's phases add up to its own step time, so phases
   reconcile with the rank-averaged step time, not with the slowest rank's);
-- non-padding tokens are summed over ranks, then divided by tp_size (a TP group's ranks share one batch);
+- tokens (padded and not) are summed over ranks, then divided by tp_size (a TP group's ranks share one batch);
 - sampled utilization and clocks are averaged over ranks; peaks are kept per rank and their maximum reported;
 - setup times (model build, wrap, time to first step) are the slowest rank's: the trial waits for it;
 - throughput divides by the timed window's real elapsed time, from the earliest rank's start of the first
@@ -16,6 +18,7 @@ Every rank calls `reduce_ranks` (it runs the collectives); rank 0 then turns the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from raybench.runtime.bench import LoopRecord
+from raybench.runtime.probe import PHASES, LoopRecord
 from raybench.spec import metrics
 from raybench.spec.schema import TrialMetrics
 from raybench.spec.sweep_spec import TrainSpec
@@ -42,40 +45,57 @@ class Peaks:
 
 @dataclass(frozen=True)
 class RankMeasurement:
-    """What one rank measured with its own clocks and counters."""
+    """What one rank measured with its own clocks and counters. A user's stack measures the loop and the
+    training peaks only (its build is its own business): the other fields are None there."""
 
     loop: LoopRecord
     sampled: dict[str, float]  # means over the timed window; a missing key was not sampled
     peaks: Peaks  # training: from the end of the build to the end of the loop
-    build_peaks: Peaks  # the build: meta model, techniques, wrap, this rank's values
-    rss_before_build_gib: float
+    build_peaks: Peaks | None  # the build: meta model, techniques, wrap, this rank's values
+    rss_before_build_gib: float | None
     host_held_gib: float  # held from earlier trials (warm pool actors); the host figures above are net of it
-    model_build_s: float
-    wrap_s: float
+    model_build_s: float | None
+    wrap_s: float | None
     time_to_first_step_s: float
+
+    def as_record(self) -> dict:
+        """Plain data, step starts on the wall clock: what `combine` reads, from any process (the probe of a
+        `command` trial writes the same keys, `probe.StepProbe.to_dict`)."""
+        offset = time.time() - time.perf_counter()  # this rank's monotonic clock on the shared wall clock
+        return {
+            "step_times_s": self.loop.step_times_s, "step_starts_wall": [s + offset for s in self.loop.step_starts],
+            "tokens": self.loop.tokens, "nonpad_tokens": self.loop.nonpad_tokens, "losses": self.loop.losses,
+            "phase_times_s": self.loop.phase_times_s, "sampled": self.sampled,
+            "peaks": dataclasses.asdict(self.peaks),
+            "build_peaks": dataclasses.asdict(self.build_peaks) if self.build_peaks else None,
+            "rss_before_build_gib": self.rss_before_build_gib, "host_held_gib": self.host_held_gib,
+            "model_build_s": self.model_build_s, "wrap_s": self.wrap_s,
+            "time_to_first_step_s": self.time_to_first_step_s,
+        }
 
 
 @dataclass(frozen=True)
 class RankReduction:
-    """The measurements of all ranks, combined (identical on every rank)."""
+    """The measurements of all ranks, combined."""
 
     step_times_s: list[float]  # per step, the slowest rank's
     timed_window_s: float  # earliest start of the first timed step to the latest end of the last one
     mean_rank_step_times_s: list[float]
-    losses: list[float]
+    losses: list[float]  # nan where the stack reported none
+    tokens: list[float]
     nonpad_tokens: list[float]
-    phase_times_s: dict[str, list[float]]
+    phase_times_s: dict[str, list[float]]  # empty for a user's stack
     sampled: dict[str, float | None]
     peak_rss_gib_by_rank: list[float]
     peak_alloc_gib_by_rank: list[float] | None
     peak_reserved_gib_by_rank: list[float] | None
-    build_peak_rss_gib_by_rank: list[float]
+    build_peak_rss_gib_by_rank: list[float] | None
     build_peak_alloc_gib_by_rank: list[float] | None
     build_peak_reserved_gib_by_rank: list[float] | None
-    rss_before_build_gib_by_rank: list[float]
+    rss_before_build_gib_by_rank: list[float] | None
     host_held_gib_by_rank: list[float]
-    model_build_s: float
-    wrap_s: float
+    model_build_s: float | None
+    wrap_s: float | None
     time_to_first_step_s: float
 
 
@@ -90,52 +110,69 @@ def mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return [v / world for v in _reduce(values, dist.ReduceOp.SUM, device)]
 
 
-def _gather(values: list, world: int) -> list[list]:
-    """values[i] of every rank, as one list per i (in rank order)."""
-    gathered = [None] * world
-    dist.all_gather_object(gathered, values)
-    return [list(per_rank) for per_rank in zip(*gathered)]
+def reduce_ranks(m: RankMeasurement, tp_size: int, warmup_steps: int) -> RankReduction:
+    """Combine every rank's measurement (identical on every rank); a collective, so every rank must call it."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, m.as_record())
+    return combine(gathered, tp_size, warmup_steps)
 
 
-def _peak_values(peaks: Peaks) -> list:
-    return [peaks.rss_gib, peaks.alloc_gib, peaks.reserved_gib]
+def _per_step(ranks: list[dict], key: str) -> list[list[float]]:
+    """ranks[r][key][i] as one list per step i (every rank's value of it), over the steps all ranks have."""
+    return [list(step) for step in zip(*(r[key] for r in ranks))]
 
 
-def _timed_window_s(loop: LoopRecord, warmup_steps: int, device: torch.device) -> float:
-    wall_offset = time.time() - time.perf_counter()  # this rank's monotonic clock on the shared wall clock
-    start = loop.step_starts[warmup_steps] + wall_offset
-    end = loop.step_starts[-1] + loop.step_times_s[-1] + wall_offset
-    neg_start, end = _reduce([-start, end], dist.ReduceOp.MAX, device)
-    return end + neg_start
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values)
 
 
-def reduce_ranks(m: RankMeasurement, tp_size: int, warmup_steps: int, device: torch.device) -> RankReduction:
-    """Combine every rank's measurement; a collective, so every rank must call it."""
-    world = dist.get_world_size()
-    sampled = mean_over_ranks([m.sampled.get(k, math.nan) for k in SAMPLED], device)
-    rss, alloc, reserved, build_rss, build_alloc, build_reserved, before, held = _gather(
-        _peak_values(m.peaks) + _peak_values(m.build_peaks) + [m.rss_before_build_gib, m.host_held_gib], world)
-    on_gpu = m.peaks.alloc_gib is not None
-    build_s, wrap_s, first_step_s = _reduce([m.model_build_s, m.wrap_s, m.time_to_first_step_s], dist.ReduceOp.MAX,
-                                            device)
+def _by_rank(ranks: list[dict], section: str, key: str) -> list[float] | None:
+    values = [(r.get(section) or {}).get(key) for r in ranks]
+    return None if any(v is None for v in values) else values
+
+
+def _slowest(ranks: list[dict], key: str) -> float | None:
+    values = [r.get(key) for r in ranks]
+    return None if any(v is None for v in values) else max(values)
+
+
+def combine(ranks: list[dict], tp_size: int, warmup_steps: int) -> RankReduction:
+    """Every rank's record (`RankMeasurement.as_record`, or a probe's record file) combined into one."""
+    steps = _per_step(ranks, "step_times_s")
+    starts = _per_step(ranks, "step_starts_wall")
+    if len(steps) <= warmup_steps:
+        raise RuntimeError(f"the ranks recorded {len(steps)} step(s), no more than the {warmup_steps} warm-up "
+                           "step(s): no step was timed")
+    phases = {}
+    for phase in ranks[0].get("phase_times_s") or {}:
+        phases[phase] = [_mean(step) for step in zip(*(r["phase_times_s"][phase] for r in ranks))]
+    sampled = {}
+    for key in SAMPLED:
+        values = [(r.get("sampled") or {}).get(key, math.nan) for r in ranks]
+        sampled[key] = None if any(math.isnan(v) for v in values) else _mean(values)
+    on_gpu = ranks[0]["peaks"].get("alloc_gib") is not None
+    last = len(steps) - 1
+    window_end = max(s[last] + t[last] for s, t in zip(zip(*starts), zip(*steps)))
     return RankReduction(
-        step_times_s=_reduce(m.loop.step_times_s, dist.ReduceOp.MAX, device),
-        timed_window_s=_timed_window_s(m.loop, warmup_steps, device),
-        mean_rank_step_times_s=mean_over_ranks(m.loop.step_times_s, device),
-        losses=mean_over_ranks(m.loop.losses, device),
-        nonpad_tokens=[n / tp_size for n in _reduce([float(n) for n in m.loop.nonpad_tokens], dist.ReduceOp.SUM,
-                                                    device)],
-        phase_times_s={p: mean_over_ranks(t, device) for p, t in m.loop.phase_times_s.items()},
-        sampled={k: None if math.isnan(v) else v for k, v in zip(SAMPLED, sampled)},
-        peak_rss_gib_by_rank=rss,
-        peak_alloc_gib_by_rank=alloc if on_gpu else None,
-        peak_reserved_gib_by_rank=reserved if on_gpu else None,
-        build_peak_rss_gib_by_rank=build_rss,
-        build_peak_alloc_gib_by_rank=build_alloc if on_gpu else None,
-        build_peak_reserved_gib_by_rank=build_reserved if on_gpu else None,
-        rss_before_build_gib_by_rank=before,
-        host_held_gib_by_rank=held,
-        model_build_s=build_s, wrap_s=wrap_s, time_to_first_step_s=first_step_s,
+        step_times_s=[max(step) for step in steps],
+        timed_window_s=window_end - min(starts[warmup_steps]),
+        mean_rank_step_times_s=[_mean(step) for step in steps],
+        losses=[_mean(step) for step in _per_step(ranks, "losses")],
+        tokens=[math.fsum(step) / tp_size for step in _per_step(ranks, "tokens")],
+        nonpad_tokens=[math.fsum(step) / tp_size for step in _per_step(ranks, "nonpad_tokens")],
+        phase_times_s=phases,
+        sampled=sampled,
+        peak_rss_gib_by_rank=_by_rank(ranks, "peaks", "rss_gib"),
+        peak_alloc_gib_by_rank=_by_rank(ranks, "peaks", "alloc_gib") if on_gpu else None,
+        peak_reserved_gib_by_rank=_by_rank(ranks, "peaks", "reserved_gib") if on_gpu else None,
+        build_peak_rss_gib_by_rank=_by_rank(ranks, "build_peaks", "rss_gib"),
+        build_peak_alloc_gib_by_rank=_by_rank(ranks, "build_peaks", "alloc_gib") if on_gpu else None,
+        build_peak_reserved_gib_by_rank=_by_rank(ranks, "build_peaks", "reserved_gib") if on_gpu else None,
+        rss_before_build_gib_by_rank=(None if any(r.get("rss_before_build_gib") is None for r in ranks)
+                                      else [r["rss_before_build_gib"] for r in ranks]),
+        host_held_gib_by_rank=[r.get("host_held_gib", 0.0) for r in ranks],
+        model_build_s=_slowest(ranks, "model_build_s"), wrap_s=_slowest(ranks, "wrap_s"),
+        time_to_first_step_s=_slowest(ranks, "time_to_first_step_s"),
     )
 
 
@@ -148,7 +185,7 @@ class TrialFacts:
     dp_size: int  # data-parallel ranks: each draws its own batch
     params_total: int
     params_trainable: int
-    flops_per_token: float
+    flops_per_token: float | None  # None: not known for the model the user's stack trained
     peak_tflops: float | None  # the device's dense peak for the trial's precision; None: MFU unknown
     comm_exposed_p50_s: float | None
     weights_cache: str | None
@@ -162,35 +199,37 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
     train = facts.train
     warm = train.warmup_steps
     timed = r.step_times_s[warm:]
-    tokens_per_step = train.micro_batch * train.seq_len * train.grad_accum * facts.dp_size
+    # Measured: every rank counts the tokens of its batches (a TP group's ranks share one batch).
+    tokens_per_step = math.fsum(r.tokens[warm:]) / len(timed)
     tok_per_s = tokens_per_step * len(timed) / r.timed_window_s
     per_device = tok_per_s / facts.world_size
     nonpad_per_s = sum(r.nonpad_tokens[warm:]) / r.timed_window_s
     step_p50 = metrics.percentile(timed, 50)
+    flops = facts.flops_per_token
     return TrialMetrics(
         **metrics.step_time_stats(timed),
-        **metrics.phase_stats({p: t[warm:] for p, t in r.phase_times_s.items()}, r.mean_rank_step_times_s[warm:]),
+        **_phase_columns({p: t[warm:] for p, t in r.phase_times_s.items()}, r.mean_rank_step_times_s[warm:]),
         comm_exposed_p50_s=facts.comm_exposed_p50_s,
         comm_exposed_frac=facts.comm_exposed_p50_s / step_p50 if facts.comm_exposed_p50_s is not None else None,
         steps_timed=len(timed),
-        tokens_per_step=tokens_per_step,
+        tokens_per_step=round(tokens_per_step),
         nonpad_tokens_per_step=sum(r.nonpad_tokens[warm:]) / len(timed),
         tok_per_s=tok_per_s,
         tok_per_s_per_device=per_device,
         nonpad_tok_per_s=nonpad_per_s,
         nonpad_tok_per_s_per_device=nonpad_per_s / facts.world_size,
-        tflops_per_device=per_device * facts.flops_per_token / 1e12,
-        mfu=metrics.mfu(per_device, facts.flops_per_token, facts.peak_tflops),
-        flops_per_token=facts.flops_per_token,
-        loss_first=r.losses[0],
-        loss_final=r.losses[-1],
+        tflops_per_device=per_device * flops / 1e12 if flops is not None else None,
+        mfu=metrics.mfu(per_device, flops, facts.peak_tflops) if flops is not None else None,
+        flops_per_token=flops,
+        loss_first=_known(r.losses[0]),
+        loss_final=_known(r.losses[-1]),
         peak_rss_gib=max(r.peak_rss_gib_by_rank),
         peak_alloc_gib=_max(r.peak_alloc_gib_by_rank),
         peak_reserved_gib=_max(r.peak_reserved_gib_by_rank),
         peak_rss_gib_by_rank=r.peak_rss_gib_by_rank,
         peak_alloc_gib_by_rank=r.peak_alloc_gib_by_rank,
         peak_reserved_gib_by_rank=r.peak_reserved_gib_by_rank,
-        build_peak_rss_gib=max(r.build_peak_rss_gib_by_rank),
+        build_peak_rss_gib=_max(r.build_peak_rss_gib_by_rank),
         build_peak_alloc_gib=_max(r.build_peak_alloc_gib_by_rank),
         build_peak_reserved_gib=_max(r.build_peak_reserved_gib_by_rank),
         build_peak_rss_gib_by_rank=r.build_peak_rss_gib_by_rank,
@@ -213,6 +252,18 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         process_trial_index=facts.process_trial_index,
         **r.sampled,
     )
+
+
+def _phase_columns(phase_times_s: dict[str, list[float]], step_times_s: list[float]) -> dict:
+    """The phase columns: raybench's own loop times its phases; a user's stack has none (null columns)."""
+    if phase_times_s:
+        return metrics.phase_stats(phase_times_s, step_times_s)
+    none = {f"phase_{p}_{stat}_s": None for p in PHASES for stat in ("p50", "p90", "mean", "std")}
+    return {**none, "phase_sum_over_step": None}
+
+
+def _known(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 def _max(values: list[float] | None) -> float | None:

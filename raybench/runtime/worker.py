@@ -27,8 +27,10 @@ from torch import nn  # noqa: E402
 
 from raybench.planning.payload import TrialPayload  # noqa: E402
 from raybench.runtime import (  # noqa: E402
-    bench, cuda_snapshot, data, fingerprint, limits, probe, rank_memory, rank_metrics, strategies, warm_up)
+    bench, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics, stacks, strategies,
+    warm_up)
 from raybench.runtime.model import build_meta, count_params, fill  # noqa: E402
+from raybench.runtime.probe import LoopRecord  # noqa: E402
 from raybench.runtime.rank_metrics import Peaks, RankMeasurement, TrialFacts  # noqa: E402
 from raybench.runtime.sampler import Sampler  # noqa: E402
 from raybench.runtime.strategies import RankContext  # noqa: E402
@@ -65,6 +67,8 @@ def run(payload: TrialPayload) -> dict | None:
 
     Running out of memory re-raises with the memory in use at that moment, so the oom row says how much.
     """
+    if payload.config.stack.kind != "raybench":  # the user's own stack, measured by the probe
+        return stacks.run(payload)
     held_gib = rank_memory.held_from_earlier_trials_gib()
     warm_up.prepare_process(payload.config)
     try:
@@ -87,7 +91,7 @@ def _recording(payload: TrialPayload):
     return cuda_snapshot.recording(directory, device, f"{payload.trial_id}-{socket.gethostname()}-gpu{device.index}")
 
 
-def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext, record: bench.LoopRecord) -> float | None:
+def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext, record: LoopRecord) -> float | None:
     """Exposed gradient communication of DDP across ranks: the timed steps' backward (with reduction) minus the
     backward of steps without it.
 
@@ -148,21 +152,6 @@ class _MemoryBaseline:
     file_at_reset_gib: float  # file-backed resident memory when the current peak window began
     gpu_held_gib: float  # GPU memory allocated before the build
     rss_before_build_gib: float
-
-
-def _hostnames_and_busbw(payload: TrialPayload, ctx: RankContext) -> tuple[list[str], dict]:
-    """Every rank's hostname, and the all-reduce bus bandwidth between them (cached per cluster).
-
-    Measured before the model and the warm-up, so its buffers neither compete for memory nor count in the
-    peaks, and are long released when the baseline is read (gloo frees a collective's scratch buffers when its
-    work object goes, which can be after the call returned). Only trials run for a store (which holds the
-    per-cluster cache) probe; bare worker runs skip it."""
-    hostnames = [None] * ctx.world_size
-    dist.all_gather_object(hostnames, fingerprint.hardware(ctx.device)["hostname"])
-    busbw = {}
-    if ctx.world_size > 1 and payload.cache_dir:
-        busbw = probe.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload.cache_dir)
-    return hostnames, busbw
 
 
 def _build_measured(payload: TrialPayload, ctx: RankContext, held_gib: float) -> tuple[Built, Peaks, _MemoryBaseline]:
@@ -238,20 +227,6 @@ def _trial_facts(payload: TrialPayload, ctx: RankContext, shape: ModelShape, bui
         compiled=trained.compiled, **built.weights_info)
 
 
-def _provenance(config: TrialConfig, ctx: RankContext, hostnames: list[str], busbw: dict, hardware: dict) -> dict:
-    """Where and with what the trial ran: the row's hardware, software and environment columns."""
-    return {
-        "world_size": ctx.world_size,
-        "hostnames": sorted(set(hostnames)),
-        "allreduce_busbw_gbps": max(busbw.values()) if busbw else None,
-        "allreduce_busbw_json": json.dumps(busbw) if busbw else None,
-        "env": fingerprint.captured_env(),
-        "data_fs_type": fingerprint.filesystem_of(config.data.path or config.model.path or os.getcwd()),
-        **hardware,
-        **fingerprint.software(),
-    }
-
-
 def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     t_start = time.perf_counter()
     config: TrialConfig = payload.config
@@ -259,18 +234,18 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
     # A collective stuck past the trial's budget fails on its own too, not only by the launcher's kill.
     ctx = warm_up.init_distributed(config, timeout_s=config.resources.timeout_s)
     shape = model_shape(config)
-    hostnames, busbw = _hostnames_and_busbw(payload, ctx)
+    hostnames, busbw = provenance.hostnames_and_busbw(payload, ctx)
     # Not part of the trial's setup: time_to_first_step_s leaves it out.
     t_start += warm_up.warm_up(payload, ctx, shape, build_and_wrap)
     built, build_peaks, baseline = _build_measured(payload, ctx, held_gib)
     trained = _train_measured(payload, ctx, shape, built, build_peaks, baseline, t_start)
-    reduced = rank_metrics.reduce_ranks(trained.measured, config.train.tp_size, config.train.warmup_steps, ctx.device)
+    reduced = rank_metrics.reduce_ranks(trained.measured, config.train.tp_size, config.train.warmup_steps)
     if ctx.rank != 0:
         return None
     hardware = fingerprint.hardware(ctx.device)
     facts = _trial_facts(payload, ctx, shape, built, trained, hardware, t_start)
     row = dataclasses.asdict(rank_metrics.trial_metrics(reduced, facts))
-    return {**row, **_provenance(config, ctx, hostnames, busbw, hardware)}
+    return {**row, **provenance.columns(config, ctx, hostnames, busbw, hardware)}
 
 
 def main(argv: list[str]) -> int:

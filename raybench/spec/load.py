@@ -3,6 +3,7 @@ one ConfigError lists every problem found."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,10 @@ def _check_paths(spec: SweepSpec) -> list[Problem]:
                                 "set exactly one of model.preset or model.path"))
     if model.path is not None:
         problems += check_model_dir(model.path, model.allow_pickle)
+    python = spec.stack.python
+    if python is not None and python.startswith(PLACEHOLDER):  # a stack's own environment (docs/stacks/)
+        problems.append(Problem("stack.python", python, "a placeholder: set it to the Python interpreter of the "
+                                "stack's own environment"))
     return problems + _check_data(data, model.path)
 
 
@@ -100,6 +105,27 @@ def _resolve_paths(raw: dict, base_dir: Path) -> None:
         node = raw.get(section)
         if isinstance(node, dict) and isinstance(node.get(key), str):
             node[key] = str((base_dir / Path(node[key]).expanduser()).resolve())
+    _resolve_command_paths(raw.get("stack"), base_dir)
+
+
+def _resolve_command_paths(stack, base_dir: Path) -> None:
+    """A user's stack's paths relative to the sweep file: its files and directories, its interpreter (not
+    resolved: a venv's python is a symlink that must stay one), and {sweep_dir} in a command, which runs in a
+    scratch directory of its own."""
+    if not isinstance(stack, dict):
+        return
+    # hf, lightning: the config file and the entry's import directories, relative to the sweep file.
+    if isinstance(stack.get("config"), str):
+        stack["config"] = str((base_dir / Path(stack["config"]).expanduser()).resolve())
+    if isinstance(stack.get("pythonpath"), list):
+        stack["pythonpath"] = [str((base_dir / Path(p).expanduser()).resolve()) if isinstance(p, str) else p
+                               for p in stack["pythonpath"]]
+    if isinstance(stack.get("python"), str):
+        stack["python"] = os.path.abspath(base_dir / Path(stack["python"]).expanduser())
+    if isinstance(stack.get("command"), list):
+        here = str(base_dir.resolve()).replace("{", "{{").replace("}", "}}")  # the command is a template
+        stack["command"] = [item.replace("{sweep_dir}", here) if isinstance(item, str) else item
+                            for item in stack["command"]]
 
 
 def parse_sweep(raw: Any, source: str = "<sweep>", base_dir: Path | None = None) -> SweepSpec:

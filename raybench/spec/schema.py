@@ -33,7 +33,10 @@ DERIVED_COLUMNS = [
 
 @dataclass(frozen=True)
 class TrialMetrics:
-    """What a trial measured, reduced over its ranks (`raybench.runtime.rank_metrics.reduce_ranks` builds it)."""
+    """What a trial measured, reduced over its ranks (`raybench.runtime.rank_metrics.reduce_ranks` builds it).
+
+    A user's own stack (`stack.kind` other than raybench) measures steps, tokens, losses and peaks with the probe;
+    what only raybench's loop knows (phases, the build's own peaks and times) is null in its rows."""
 
     steps_timed: int = field(metadata=INT32)
     tokens_per_step: int
@@ -46,31 +49,31 @@ class TrialMetrics:
     tok_per_s_per_device: float
     nonpad_tok_per_s: float
     nonpad_tok_per_s_per_device: float
-    tflops_per_device: float
+    tflops_per_device: float | None
     mfu: float | None
-    flops_per_token: float
-    loss_first: float
-    loss_final: float
+    flops_per_token: float | None
+    loss_first: float | None
+    loss_final: float | None
     peak_rss_gib: float
     peak_alloc_gib: float | None
     peak_reserved_gib: float | None
     peak_rss_gib_by_rank: list[float]
     peak_alloc_gib_by_rank: list[float] | None
     peak_reserved_gib_by_rank: list[float] | None
-    build_peak_rss_gib: float
+    build_peak_rss_gib: float | None
     build_peak_alloc_gib: float | None
     build_peak_reserved_gib: float | None
-    build_peak_rss_gib_by_rank: list[float]
-    rss_before_build_gib_by_rank: list[float]
+    build_peak_rss_gib_by_rank: list[float] | None
+    rss_before_build_gib_by_rank: list[float] | None
     host_held_gib: float
     params_total: int
     params_trainable: int
-    model_build_s: float
+    model_build_s: float | None
     weights_cache: str | None
     weights_copy_s: float | None
-    wrap_s: float
+    wrap_s: float | None
     warmup_s: float
-    time_to_first_step_s: float
+    time_to_first_step_s: float | None
     timed_window_s: float
     first_step_s: float
     compile_s: float | None
@@ -79,23 +82,23 @@ class TrialMetrics:
     compile_graph_break_reasons_json: str | None
     worker_wall_s: float
     process_trial_index: int
-    phase_data_p50_s: float
+    phase_data_p50_s: float | None
     phase_data_p90_s: float
-    phase_data_mean_s: float
+    phase_data_mean_s: float | None
     phase_data_std_s: float
-    phase_forward_p50_s: float
+    phase_forward_p50_s: float | None
     phase_forward_p90_s: float
-    phase_forward_mean_s: float
+    phase_forward_mean_s: float | None
     phase_forward_std_s: float
-    phase_backward_p50_s: float
+    phase_backward_p50_s: float | None
     phase_backward_p90_s: float
-    phase_backward_mean_s: float
+    phase_backward_mean_s: float | None
     phase_backward_std_s: float
-    phase_optimizer_p50_s: float
+    phase_optimizer_p50_s: float | None
     phase_optimizer_p90_s: float
-    phase_optimizer_mean_s: float
+    phase_optimizer_mean_s: float | None
     phase_optimizer_std_s: float
-    phase_sum_over_step: float
+    phase_sum_over_step: float | None
     comm_exposed_p50_s: float | None
     comm_exposed_frac: float | None
     cpu_util_pct: float | None
@@ -132,7 +135,7 @@ PROVENANCE_COLUMNS = [
     ("torch_version", "string"), ("ray_version", "string"), ("transformers_version", "string"),
     ("peft_version", "string"), ("deepspeed_version", "string"), ("raybench_version", "string"),
     ("python_version", "string"), ("cuda_version", "string"), ("nccl_version", "string"),
-    ("git_sha", "string"),
+    ("git_sha", "string"), ("stack_version", "string"),
 ]
 
 _KINDS = {int: "int64", float: "float64", str: "string", bool: "bool"}

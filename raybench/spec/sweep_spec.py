@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 from raybench.spec.presets import PRESETS
 from raybench.spec.values import ENV_PREFIXES, Ratio, check_env, check_saved_ops
 
-TRIAL_SECTIONS = ("model", "data", "train", "resources")
+TRIAL_SECTIONS = ("model", "data", "train", "resources", "stack")
 
 
 def _numeric(annotation) -> bool:
@@ -233,6 +233,39 @@ class ResourcesSpec(_Spec):
         "the trial is recorded as oom. null: no cap."))
 
 
+STACK_KINDS = ("raybench", "hf", "lightning", "torchtune", "command")
+
+
+class StackSpec(_Spec):
+    """Who trains: raybench's own loop, or the user's own training stack measured by the same probe
+    (docs/stacks/). Fields of `train` map onto a stack only where the mapping is exact (docs/stacks/)."""
+
+    kind: Literal[STACK_KINDS] = Field("raybench", description=(
+        "raybench: raybench's own training loop; hf: a transformers Trainer or TRL SFTTrainer; lightning: a "
+        "LightningModule and Lightning Trainer; torchtune: a torchtune recipe in its own environment (stack.python); "
+        "command: any command line, its ranks timed by the probe."))
+    entry: str | None = Field(None, description=(
+        "hf: 'module:function' called as function(overrides, ctx) that returns the trial's Trainer or SFTTrainer; "
+        "lightning: 'module:function' called with the overrides that are its parameters, returning a "
+        "LightningModule and its DataLoader or LightningDataModule (docs/stacks/)."))
+    config: str | None = Field(None, description=(
+        "hf: a YAML or JSON file of TrainingArguments/SFTConfig keys, the base the overrides apply to; torchtune: "
+        "the recipe's config file (copy a built-in one with `tune cp`)."))
+    recipe: str | None = Field(None, description="torchtune: the recipe, e.g. lora_finetune_distributed.")
+    command: list[str] | None = Field(None, description=(
+        "command: the argv to run, each item with {placeholders} filled from the trial: {python}, {workers}, "
+        "{steps}, {micro_batch}, {seq_len}, {grad_accum}, {lr}, {seed}, {precision}, {model_path}, {data_path}, "
+        "{sweep_dir} (the sweep file's directory) and every override key (docs/stacks/command.md)."))
+    overrides: dict[str, Any] = Field(default_factory=dict, description=(
+        "The stack's own config keys for this trial (an axis such as stack.overrides.learning_rate sweeps one); "
+        "checked against the stack's own schema before launch."))
+    python: str | None = Field(None, description=(
+        "command, torchtune: the Python interpreter of the stack's own environment ({python} in a command); null: "
+        "the one running raybench."))
+    pythonpath: list[str] = Field(default_factory=list, description=(
+        "hf, lightning: directories put before sys.path so that `entry`'s module imports."))
+
+
 class TrialConfig(_Spec):
     """Everything that determines one trial's measurement; its hash is the trial id."""
 
@@ -240,6 +273,16 @@ class TrialConfig(_Spec):
     data: DataSpec = Field(default_factory=DataSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    stack: StackSpec = Field(default_factory=StackSpec)
+
+    @model_serializer(mode="wrap")
+    def _dump_without_default_stack(self, handler) -> dict:
+        # Trial ids hash the dumped config (plan.config_id): stacks came after ids were issued, so raybench's own
+        # loop leaves the section out and every earlier trial keeps its id.
+        data = handler(self)
+        if data.get("stack") == StackSpec().model_dump(mode="json"):
+            data.pop("stack")
+        return data
 
 
 class PoolSpec(_Spec):
@@ -335,6 +378,8 @@ class SweepSpec(_Spec):
     data: DataSpec = Field(default_factory=DataSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    stack: StackSpec = Field(default_factory=StackSpec, description=(
+        "Who trains: raybench's own loop or the user's own stack (docs/stacks/)."))
     axes: dict[str, list[Any]] = Field(default_factory=dict, description=(
         "Grid: dotted trial field -> values; or a bundle name -> list of {dotted field: value} mappings, each "
         "setting several fields together (one grid point per mapping)."))

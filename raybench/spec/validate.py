@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -64,6 +65,8 @@ def _section_path_ok(key: str) -> str | None:
             hint = f"did you mean '{'.'.join(parts[:i] + [close[0]])}'?" if close else ""
             return f"no such trial field '{'.'.join(parts[: i + 1])}' {hint}".rstrip()
         ann = model.model_fields[part].annotation
+        if typing.get_origin(ann) is dict and i == len(parts) - 2:
+            return None  # a key of a free mapping (stack.overrides.KEY): the stack's own schema checks it
         if i < len(parts) - 1:
             if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
                 return f"'{'.'.join(parts[: i + 1])}' has no sub-fields"
@@ -180,4 +183,20 @@ def _check_estimate(est: EstimateSpec) -> list[Problem]:
 
 def sweep_problems(spec: SweepSpec) -> list[Problem]:
     """Every problem of a sweep that parsed: axes, search and estimate (paths are the loader's)."""
-    return _check_axes(spec) + _check_search(spec) + _check_estimate(spec.estimate)
+    return _check_axes(spec) + _check_search(spec) + _check_estimate(spec.estimate) + _check_pool_stacks(spec)
+
+
+def _check_pool_stacks(spec: SweepSpec) -> list[Problem]:
+    """A warm pool's actors run raybench's own loop only: a user's stack needs fresh processes per trial."""
+    if spec.executor != "pool":
+        return []
+    kinds = {spec.stack.kind}
+    for key, values in spec.axes.items():
+        for value in values if isinstance(values, list) else []:
+            assigned = axis_assignments(key, value) if "." in key or isinstance(value, dict) else {}
+            kinds.add(assigned.get("stack.kind", "raybench"))
+    others = sorted(kinds - {"raybench"})
+    if not others:
+        return []
+    return [Problem("executor", "pool", f"the warm pool runs raybench's own loop only, not stack.kind "
+                    f"{', '.join(others)}; use executor: train (or torchrun)")]

@@ -18,10 +18,12 @@ def test_trial_row_has_estimate_error(tmp_path, capsys):
 name: estimate
 model: {{preset: tiny}}
 train: {{steps: 4, warmup_steps: 1, seq_len: 64, micro_batch: 2, precision: fp32, strategy: ddp}}
-resources: {{workers: 2}}
+resources: {{workers: 2, memory_limit_gib: 4}}
 store: {tmp_path / 'store'}
 estimate: {{device_memory_gib: 8}}
 """)
+    # The host memory cap has room to spare: it changes nothing (test_faults_torchrun's over-the-cap trial fails
+    # as oom; this is its counterpart at the same shape).
     assert cli.main(["trial", str(sweep), "0"]) == 0
     row = store.read_results(tmp_path / "store").iloc[0]
     assert row.status == "ok" and row.est_peak_gib > 0

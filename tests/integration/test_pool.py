@@ -165,14 +165,23 @@ def test_other_executors_get_the_pools_idle_resources(cluster, tmp_path):
     assert groups() == []
 
 
-def test_deepspeed_zero3_after_zero2_in_one_warm_group(cluster, tmp_path):
-    # DeepSpeed caches the world group it saw first; ZeRO-3 on a later trial in the same process must not reuse
-    # the group an earlier trial destroyed (found on GPU: "Group ... is not registered").
+@pytest.fixture(scope="module")
+def deepspeed_rows(cluster, tmp_path_factory):
+    """A ZeRO-2 then a ZeRO-3 trial in one warm DeepSpeed group, run once for the two tests below (a DeepSpeed
+    group costs its own actors' start, and ZeRO-3 is the slowest CPU trial): their rows, and the warm groups
+    left once the ZeRO-3 trial (which patches F.linear for its whole process) ended."""
     spec = parse_sweep({"name": "pool-ds", "model": {"preset": "tiny"}, "executor": "pool",
                         "train": {"strategy": "deepspeed", "steps": 4, "warmup_steps": 1, "seq_len": 32,
                                   "precision": "fp32"},
                         "resources": {"workers": 2}, "axes": {"train.zero_stage": [2, 3]}})
-    rows = run(spec, tmp_path)
+    rows = run(spec, tmp_path_factory.mktemp("pool-ds"))
+    return rows, groups()
+
+
+def test_deepspeed_zero3_after_zero2_in_one_warm_group(deepspeed_rows):
+    # DeepSpeed caches the world group it saw first; ZeRO-3 on a later trial in the same process must not reuse
+    # the group an earlier trial destroyed (found on GPU: "Group ... is not registered").
+    rows, _ = deepspeed_rows
     assert list(rows.status) == ["ok", "ok"], list(rows.message)
     # ... in the same processes: importing DeepSpeed is not the ZeRO-2 trial's change, so its group stays.
     assert list(rows.process_trial_index) == [rows.process_trial_index.iloc[0], rows.process_trial_index.iloc[0] + 1]
@@ -207,17 +216,17 @@ def test_compiled_and_eager_trials_share_a_group(cluster, tmp_path):
     assert rows.loc[~rows.train_compile, "compile_graphs"].isna().all()
 
 
-def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(cluster, tmp_path):
+def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(cluster, tmp_path, deepspeed_rows):
     # DeepSpeed ZeRO-3 replaces torch.nn.functional.linear for its whole process; a plain trial changes nothing.
     plain = run(pool_sweep("pool-plain", {"train.micro_batch": [1, 2]}), tmp_path)
     first, second = sorted(plain.process_trial_index)
     assert second == first + 1  # one group ran both: the first trial changed nothing, its group stayed
-    spec = parse_sweep({"name": "pool-zero3", "model": {"preset": "tiny"}, "executor": "pool",
-                        "train": {"strategy": "deepspeed", "zero_stage": 3, "steps": 4, "warmup_steps": 1,
-                                  "seq_len": 32, "precision": "fp32"}, "resources": {"workers": 2}})
-    assert list(run(spec, tmp_path).status) == ["ok"]
-    deepspeed_groups = [g for g in groups() if dict(g["shape"][-1]).get("DS_ACCELERATOR") == "cpu"]
-    assert deepspeed_groups == []  # replaced after the trial that patched F.linear
+    # The ZeRO-3 trial: the last of deepspeed_rows, in the group that had run ZeRO-2 just before.
+    rows, groups_after = deepspeed_rows
+    assert list(rows.train_zero_stage) == [2, 3] and rows.status.iloc[-1] == "ok", list(rows.message)
+    for seen in (groups_after, groups()):  # right after that trial, and still now
+        deepspeed_groups = [g for g in seen if dict(g["shape"][-1]).get("DS_ACCELERATOR") == "cpu"]
+        assert deepspeed_groups == []  # replaced after the trial that patched F.linear
 
 
 def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):

@@ -97,7 +97,7 @@ def test_row_projection_uses_real_tokens_and_the_mean_step():
 
 
 def test_bus_bandwidth_formula_matches_nccl_tests():
-    from raybench.runtime.probe import bus_bandwidth_gbps
+    from raybench.runtime.allreduce import bus_bandwidth_gbps
 
     # nccl-tests: 8 ranks, 1 GB in 10 ms -> algbw 100 GB/s, busbw = 100 * 2 * 7 / 8 = 175 GB/s.
     assert bus_bandwidth_gbps(10**9, 0.01, 8) == pytest.approx(175.0)

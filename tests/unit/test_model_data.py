@@ -130,7 +130,7 @@ def test_only_padded_batches_reach_the_model_with_a_mask(model_dir, alpaca_file,
 
     trainable = Trainable(model, None, backward=lambda loss: None, step=lambda: None,
                           no_grad_sync=contextlib.nullcontext, autocast=contextlib.nullcontext)
-    _, nonpad = bench.train_step(trainable, recorded(), config.train, torch.device("cpu"),
+    _, _, nonpad = bench.train_step(trainable, recorded(), config.train, torch.device("cpu"),
                                  bench.PhaseClock(torch.device("cpu")))
     assert len(calls) == 2
     assert all(("attention_mask" in call) == (not packing) for call in calls)

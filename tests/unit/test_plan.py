@@ -140,11 +140,17 @@ def test_every_shipped_sweep_validates_and_plans(path, request):
         load_sweep(path)
     assert all("placeholder" in p.message for p in refused.value.problems)
     raw = yaml.safe_load(path.read_text())
-    data = raw["data"]
+    data = raw.get("data") or {}  # a torchtune stack's data is its own config's
     if data.get("path", "").startswith(PLACEHOLDER):
         data["path"] = str(request.getfixturevalue("alpaca_file" if data["format"] == "alpaca" else "chat_file"))
     if data.get("tokenizer", "").startswith(PLACEHOLDER):
         data["tokenizer"] = str(request.getfixturevalue("chat_tokenizer"))
     if raw["model"].get("path", "").startswith(PLACEHOLDER):
         raw["model"]["path"] = str(request.getfixturevalue("model_dir"))
+    stack = raw.get("stack") or {}
+    if str(stack.get("python", "")).startswith(PLACEHOLDER):  # a stack's own environment (torchtune's venv)
+        stack["python"] = sys.executable
+    for key, value in (stack.get("overrides") or {}).items():  # the stack's own paths (a tokenizer, data files)
+        if str(value).startswith(PLACEHOLDER):
+            stack["overrides"][key] = "/data/" + Path(value).name
     assert plan(parse_sweep(raw, str(path), path.parent))

@@ -2,6 +2,7 @@
 
 - train:    a Ray Train V2 TorchTrainer per trial (new worker processes every trial).
 - torchrun: plain `torchrun` on this machine, no Ray (for `raybench trial` and debugging).
+- command:  a `command` or `torchtune` stack's trial under either of them: its command line, out of process.
 """
 
 from __future__ import annotations
@@ -16,5 +17,20 @@ from collections.abc import Callable
 RAY_WORKER_ENV = {"RAY_worker_niceness": "0"}
 
 
+# Stacks whose ranks a command line starts (executors/command.py), not raybench's workers.
+OUT_OF_PROCESS_STACKS = ("command", "torchtune")
+
+
 def get(name: str) -> Callable[[dict], dict]:
-    return importlib.import_module(f"raybench.drivers.executors.{name}").execute
+    """The executor's `execute`; a trial of a `command` or `torchtune` stack runs its command instead
+    (executors/command.py):
+    in a Ray task holding its resources under `train`, on this machine under `torchrun`."""
+    execute = importlib.import_module(f"raybench.drivers.executors.{name}").execute
+
+    def run(payload) -> dict:
+        if payload.config.stack.kind not in OUT_OF_PROCESS_STACKS:
+            return execute(payload)
+        command = importlib.import_module("raybench.drivers.executors.command")
+        return command.execute(payload) if name == "torchrun" else command.execute_on_ray(payload)
+
+    return run

@@ -1,0 +1,305 @@
+"""The hf stack checked before launch: a transformers Trainer or a TRL SFTTrainer (docs/stacks/hf.md).
+
+The trial's arguments are one typed dataclass, TRL's SFTConfig (transformers' TrainingArguments where TRL is not
+installed), assembled in this order: the keys of stack.config's file, then stack.overrides, then raybench's train
+fields that map exactly (MAPPED), then what raybench sets for every measured trial (HARNESS: no checkpoints, no
+reporting, no evaluation). `trial_args` builds that mapping; runtime.stacks.hf constructs the dataclass from it.
+Here the file's keys and the overrides are checked against the dataclass's fields and their types, and the whole
+is constructed once so that its own checks (an unknown optimizer name, a bad scheduler) become Problems.
+
+transformers and TRL are imported inside the functions: planning stays light for every other sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+import types
+import typing
+import warnings
+from pathlib import Path
+from typing import Any
+
+from raybench.spec.errors import Problem
+from raybench.spec.sweep_spec import DataSpec, TrainSpec, TrialConfig
+
+# raybench's train field -> the dataclass key it becomes (exact: the same quantity, the same units).
+MAPPED = {
+    "steps": "max_steps",
+    "micro_batch": "per_device_train_batch_size",
+    "grad_accum": "gradient_accumulation_steps",
+    "lr": "learning_rate",
+    "seed": "seed",
+    "weight_decay": "weight_decay",
+    "max_grad_norm": "max_grad_norm",  # null (no clipping) -> 0.0, the Trainer's own "off"
+    "precision": "bf16/fp16",  # fp32: both false; bf16: bf16; fp16: fp16 (accelerate's loss scaler)
+    # SFTConfig only: TRL truncates (or packs) every sequence to max_length. With a plain Trainer the user's collator
+    # decides the length, and the runtime refuses a batch longer than train.seq_len (docs/stacks/hf.md).
+    "seq_len": "max_length",
+}
+
+# raybench's train field -> the stack's own key to set instead (named when the field is refused).
+OWN_KEYS = {
+    "strategy": "fsdp and fsdp_config, or deepspeed (a DeepSpeed config)",
+    "tp_size": "parallelism_config, in the entry function",
+    "zero_stage": "deepspeed (a DeepSpeed config)",
+    "offload": "deepspeed (a DeepSpeed config)",
+    "grad_scaler": "fp16 uses accelerate's loss scaler; it has no off switch",
+    "finetune": "peft_config, passed to SFTTrainer in the entry function",
+    "ac_ratio": "activation_checkpointing (gradient_checkpointing)",
+    "ac_mode": "activation_checkpointing_kwargs",
+    "ac_saved_ops": "activation_checkpointing_kwargs",
+    "compile": "torch_compile",
+    "liger": "use_liger_kernel",
+    "optimizer": "optim (adamw_torch, adamw_torch_fused, adafactor, sgd, ...)",
+    "reshard_after_forward": "fsdp_config",
+}
+
+# What raybench sets for every measured trial; refused in the file and the overrides. output_dir is a temporary
+# directory and use_cpu follows the trial's device, both set on the rank (runtime.stacks.hf).
+HARNESS = {
+    "report_to": "none",  # no tracker writes inside the timed steps
+    "save_strategy": "no",  # no checkpoints inside the timed steps
+    "eval_strategy": "no",  # no evaluation: a trial times training steps
+    "push_to_hub": False,
+    "disable_tqdm": True,
+}
+SET_ON_RANK = ("output_dir", "use_cpu", "local_rank")
+# Defaults raybench gives the stack where the user gave none: no logging (each log gathers the loss across ranks).
+QUIET = {"logging_strategy": "no"}
+
+# data fields the hf stack reads; the rest must stay at their defaults (the stack's own key is named instead).
+DATA_OWN_KEYS = {
+    "loss_on": "assistant_only_loss or completion_only_loss",
+    "split": "load your split in the entry function",
+    "max_samples": "select the records in the entry function",
+    "num_workers": "dataloader_num_workers",
+    "pin_memory": "dataloader_pin_memory",
+    "prefetch_factor": "dataloader_prefetch_factor",
+    "persistent_workers": "dataloader_persistent_workers",
+}
+DATA_FILE_SUFFIXES = (".jsonl", ".json")
+
+
+def args_class() -> type:
+    """The dataclass of the trial's arguments: TRL's SFTConfig, or TrainingArguments without TRL."""
+    try:
+        from trl import SFTConfig
+    except ImportError:
+        from transformers import TrainingArguments
+
+        return TrainingArguments
+    return SFTConfig
+
+
+def mapped_values(train: TrainSpec, fields: set[str]) -> dict[str, Any]:
+    """raybench's train fields as the dataclass's keys (max_length only where the dataclass has it)."""
+    values = {
+        "max_steps": train.steps,
+        "per_device_train_batch_size": train.micro_batch,
+        "gradient_accumulation_steps": train.grad_accum,
+        "learning_rate": train.lr,
+        "seed": train.seed,
+        "weight_decay": train.weight_decay,
+        "max_grad_norm": 0.0 if train.max_grad_norm is None else train.max_grad_norm,
+        "bf16": train.precision == "bf16",
+        "fp16": train.precision == "fp16",
+        "max_length": train.seq_len,
+    }
+    return {key: value for key, value in values.items() if key in fields}
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """stack.config's keys: a YAML or JSON mapping."""
+    import yaml
+
+    text = Path(path).read_text()
+    data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a mapping of {args_class().__name__} keys, got {type(data).__name__}")
+    return data
+
+
+def trial_args(config: TrialConfig, fields: set[str]) -> dict[str, Any]:
+    """The trial's keyword arguments of the dataclass, without SET_ON_RANK: file, overrides, mapped, harness."""
+    stack = config.stack
+    from_file = read_config_file(stack.config) if stack.config else {}
+    return {**QUIET, **from_file, **stack.overrides, **mapped_values(config.train, fields), **HARNESS}
+
+
+def problems(config: TrialConfig) -> list[Problem]:
+    stack = config.stack
+    found = [Problem(f"stack.{name}", getattr(stack, name), "only a command stack takes this; remove it")
+             for name in ("command", "python") if getattr(stack, name) is not None]
+    if stack.entry is None and stack.config is None:
+        return found + [Problem("stack.entry", None, "stack hf needs an entry 'module:function' that returns a "
+                                "Trainer, or a config file of SFTConfig keys (stack.config); docs/stacks/hf.md")]
+    if stack.entry is not None:
+        from raybench.planning.stacks import entry_problems
+
+        found += entry_problems(config)
+    found += _model_data_problems(config)
+    from_file, file_problems = _config_file(stack.config)
+    found += file_problems
+    cls = args_class()
+    hints = field_types(cls)
+    found += _key_problems(from_file, "stack.config", hints, cls.__name__)
+    found += _key_problems(stack.overrides, "stack.overrides", hints, cls.__name__)
+    if found:
+        return found
+    return _construct_problems(config, cls, set(hints))
+
+
+def _model_data_problems(config: TrialConfig) -> list[Problem]:
+    """The model is a local directory; raybench's data fields the stack does not read stay at their defaults; the
+    config path (no entry) reads data.path itself, a JSONL/JSON file of text or messages records."""
+    found = []
+    if config.model.path is None:
+        found.append(Problem("model.path", None, "stack hf loads a local model directory; set model.path "
+                             "(model.preset is for raybench's own loop)"))
+    defaults = DataSpec()
+    for name, own in DATA_OWN_KEYS.items():
+        value = getattr(config.data, name)
+        if value != getattr(defaults, name):
+            found.append(Problem(f"data.{name}", value, f"stack hf does not take raybench's data.{name}; {own}"))
+    if config.stack.entry is not None:
+        return found
+    data = config.data
+    if data.source != "hf" or data.path is None or not data.path.endswith(DATA_FILE_SUFFIXES):
+        found.append(Problem("data.path", data.path, "stack hf without an entry trains on a local JSONL/JSON file: "
+                             "set data.source: hf and data.path to a .jsonl or .json file of text or messages "
+                             "records (or write an entry function that loads your data)"))
+    if data.format == "alpaca":
+        found.append(Problem("data.format", data.format, "stack hf without an entry reads text or messages "
+                             "records; convert the records, or load them in an entry function"))
+    return found
+
+
+def _config_file(path: str | None) -> tuple[dict[str, Any], list[Problem]]:
+    if path is None:
+        return {}, []
+    if not Path(path).is_file():
+        return {}, [Problem("stack.config", path, "file not found; a YAML or JSON file of SFTConfig keys")]
+    try:
+        return read_config_file(path), []
+    except Exception as err:  # a YAML or JSON syntax error, a list instead of a mapping
+        return {}, [Problem("stack.config", path, f"cannot be read: {type(err).__name__}: {err}")]
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Each init field of the dataclass with its type."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a forward reference that does not resolve: the declared types as they are
+        hints = {}
+    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(cls) if f.init}
+
+
+def _key_problems(values: dict[str, Any], where: str, hints: dict[str, Any], schema: str) -> list[Problem]:
+    """Each key is a field of the dataclass, not one raybench sets, with a value of the field's type."""
+    mapped_keys = {key: name for name, key in MAPPED.items() for key in key.split("/")}
+    found = []
+    for key, value in values.items():
+        field = f"{where}.{key}"
+        if key in mapped_keys:
+            name = mapped_keys[key]
+            found.append(Problem(field, value, f"raybench sets {key} from train.{name}; set train.{name} instead"))
+        elif key in HARNESS or key in SET_ON_RANK:
+            found.append(Problem(field, value, "raybench sets this for every measured trial (a temporary output "
+                                 "directory, no checkpoints, no reporting, no evaluation, the trial's device); "
+                                 "remove it"))
+        elif key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "see its documentation for the keys"
+            found.append(Problem(field, value, f"not a {schema} key; {hint}"))
+        elif not _accepts(hints[key], value):
+            found.append(Problem(field, value, f"expected {_type_name(hints[key])}, got {type(value).__name__}"
+                                 f"{_yaml_number_hint(hints[key], value)}"))
+    return found
+
+
+def _construct_problems(config: TrialConfig, cls: type, fields: set[str]) -> list[Problem]:
+    """Construct the dataclass as the rank will (on the CPU: its device checks belong to the worker), so that its
+    own value checks run now; an error is pinned on the user's key that causes it alone, if one does."""
+    args = {**trial_args(config, fields), "output_dir": "unused", "use_cpu": True}
+    if args.get("padding_free") and not args.get("packing"):
+        return [Problem("stack.overrides.padding_free", True, "TRL does not hold sequences to max_length "
+                        "(train.seq_len) when padding_free runs without packing; set packing: true as well")]
+    error = _construct_error(cls, args)
+    if error is None:
+        return []
+    base = {key: value for key, value in args.items() if key not in config.stack.overrides}
+    found = []
+    for key, value in config.stack.overrides.items():
+        alone = _construct_error(cls, {**base, key: value})
+        if alone is not None:
+            found.append(Problem(f"stack.overrides.{key}", value, alone))
+    if not found:
+        where = "stack.overrides" if config.stack.overrides else "stack.config"
+        found.append(Problem(where, config.stack.overrides or config.stack.config, error))
+    return found
+
+
+def _construct_error(cls: type, args: dict[str, Any]) -> str | None:
+    """The dataclass's own error for these arguments, or None; accelerate's device state is left as it was found
+    (constructing reads the device)."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    fresh = not PartialState._shared_state
+    try:
+        with warnings.catch_warnings():  # deprecation notes of keys the user did not set
+            warnings.simplefilter("ignore")
+            cls(**args)
+    except Exception as err:  # its __post_init__ raises ValueError mostly, TypeError for a bad combination
+        return f"{cls.__name__} refuses it: {err}"
+    finally:
+        if fresh:
+            AcceleratorState._reset_state(reset_partial_state=True)
+    return None
+
+
+def _accepts(annotation: Any, value: Any) -> bool:
+    """Whether a value read from YAML/JSON fits a dataclass field's declared type."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(arm, value) for arm in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return isinstance(value, (str, annotation))  # its member names are checked by constructing
+    if origin is not None:  # dict[str, Any], list[str]
+        return isinstance(value, origin)
+    return isinstance(annotation, type) and isinstance(value, annotation)
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arm) for arm in typing.get_args(annotation))
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _yaml_number_hint(annotation: Any, value: Any) -> str:
+    """YAML reads 1e-8 (no dot) as a string: say how to write the number."""
+    if isinstance(value, str) and _accepts(annotation, 1.0):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return f" (YAML reads {value} as text: write it with a dot, e.g. 1.0e-8)"
+    return ""

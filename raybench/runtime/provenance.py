@@ -1,0 +1,43 @@
+"""Where and with what a trial ran: every rank's hostname, the all-reduce probe, and the row's hardware, software
+and environment columns; the same for raybench's own loop and for a user's stack."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch.distributed as dist
+
+from raybench.planning.payload import TrialPayload
+from raybench.runtime import allreduce, fingerprint
+from raybench.runtime.strategies import RankContext
+from raybench.spec.sweep_spec import TrialConfig
+
+
+def hostnames_and_busbw(payload: TrialPayload, ctx: RankContext) -> tuple[list[str], dict]:
+    """Every rank's hostname, and the all-reduce bus bandwidth between them (cached per cluster).
+
+    Measured before the model and the warm-up, so its buffers neither compete for memory nor count in the
+    peaks, and are long released when the baseline is read (gloo frees a collective's scratch buffers when its
+    work object goes, which can be after the call returned). Only trials run for a store (which holds the
+    per-cluster cache) probe; bare worker runs skip it."""
+    hostnames = [None] * ctx.world_size
+    dist.all_gather_object(hostnames, fingerprint.hardware(ctx.device)["hostname"])
+    busbw = {}
+    if ctx.world_size > 1 and payload.cache_dir:
+        busbw = allreduce.cached_measure(ctx.device, ctx.rank, ctx.world_size, hostnames, payload.cache_dir)
+    return hostnames, busbw
+
+
+def columns(config: TrialConfig, ctx: RankContext, hostnames: list[str], busbw: dict, hardware: dict) -> dict:
+    """Where and with what the trial ran: the row's hardware, software and environment columns."""
+    return {
+        "world_size": ctx.world_size,
+        "hostnames": sorted(set(hostnames)),
+        "allreduce_busbw_gbps": max(busbw.values()) if busbw else None,
+        "allreduce_busbw_json": json.dumps(busbw) if busbw else None,
+        "env": fingerprint.captured_env(),
+        "data_fs_type": fingerprint.filesystem_of(config.data.path or config.model.path or os.getcwd()),
+        **hardware,
+        **fingerprint.software(),
+    }

@@ -1,0 +1,238 @@
+"""The hf stack on one rank: a transformers Trainer or a TRL SFTTrainer with raybench's probe hooked in.
+
+The trial's arguments (SFTConfig, or TrainingArguments without TRL) are the stack's config file, its overrides
+and raybench's mapped train fields (planning.stacks.hf.trial_args), with a temporary output directory and the
+trial's device. The trainer comes from the user's entry function, `function(overrides, ctx)` with ctx a
+`StackContext`, or, with a config file alone, raybench builds an SFTTrainer on model.path and data.path.
+
+The probe sees each optimizer step through two hooks: a TrainerCallback starts it when training begins and ends a
+step at each on_step_end, and a thin wrapper around the trainer's `training_step` counts the tokens of each
+micro-batch (input_ids, padding included; attention_mask for the real ones) and adds up the losses it returns, which
+the Trainer has already divided over the accumulation steps: their sum is the step's loss as the Trainer logs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raybench.planning.payload import TrialPayload
+from raybench.planning.stacks import hf as plan_hf
+from raybench.runtime.probe import StepProbe
+from raybench.runtime.stacks.measure import StackRun
+from raybench.runtime.strategies import RankContext
+from raybench.spec.sweep_spec import TrialConfig
+
+
+@dataclass
+class StackContext:
+    """What an entry function gets besides the trial's overrides: build the trainer with `args`."""
+
+    args: Any  # the trial's SFTConfig (TrainingArguments without TRL): pass it to the trainer as it is
+    config: TrialConfig  # the whole trial
+    rank: int
+    world_size: int
+    device: torch.device
+    model_path: str | None = None  # model.path
+    data_path: str | None = None  # data.path (None: the entry brings its own data)
+    seq_len: int = 0  # train.seq_len: no sequence may be longer (SFTConfig's max_length)
+
+    def load_model(self):
+        """model.path as raybench loads it for the config path: fp32 weights (autocast computes in the trial's
+        precision), model.attn_implementation, model.trust_remote_code."""
+        from transformers import AutoModelForCausalLM
+
+        model = self.config.model
+        return AutoModelForCausalLM.from_pretrained(
+            model.path, dtype=torch.float32, attn_implementation=model.attn_implementation,
+            trust_remote_code=model.trust_remote_code)
+
+    def load_tokenizer(self):
+        """data.tokenizer, else model.path's tokenizer."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.config.data.tokenizer or self.config.model.path,
+                                             trust_remote_code=self.config.model.trust_remote_code)
+
+    def load_dataset(self):
+        """data.path's records as a datasets.Dataset with a `text` or `messages` column (data.format; data.field
+        names the column where it is another)."""
+        from datasets import Dataset
+
+        if self.data_path is None:
+            raise ValueError("ctx.load_dataset() reads data.path, which this trial does not set (data.source: hf, "
+                             "data.path: a .jsonl or .json file)")
+        path = Path(self.data_path)
+        text = path.read_text()
+        records = json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in text.splitlines()
+                                                                     if line.strip()]
+        column = "messages" if self.config.data.format == "messages" else "text"
+        source = self.config.data.field or column
+        return Dataset.from_list([{column: record[source]} for record in records])
+
+
+@dataclass
+class _StepCounter:
+    """The micro-batches of the current optimizer step, as the wrapped training_step sees them."""
+
+    limit_seq_len: int | None  # refuse longer sequences (a plain Trainer: the user's collator sets the length)
+    tokens: int = 0
+    nonpad: Any = 0  # a device tensor until the step's end: no synchronization per micro-batch
+    loss: Any = None
+    seq_len: int | None = None  # the longest sequence seen (tokens per row of input_ids)
+
+    def add_batch(self, inputs: dict) -> None:
+        input_ids = inputs.get("input_ids")
+        if input_ids is None:
+            raise ValueError(f"the hf stack counts tokens from the batches' input_ids; this batch has only "
+                             f"{sorted(inputs)}")
+        length = int(input_ids.shape[-1])
+        if self.limit_seq_len is not None and length > self.limit_seq_len:
+            raise ValueError(f"a batch holds sequences of {length} tokens, longer than train.seq_len="
+                             f"{self.limit_seq_len}: truncate to ctx.seq_len in the entry's data collator")
+        self.seq_len = max(self.seq_len or 0, length)
+        self.tokens += input_ids.numel()
+        mask = inputs.get("attention_mask")
+        self.nonpad = self.nonpad + (mask.sum() if mask is not None else input_ids.numel())
+
+    def add_loss(self, loss) -> None:
+        self.loss = loss if self.loss is None else self.loss + loss
+
+    def take(self) -> tuple[int, Any, Any]:
+        done = self.tokens, self.nonpad, self.loss
+        self.tokens, self.nonpad, self.loss = 0, 0, None
+        return done
+
+
+def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun:
+    config = payload.config
+    _distributed_env(ctx)
+    output_dir = tempfile.mkdtemp(prefix="raybench-hf-")  # nothing is saved there (save_strategy no)
+    try:
+        context = _context(config, ctx, output_dir)
+        trainer = _trainer(config, context)
+        _check_args(trainer, config, context.args)
+    except BaseException:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        raise
+    counter = _StepCounter(None if _is_sft(trainer) else config.train.seq_len)
+    _hook_probe(trainer, probe, counter)
+    run = StackRun(train=lambda: None, model=trainer.model, version=_version(trainer))
+
+    def train() -> None:
+        try:
+            trainer.train()
+        finally:
+            shutil.rmtree(output_dir, ignore_errors=True)
+        steps = len(probe.record.step_times_s)
+        if steps != config.train.steps:
+            raise RuntimeError(f"the trainer ran {steps} optimizer step(s), not train.steps={config.train.steps}: "
+                               "its data ran out or a callback stopped it early")
+        # FLOPs per token take the sequence length: TRL keeps every sequence (packed or not) within max_length.
+        run.seq_len = min(counter.seq_len, config.train.seq_len) if counter.seq_len else None
+
+    run.train = train
+    return run
+
+
+def _distributed_env(ctx: RankContext) -> None:
+    """accelerate (under the Trainer) finds the process group raybench joined from the torchrun variables: Ray
+    Train and torchrun set them; a launcher that did not gets them from the group itself."""
+    os.environ.setdefault("RANK", str(ctx.rank))
+    os.environ.setdefault("WORLD_SIZE", str(ctx.world_size))
+    os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
+    # accelerate asks for a rendezvous address on several CPU nodes even when the group exists (it never dials it).
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+
+
+def _context(config: TrialConfig, ctx: RankContext, output_dir: str) -> StackContext:
+    cls = plan_hf.args_class()
+    fields = set(plan_hf.field_types(cls))
+    args = cls(**plan_hf.trial_args(config, fields), output_dir=output_dir, use_cpu=ctx.device.type != "cuda")
+    return StackContext(args=args, config=config, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device,
+                        model_path=config.model.path, data_path=config.data.path, seq_len=config.train.seq_len)
+
+
+def _trainer(config: TrialConfig, context: StackContext):
+    """The entry function's trainer, or raybench's SFTTrainer for a config file alone."""
+    from transformers import Trainer, set_seed
+
+    set_seed(config.train.seed)  # the entry's own initialization (LoRA adapters, a new head) is the trial's
+    if config.stack.entry is None:
+        from trl import SFTTrainer
+
+        return SFTTrainer(model=context.load_model(), args=context.args, train_dataset=context.load_dataset(),
+                          processing_class=context.load_tokenizer())
+    module_name, _, function = config.stack.entry.partition(":")
+    trainer = getattr(importlib.import_module(module_name), function)(dict(config.stack.overrides), context)
+    if not isinstance(trainer, Trainer):
+        raise TypeError(f"stack.entry {config.stack.entry} returned {type(trainer).__name__}; it must return a "
+                        "transformers Trainer or a TRL SFTTrainer built with ctx.args")
+    return trainer
+
+
+def _check_args(trainer, config: TrialConfig, args) -> None:
+    """The trainer runs the trial's arguments on every rank of the trial: an entry that built its own would
+    measure something else, and a rank that missed the process group would train alone on the whole data."""
+    if trainer.args.world_size != config.resources.workers:
+        raise RuntimeError(f"the Trainer sees {trainer.args.world_size} process(es), the trial has "
+                           f"{config.resources.workers}: accelerate did not join the trial's process group")
+    keys = [*plan_hf.mapped_values(config.train, set(vars(args))), "save_strategy", "eval_strategy", "report_to"]
+    for key in keys:
+        if getattr(trainer.args, key, None) != getattr(args, key):
+            raise ValueError(f"the entry's trainer has {key}={getattr(trainer.args, key, None)!r}, the trial "
+                             f"{getattr(args, key)!r}: build the trainer with ctx.args (docs/stacks/hf.md)")
+
+
+def _is_sft(trainer) -> bool:
+    """A TRL trainer (SFTTrainer or a subclass of it): it holds every sequence to max_length itself."""
+    return any(c.__module__.startswith("trl.") for c in type(trainer).__mro__)
+
+
+def _hook_probe(trainer, probe: StepProbe, counter: _StepCounter) -> None:
+    """Start the probe when training begins, end a step at each optimizer step, and count each micro-batch."""
+    from transformers import TrainerCallback
+
+    class ProbeCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            probe.start()  # the model wrapped, the optimizer built: the next thing is the first step's batches
+
+        def on_step_end(self, args, state, control, **kwargs):
+            tokens, nonpad, loss = counter.take()
+            probe.step(tokens=tokens, nonpad_tokens=nonpad, loss=loss)
+
+    original = trainer.training_step
+
+    def training_step(*args, **kwargs):
+        counter.add_batch(args[1] if len(args) > 1 else kwargs["inputs"])
+        loss = original(*args, **kwargs)
+        counter.add_loss(loss)
+        return loss
+
+    trainer.training_step = training_step
+    trainer.add_callback(ProbeCallback())
+
+
+def _version(trainer) -> str:
+    """transformers, and TRL and PEFT where this trainer uses them."""
+    import transformers
+
+    parts = [f"transformers {transformers.__version__}"]
+    if _is_sft(trainer):
+        import trl
+
+        parts.append(f"trl {trl.__version__}")
+    if type(trainer.model).__module__.startswith("peft."):
+        import peft
+
+        parts.append(f"peft {peft.__version__}")
+    return ", ".join(parts)

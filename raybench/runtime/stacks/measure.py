@@ -1,0 +1,112 @@
+"""Run a user's stack on this rank with the probe hooked in, and reduce every rank's record into the row.
+
+The same clocks as raybench's own loop (`worker`): peaks over the training window (the stack's trainer built, to
+its last step), steps between device synchronizations, the timed window after train.warmup_steps, the slowest
+rank's setup; the same reduction (`rank_metrics`). What only raybench's loop knows is null (phases, the build's own
+peaks, weights-cache columns, the exposed communication).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from raybench.planning.payload import TrialPayload
+from raybench.runtime import fingerprint, limits, provenance, rank_memory, rank_metrics, warm_up
+from raybench.runtime.probe import StepProbe
+from raybench.runtime.rank_metrics import RankMeasurement, TrialFacts
+from raybench.runtime.sampler import Sampler
+from raybench.runtime.strategies import RankContext
+from raybench.spec import metrics
+from raybench.spec.hardware import peak_tflops
+from raybench.spec.schema import GIB
+
+
+@dataclass
+class StackRun:
+    """A stack's trainer, built for one trial with the probe hooked in."""
+
+    train: Callable[[], None]  # runs the training to its last step (Trainer.train, Lightning's fit)
+    model: nn.Module  # the model as the user built it, before any wrapping (parameter counts, FLOPs)
+    version: str  # the stack's libraries and their versions, for the row's stack_version
+    seq_len: int | None = None  # tokens per sequence, as the stack's callback last saw them (for FLOPs)
+
+
+# build(payload, ctx, probe) -> StackRun: the stack's module (hf, lightning) builds its trainer.
+Build = Callable[[TrialPayload, RankContext, StepProbe], StackRun]
+
+
+def measured_run(payload: TrialPayload, build: Build) -> dict | None:
+    """Build and run the stack; rank 0 returns the measured columns and provenance, the other ranks None."""
+    t_start = time.perf_counter()
+    config = payload.config
+    _import_path(config.stack.pythonpath)
+    held_gib = rank_memory.held_from_earlier_trials_gib()
+    limits.apply_memory_limit(config.resources.memory_limit_gib, int(held_gib * GIB))
+    ctx = warm_up.init_distributed(config, timeout_s=config.resources.timeout_s)
+    hostnames, busbw = provenance.hostnames_and_busbw(payload, ctx)
+    limits.release_free_heap()
+    _, file_at_reset_gib = rank_memory.reset_peaks(ctx.device)
+    gpu_held_gib = rank_memory.gpu_allocated_gib(ctx.device)
+    probe = StepProbe(ctx.device)
+    sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
+    probe.on_step = sampler.tick
+    run = build(payload, ctx, probe)
+    params_total, params_trainable = _param_counts(run.model)
+    run.train()
+    sampler.close()
+    record = probe.record
+    if len(record.step_times_s) <= config.train.warmup_steps:
+        raise RuntimeError(f"the stack ran {len(record.step_times_s)} step(s) on rank {ctx.rank}, no more than "
+                           f"train.warmup_steps={config.train.warmup_steps}: no step was timed")
+    measured = RankMeasurement(
+        loop=record, sampled=sampler.means(since=record.step_starts[config.train.warmup_steps]),
+        peaks=rank_memory.peaks(ctx.device, held_gib, file_at_reset_gib, gpu_held_gib), build_peaks=None,
+        rss_before_build_gib=None, host_held_gib=held_gib, model_build_s=None, wrap_s=None,
+        time_to_first_step_s=record.step_starts[0] + record.step_times_s[0] - t_start)
+    reduced = rank_metrics.reduce_ranks(measured, tp_size=1, warmup_steps=config.train.warmup_steps)
+    if ctx.rank != 0:
+        return None
+    hardware = fingerprint.hardware(ctx.device)
+    facts = TrialFacts(
+        train=config.train, world_size=ctx.world_size, dp_size=ctx.world_size, params_total=params_total,
+        params_trainable=params_trainable, flops_per_token=_flops_per_token(run, params_total, params_trainable),
+        peak_tflops=peak_tflops(hardware["gpu_name"], config.train.precision), comm_exposed_p50_s=None,
+        weights_cache=None, weights_copy_s=None, worker_wall_s=time.perf_counter() - t_start,
+        process_trial_index=payload.process_trial_index,
+        compiled={"compile_graphs": None, "compile_graph_breaks": None, "compile_graph_break_reasons_json": None})
+    row = dataclasses.asdict(rank_metrics.trial_metrics(reduced, facts))
+    return {**row, **provenance.columns(config, ctx, hostnames, busbw, hardware), "stack_version": run.version}
+
+
+def _import_path(directories: list[str]) -> None:
+    """stack.pythonpath before sys.path, so that the stack's `module:function` imports."""
+    for directory in reversed(directories):
+        path = os.path.abspath(directory)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def _param_counts(model: nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameters of the model as built, before any sharding wrapper."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+def _flops_per_token(run: StackRun, params_total: int, params_trainable: int) -> float | None:
+    """raybench's FLOP model (spec.metrics) where the model is a transformers decoder whose shape its config
+    gives and the stack saw the sequence length; None otherwise (MFU unknown)."""
+    shape = getattr(run.model, "config", None)
+    names = ("hidden_size", "num_hidden_layers", "vocab_size")
+    if run.seq_len is None or shape is None or not all(isinstance(getattr(shape, n, None), int) for n in names):
+        return None
+    tied = bool(getattr(shape, "tie_word_embeddings", False))
+    matmul = metrics.matmul_params(params_total, shape.vocab_size, shape.hidden_size, tied)
+    return metrics.flops_per_token(matmul, params_trainable, params_trainable == params_total,
+                                   shape.num_hidden_layers, run.seq_len, shape.hidden_size)

@@ -1,0 +1,53 @@
+"""A user's own training script, as a `command` stack runs it: a tiny torch model trained with DDP on gloo ranks
+(started by torchrun), each optimizer step timed by raybench's probe. Needs torch and raybench's source only.
+
+--mode ok trains; crash fails after two steps the way a user's bug does; hang stops making progress (the trial's
+resources.timeout_s must end it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from raybench.runtime.probe import StepProbe
+
+VOCAB, HIDDEN = 64, 32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--micro-batch", type=int, required=True)
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--mode", choices=("ok", "crash", "hang"), default="ok")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    torch.manual_seed(dist.get_rank())
+    model = DistributedDataParallel(nn.Sequential(nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = StepProbe()
+    probe.start()
+    for step in range(args.steps):
+        if args.mode == "crash" and step == 2:
+            raise ValueError("bad batch shape 7")
+        if args.mode == "hang" and step == 2:
+            time.sleep(3600)
+        batch = torch.randint(0, VOCAB, (args.micro_batch, args.seq_len))
+        logits = model(batch)
+        loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        probe.step(tokens=batch.numel(), loss=loss.detach())
+    probe.finish()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

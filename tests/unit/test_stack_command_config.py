@@ -1,0 +1,79 @@
+"""A `command` stack's section is checked before anything starts: `raybench plan` exits 2 naming the field, the
+value and the fix, and writes nothing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from raybench.cli import main as cli
+from raybench.drivers.executors import command as command_executor
+from raybench.planning.plan import plan
+from raybench.planning.stacks import command
+from raybench.spec.load import load_sweep
+from tests.conftest import write_sweep
+
+COMMAND = '["{python}", "train.py", "--steps", "{steps}", "--mode", "{mode}"]'
+
+
+def _sweep(stack: str = "", train: str = "{steps: 5}", executor: str = "train") -> str:
+    return f"""
+name: bad-command
+executor: {executor}
+model: {{preset: tiny}}
+train: {train}
+stack:
+  kind: command
+  command: {COMMAND}
+  overrides: {{mode: ok}}
+{stack}"""
+
+
+BAD = {
+    "unknown placeholder": (_sweep().replace("{mode}", "{mdoe}"), "stack.command[5]", "unknown placeholder {mdoe}"),
+    "unused override": (_sweep().replace("overrides: {mode: ok}", "overrides: {mode: ok, depth: 3}"),
+                        "stack.overrides.depth", "is not used in stack.command"),
+    "raybench field not used": (_sweep(train="{steps: 5, micro_batch: 4}"), "train.micro_batch",
+                                "use {micro_batch} in stack.command"),
+    "missing python": (_sweep(stack="  python: /nowhere/venv/bin/python"), "stack.python",
+                       "no executable file there"),
+    "no command": (_sweep().replace(f"command: {COMMAND}", "command: []"), "stack.command",
+                   "needs the argv to run"),
+    "format spec": (_sweep().replace("{steps}", "{steps:03d}"), "stack.command[3]", "write {steps} plainly"),
+    "null model path": (_sweep().replace("{mode}", "{model_path}").replace("overrides: {mode: ok}", ""),
+                        "stack.command[5]", "model.path is null"),
+    "pool executor": (_sweep(executor="pool"), "executor", "raybench's own loop only"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_command_config_exits_2_and_writes_nothing(name, tmp_path, capsys):
+    text, field, message = BAD[name]
+    sweep = write_sweep(tmp_path / "sweep.yaml", text)
+    store = tmp_path / "store"
+    assert cli.main(["plan", str(sweep), "--store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert field in err and message in err and "Traceback" not in err
+    assert not store.exists()
+
+
+def test_a_good_command_fills_its_placeholders(tmp_path):
+    text = _sweep(train="{steps: 7, lr: 1.0e-4}").replace(
+        COMMAND, '["{python}", "{sweep_dir}/train.py", "--steps", "{steps}", "--lr={lr}", "--mode", "{mode}"]')
+    spec = load_sweep(write_sweep(tmp_path / "sweep.yaml", text))
+    trials = plan(spec)
+    config = trials[0].config
+    assert command.argv(config, "/env/bin/python") == [
+        "/env/bin/python", f"{tmp_path.resolve()}/train.py", "--steps", "7", "--lr=0.0001", "--mode", "ok"]
+    assert set(command.mapped(config)) == {"steps", "lr"}  # the train fields its placeholders take
+    assert command_executor._name(command.argv(config, sys.executable)) == Path(sys.executable).name
+
+
+def test_the_last_error_line_of_the_command_is_the_message():
+    output = ("[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: bad batch shape 7\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n=====\n")
+    text = command_executor._failure_text(["python", "-m", "torch.distributed.run"], 1, output)
+    assert text.endswith("\nValueError: bad batch shape 7")
+    assert "python -m torch.distributed.run exited with status 1" in text
