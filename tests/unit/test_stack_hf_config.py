@@ -58,6 +58,9 @@ BAD = [
      "dataloader_num_workers"),
     ("padding_free_alone", {"overrides": {"padding_free": True}}, "stack.overrides.padding_free", "packing"),
     ("missing_function", {"entry": "hf_user:nope"}, "stack.entry", "no function 'nope'"),
+    ("checkpointing_key", {"overrides": {"gradient_checkpointing": True}}, "stack.overrides.gradient_checkpointing",
+     "set train.ac_ratio instead"),
+    ("partial_checkpointing", {"train": {"ac_ratio": "1/2"}}, "train.ac_ratio", "use 0 or 1"),
     ("no_entry_no_config", {"entry": None}, "stack.entry", "config file"),
     ("config_unknown_key", {"config": {"packin": True}}, "stack.config.packin", "did you mean 'packing'"),
     ("config_mapped_key", {"config": {"learning_rate": 0.1}}, "stack.config.learning_rate", "train.lr"),
@@ -93,3 +96,16 @@ def test_entry_and_config_file_sweeps_plan(tmp_path, model_dir, text_file):
     spec = load_sweep(config)
     assert spec.stack.config == str(tmp_path / "sft.yaml")  # resolved next to the sweep file
     assert len(plan(spec)) == 1
+
+
+@pytest.mark.parametrize("ratio, checkpointed", [("0", False), ("1", True)])
+def test_ac_ratio_decides_checkpointing_against_sftconfigs_own_default(tmp_path, model_dir, ratio, checkpointed):
+    """SFTConfig checkpoints by default; a trial's row says ac_ratio 0, so its arguments must not checkpoint."""
+    from raybench.planning.stacks import hf
+
+    (trial,) = plan(load_sweep(_sweep(tmp_path, model_dir, train={"ac_ratio": ratio})))
+    cls = hf.args_class()
+    args = hf.trial_args(trial.config, set(hf.field_types(cls)))
+    assert args["activation_checkpointing"] is checkpointed
+    built = cls(output_dir=str(tmp_path / "out"), use_cpu=True, **args)
+    assert built.activation_checkpointing is checkpointed and built.gradient_checkpointing is checkpointed

@@ -38,6 +38,9 @@ MAPPED = {
     # SFTConfig only: TRL truncates (or packs) every sequence to max_length. With a plain Trainer the user's collator
     # decides the length, and the runtime refuses a batch longer than train.seq_len (docs/stacks/hf.md).
     "seq_len": "max_length",
+    # Every decoder layer checkpointed or none: ac_ratio 0 or 1 only. Mapped, not left to the dataclass, because
+    # SFTConfig checkpoints by default (TrainingArguments does not): the row's ac_ratio says what ran.
+    "ac_ratio": "activation_checkpointing/gradient_checkpointing",
 }
 
 # raybench's train field -> the stack's own key to set instead (named when the field is refused).
@@ -48,7 +51,6 @@ OWN_KEYS = {
     "offload": "deepspeed (a DeepSpeed config)",
     "grad_scaler": "fp16 uses accelerate's loss scaler; it has no off switch",
     "finetune": "peft_config, passed to SFTTrainer in the entry function",
-    "ac_ratio": "activation_checkpointing (gradient_checkpointing)",
     "ac_mode": "activation_checkpointing_kwargs",
     "ac_saved_ops": "activation_checkpointing_kwargs",
     "compile": "torch_compile",
@@ -107,6 +109,7 @@ def mapped_values(train: TrainSpec, fields: set[str]) -> dict[str, Any]:
         "bf16": train.precision == "bf16",
         "fp16": train.precision == "fp16",
         "max_length": train.seq_len,
+        "activation_checkpointing": train.ac_ratio == "1",
     }
     return {key: value for key, value in values.items() if key in fields}
 
@@ -142,6 +145,9 @@ def problems(config: TrialConfig) -> list[Problem]:
         from raybench.planning.stacks import entry_problems
 
         found += entry_problems(config)
+    if config.train.ac_ratio not in ("0", "1"):
+        found.append(Problem("train.ac_ratio", config.train.ac_ratio, "the hf stack checkpoints every decoder layer "
+                             "or none (activation_checkpointing): use 0 or 1"))
     found += _model_data_problems(config)
     from_file, file_problems = _config_file(stack.config)
     found += file_problems

@@ -61,6 +61,8 @@ def measured_run(payload: TrialPayload, build: Build) -> dict | None:
     params_total, params_trainable = _param_counts(run.model)
     run.train()
     sampler.close()
+    if params_total == 0:  # built in the trainer's own hook (Lightning's configure_model): count it trained
+        params_total, params_trainable = _param_counts(run.model)
     record = probe.record
     if len(record.step_times_s) <= config.train.warmup_steps:
         raise RuntimeError(f"the stack ran {len(record.step_times_s)} step(s) on rank {ctx.rank}, no more than "
@@ -94,9 +96,10 @@ def _import_path(directories: list[str]) -> None:
 
 
 def _param_counts(model: nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameters of the model as built, before any sharding wrapper."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+    """(total, trainable) parameters of the model as built, before any sharding wrapper; a parameter DeepSpeed
+    ZeRO-3 partitioned counts whole (its ds_numel)."""
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in model.parameters()]
+    return sum(n for n, _ in sizes), sum(n for n, trainable in sizes if trainable)
 
 
 def _flops_per_token(run: StackRun, params_total: int, params_trainable: int) -> float | None:

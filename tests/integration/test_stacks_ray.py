@@ -1,0 +1,123 @@
+"""Users' own training stacks as trials of one real Ray sweep (one Ray start-up for all of them), each on 2 gloo
+ranks of 1 CPU, measured by the probe and read back from Parquet:
+- hf: TRL's SFTTrainer on a tiny Llama and a local JSONL file (tests/stacks_user/hf_user.py), Ray Train workers;
+- lightning: the user's LightningModule under Lightning's DDP (tests/stacks_user/lightning_user.py), Ray Train
+  workers; DDP, as on CPU Lightning runs neither DeepSpeed nor FSDP (docs/stacks/lightning.md);
+- command: the user's own script under torchrun (tests/stacks_user/probe_train.py) in a Ray task, three times: one
+  that trains, one that crashes, one that hangs past resources.timeout_s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from raybench import read_results
+from raybench.cli import main as cli
+from tests.conftest import WORDS, make_model_dir
+
+pytestmark = pytest.mark.integration
+USER_DIR = Path(__file__).resolve().parents[1] / "stacks_user"
+SCRIPT = USER_DIR / "probe_train.py"
+WORKERS, MICRO_BATCH, GRAD_ACCUM, SEQ_LEN = 2, 2, 2, 32
+PAD = 4  # lightning: padding positions at the end of each sequence
+COMMAND_SEQ_LEN, HANG_TIMEOUT_S = 16, 25
+
+
+def _sweep(model: Path, data: Path) -> dict:
+    hf = {"stack.kind": "hf", "stack.entry": "hf_user:build_trainer", "stack.pythonpath": [str(USER_DIR)],
+          # Every batch padded to max_length: the tokens each step holds are known exactly.
+          "stack.overrides": {"pad_to_multiple_of": SEQ_LEN},
+          "data.source": "hf", "data.path": str(data), "data.format": "text",
+          "train.seq_len": SEQ_LEN, "train.micro_batch": MICRO_BATCH, "train.grad_accum": GRAD_ACCUM,
+          "train.precision": "fp32", "train.lr": 1e-3}
+    lightning = {"stack.kind": "lightning", "stack.entry": "lightning_user:build", "stack.pythonpath": [str(USER_DIR)],
+                 "stack.overrides": {"strategy": "ddp", "model_path": str(model), "batch_size": MICRO_BATCH,
+                                     "seq_len": SEQ_LEN, "pad_tokens": PAD, "log_every_n_steps": 1},
+                 "train.grad_accum": GRAD_ACCUM, "train.precision": "fp32", "train.seed": 3}
+    command = ["{python}", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "{workers}",
+               str(SCRIPT), "--steps", "{steps}", "--micro-batch", "{micro_batch}", "--seq-len", "{seq_len}",
+               "--mode", "{mode}"]
+
+    def command_case(mode: str, **more) -> dict:
+        return {"stack.kind": "command", "stack.command": command, "stack.overrides": {"mode": mode},
+                "train.micro_batch": MICRO_BATCH, "train.seq_len": COMMAND_SEQ_LEN, **more}
+
+    return {"name": "stacks", "model": {"path": str(model)}, "train": {"steps": 4, "warmup_steps": 1},
+            "resources": {"workers": WORKERS, "cpus_per_worker": 1, "timeout_s": 300},
+            "axes": {"case": [hf, lightning, command_case("ok"), command_case("crash"),
+                              command_case("hang", **{"resources.timeout_s": HANG_TIMEOUT_S})]}}
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stacks")
+    model = make_model_dir(tmp / "model")
+    data = tmp / "text.jsonl"
+    # Texts of 10 to 39 words: the longer ones are cut at max_length, the shorter padded up to it.
+    data.write_text("\n".join(json.dumps({"text": " ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(10 + i))})
+                              for i in range(30)))
+    sweep = tmp / "stacks.yaml"
+    sweep.write_text(yaml.safe_dump(_sweep(model, data)))
+    assert cli.main(["run", str(sweep), "--store", str(tmp / "store")]) == 1  # two trials were not ok
+    frame = read_results(str(tmp / "store"), "stacks")  # read back from the Parquet files
+    by_case = {}
+    for row in frame.itertuples():
+        mode = json.loads(row.stack_overrides_json).get("mode")
+        by_case[f"command-{mode}" if mode else row.stack_kind] = row
+    return by_case
+
+
+def test_sft_trainer_rows_measured_by_the_probe(rows):
+    row = rows["hf"]
+    assert row.status == "ok", row.error_detail
+    assert row.executor == "train" and row.world_size == WORKERS
+    assert row.tokens_per_step == WORKERS * MICRO_BATCH * SEQ_LEN * GRAD_ACCUM
+    assert 0 < row.nonpad_tokens_per_step < row.tokens_per_step  # the padding is counted apart
+    assert row.tok_per_s_per_device > 0 and row.steps_timed == 3
+    assert math.isfinite(row.loss_first) and math.isfinite(row.loss_final)
+    assert "trl" in row.stack_version and "transformers" in row.stack_version
+    assert row.flops_per_token > 0  # the model's shape and the batches' sequence length are known
+
+
+def test_lightning_trial_on_ray(rows):
+    row = rows["lightning"]
+    assert row.status == "ok", row.message
+    assert row.stack_entry == "lightning_user:build" and json.loads(row.stack_overrides_json)["pad_tokens"] == PAD
+    assert "lightning 2." in row.stack_version and row.world_size == WORKERS
+    # Every micro-batch of the optimizer step on every rank: the probe counted what the batches held.
+    assert row.tokens_per_step == WORKERS * GRAD_ACCUM * MICRO_BATCH * SEQ_LEN
+    assert row.nonpad_tokens_per_step == WORKERS * GRAD_ACCUM * MICRO_BATCH * (SEQ_LEN - PAD)
+    assert row.steps_timed == 3 and row.tok_per_s_per_device > 0 and row.step_time_p50_s > 0
+    assert math.isfinite(row.loss_first) and math.isfinite(row.loss_final)
+    # The module holds a transformers decoder and nothing else: its shape gives FLOPs per token.
+    assert row.params_total > 0 and row.flops_per_token > 0
+
+
+def test_the_script_that_trains_gets_an_ok_row_measured_by_the_probe(rows):
+    row = rows["command-ok"]
+    assert row.status == "ok" and row.executor == "train"
+    assert row.tokens_per_step == WORKERS * MICRO_BATCH * COMMAND_SEQ_LEN  # every rank's batch, as the script drew it
+    assert row.tok_per_s > 0 and row.tok_per_s_per_device == pytest.approx(row.tok_per_s / WORKERS)
+    assert row.steps_timed == 3 and row.world_size == WORKERS
+    assert math.isfinite(row.loss_first) and math.isfinite(row.loss_final)
+    assert row.time_to_first_step_s > row.step_time_p50_s > 0
+    assert row.stack_version.startswith("python -m torch.distributed.run (python ")
+    assert "torch " in row.stack_version and pd.isna(row.phase_forward_p50_s)  # no phases in a user's loop
+
+
+def test_a_crash_is_an_error_row_with_the_scripts_own_last_error_line(rows):
+    row = rows["command-crash"]
+    assert row.status == "error" and row.message == "ValueError: bad batch shape 7"
+    assert "ChildFailedError" in row.error_detail  # the launcher's summary is kept in the detail
+
+
+def test_a_hang_is_a_timeout_row(rows):
+    row = rows["command-hang"]
+    assert row.status == "timeout" and f"resources.timeout_s={HANG_TIMEOUT_S} s" in row.message
+    assert row.trial_wall_s < HANG_TIMEOUT_S + 30  # killed at the limit, not left to run
