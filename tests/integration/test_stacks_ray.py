@@ -26,7 +26,7 @@ USER_DIR = Path(__file__).resolve().parents[1] / "stacks_user"
 SCRIPT = USER_DIR / "probe_train.py"
 WORKERS, MICRO_BATCH, GRAD_ACCUM, SEQ_LEN = 2, 2, 2, 32
 PAD = 4  # lightning: padding positions at the end of each sequence
-COMMAND_SEQ_LEN, HANG_TIMEOUT_S = 16, 25
+COMMAND_SEQ_LEN, HANG_TIMEOUT_S = 16, 12
 
 
 def _sweep(model: Path, data: Path) -> dict:
