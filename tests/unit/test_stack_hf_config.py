@@ -50,7 +50,7 @@ BAD = [
     ("mapped_key", {"overrides": {"max_steps": 10}}, "stack.overrides.max_steps", "set train.steps instead"),
     ("unmapped_train_field", {"train": {"compile": True}}, "train.compile", "torch_compile"),
     ("yaml_number_as_text", {"overrides": {"adam_epsilon": "1e-8"}}, "stack.overrides.adam_epsilon",
-     "write it with a dot"),
+     "write it with a decimal point"),
     ("bad_value", {"overrides": {"optim": "adamw_bogus"}}, "stack.overrides.optim", "not a valid OptimizerNames"),
     ("harness_key", {"overrides": {"save_strategy": "steps"}}, "stack.overrides.save_strategy", "raybench sets"),
     ("lora_in_raybench", {"train": {"finetune": "lora"}}, "train.finetune", "peft_config"),

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import enum
 import json
-import types
 import typing
 import warnings
 from pathlib import Path
 from typing import Any
 
+from raybench.planning.stacks import yaml_values
 from raybench.spec.errors import Problem
 from raybench.spec.sweep_spec import DataSpec, TrainSpec, TrialConfig
 
@@ -222,9 +221,8 @@ def _key_problems(values: dict[str, Any], where: str, hints: dict[str, Any], sch
             close = difflib.get_close_matches(str(key), list(hints), n=1)
             hint = f"did you mean '{close[0]}'?" if close else "see its documentation for the keys"
             found.append(Problem(field, value, f"not a {schema} key; {hint}"))
-        elif not _accepts(hints[key], value):
-            found.append(Problem(field, value, f"expected {_type_name(hints[key])}, got {type(value).__name__}"
-                                 f"{_yaml_number_hint(hints[key], value)}"))
+        elif problem := yaml_values.type_problem(field, value, hints[key]):
+            found.append(problem)
     return found
 
 
@@ -266,46 +264,3 @@ def _construct_error(cls: type, args: dict[str, Any]) -> str | None:
         if fresh:
             AcceleratorState._reset_state(reset_partial_state=True)
     return None
-
-
-def _accepts(annotation: Any, value: Any) -> bool:
-    """Whether a value read from YAML/JSON fits a dataclass field's declared type."""
-    origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_accepts(arm, value) for arm in typing.get_args(annotation))
-    if origin is typing.Literal:
-        return value in typing.get_args(annotation)
-    if annotation is type(None):
-        return value is None
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return isinstance(value, (str, annotation))  # its member names are checked by constructing
-    if origin is not None:  # dict[str, Any], list[str]
-        return isinstance(value, origin)
-    return isinstance(annotation, type) and isinstance(value, annotation)
-
-
-def _type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(arm) for arm in typing.get_args(annotation))
-    if annotation is type(None):
-        return "null"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def _yaml_number_hint(annotation: Any, value: Any) -> str:
-    """YAML reads 1e-8 (no dot) as a string: say how to write the number."""
-    if isinstance(value, str) and _accepts(annotation, 1.0):
-        try:
-            float(value)
-        except ValueError:
-            return ""
-        return f" (YAML reads {value} as text: write it with a dot, e.g. 1.0e-8)"
-    return ""

@@ -9,19 +9,14 @@ naming the field that sets them.
 
 from __future__ import annotations
 
-import collections.abc
 import contextlib
-import datetime
 import difflib
 import importlib
 import inspect
 import os
-import pathlib
-import re
 import sys
-import types
-import typing
 
+from raybench.planning.stacks import yaml_values
 from raybench.spec.errors import Problem
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
 
@@ -169,51 +164,8 @@ def _data_problems(config: TrialConfig) -> list[Problem]:
 
 
 def _type_problems(field: str, value, annotation) -> list[Problem]:
-    if _accepts(annotation, value) is not False:
-        return []
-    hint = ""
-    if isinstance(value, str) and _accepts(annotation, 1.5) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value):
-        hint = f"; YAML reads {value} as text: write it with a decimal point, e.g. 1.0e-5"
-    return [Problem(field, value, f"expected {_readable(annotation)}, got {type(value).__name__}{hint}")]
-
-
-def _accepts(annotation, value) -> bool | None:
-    """Whether a YAML value fits a parameter's annotation; None where the annotation says nothing checkable."""
-    if annotation in (inspect.Parameter.empty, typing.Any):
-        return None
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        verdicts = [_accepts(arm, value) for arm in typing.get_args(annotation)]
-        return True if True in verdicts else (None if None in verdicts else False)
-    if origin is typing.Literal:
-        return any(type(value) is type(arg) and value == arg for arg in typing.get_args(annotation))
-    if origin is not None:
-        annotation = origin  # list[int] -> list: items are left to the stack
-    if annotation is type(None):
-        return value is None
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation in (pathlib.Path, os.PathLike):
-        return isinstance(value, str)
-    if annotation in (collections.abc.Iterable, collections.abc.Sequence, list, tuple):
-        return isinstance(value, list)
-    if annotation in (dict, collections.abc.Mapping):
-        return isinstance(value, dict)
-    if annotation is datetime.timedelta:
-        return False  # YAML gives no timedelta
-    if isinstance(annotation, type):
-        return isinstance(value, annotation)  # a class YAML cannot build (Accelerator, Profiler) refuses its value
-    return None
-
-
-def _readable(annotation) -> str:
-    """An annotation without module paths: Union[str, Accelerator], not lightning.pytorch.accelerators...."""
-    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
-    return re.sub(r"\b(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*)", r"\1", text)
+    problem = yaml_values.type_problem(field, value, annotation)
+    return [problem] if problem else []
 
 
 def _parameters(function) -> dict[str, inspect.Parameter]:
