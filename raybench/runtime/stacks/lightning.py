@@ -109,7 +109,7 @@ class _ProbeCallback(Callback):
         self._tokens, self._nonpad, self._loss = 0, 0, None
 
 
-def batch_tokens(batch) -> tuple[int, int, int]:
+def batch_tokens(batch) -> tuple[int, torch.Tensor | int, int]:
     """(tokens, non-padding tokens, sequence length) of one micro-batch: a mapping with input_ids (and
     attention_mask when it pads), a tensor of token ids, or a tuple/list whose first item is one."""
     if isinstance(batch, dict) or hasattr(batch, "keys"):
@@ -124,7 +124,8 @@ def batch_tokens(batch) -> tuple[int, int, int]:
                         "yield a dict with input_ids (and attention_mask), or a tensor of token ids "
                         "(docs/stacks/lightning.md)")
     tokens = ids.numel()
-    nonpad = int(mask.sum()) if isinstance(mask, torch.Tensor) else tokens
+    # A device tensor until the probe's step ends (after its synchronization): no sync per micro-batch.
+    nonpad = mask.sum() if isinstance(mask, torch.Tensor) else tokens
     return tokens, nonpad, int(ids.shape[-1])
 
 
