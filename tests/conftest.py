@@ -69,6 +69,17 @@ def write_sweep(path: Path, text: str) -> Path:
     return path
 
 
+def assert_plan_refuses(sweep: Path, field: str, message: str, store: Path, err_of) -> None:
+    """`raybench plan` exits 2 naming the field and why, with no traceback and no store written; err_of() returns
+    the captured standard error."""
+    from raybench.cli import main as cli
+
+    assert cli.main(["plan", str(sweep), "--store", str(store)]) == 2
+    err = err_of()
+    assert field in err and message in err and "Traceback" not in err
+    assert not store.exists()
+
+
 # A chat template in the shape of real ones: each turn opened and closed by special tokens, and a generation prompt
 # that opens the assistant's turn.
 CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s>{% endfor %}"

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from raybench.cli import main as cli
 from raybench.drivers.executors import command as command_executor
 from raybench.planning.plan import plan
 from raybench.planning.stacks import command
 from raybench.spec.load import load_sweep
-from tests.conftest import write_sweep
+from tests.conftest import assert_plan_refuses, write_sweep
 
 COMMAND = '["{python}", "train.py", "--steps", "{steps}", "--mode", "{mode}"]'
 
@@ -52,11 +51,7 @@ BAD = {
 def test_bad_command_config_exits_2_and_writes_nothing(name, tmp_path, capsys):
     text, field, message = BAD[name]
     sweep = write_sweep(tmp_path / "sweep.yaml", text)
-    store = tmp_path / "store"
-    assert cli.main(["plan", str(sweep), "--store", str(store)]) == 2
-    err = capsys.readouterr().err
-    assert field in err and message in err and "Traceback" not in err
-    assert not store.exists()
+    assert_plan_refuses(sweep, field, message, tmp_path / "store", lambda: capsys.readouterr().err)
 
 
 def test_a_good_command_fills_its_placeholders(tmp_path):
