@@ -233,7 +233,7 @@ class ResourcesSpec(_Spec):
         "the trial is recorded as oom. null: no cap."))
 
 
-STACK_KINDS = ("raybench", "hf", "lightning", "torchtune", "command")
+STACK_KINDS = ("raybench", "hf", "lightning", "torchtune", "torchtitan", "command")
 
 
 class StackSpec(_Spec):
@@ -243,15 +243,19 @@ class StackSpec(_Spec):
     kind: Literal[STACK_KINDS] = Field("raybench", description=(
         "raybench: raybench's own training loop; hf: a transformers Trainer or TRL SFTTrainer; lightning: a "
         "LightningModule and Lightning Trainer; torchtune: a torchtune recipe in its own environment (stack.python); "
-        "command: any command line, its ranks timed by the probe."))
+        "torchtitan: torchtitan's trainer in its own environment (stack.python); command: any command line, its "
+        "ranks timed by the probe."))
     entry: str | None = Field(None, description=(
         "hf: 'module:function' called as function(overrides, ctx) that returns the trial's Trainer or SFTTrainer; "
         "lightning: 'module:function' called with the overrides that are its parameters, returning a "
         "LightningModule and its DataLoader or LightningDataModule (docs/stacks/)."))
     config: str | None = Field(None, description=(
         "hf: a YAML or JSON file of TrainingArguments/SFTConfig keys, the base the overrides apply to; torchtune: "
-        "the recipe's config file (copy a built-in one with `tune cp`)."))
-    recipe: str | None = Field(None, description="torchtune: the recipe, e.g. lora_finetune_distributed.")
+        "the recipe's config file (copy a built-in one with `tune cp`); torchtitan: a Python file of job config "
+        "functions returning a Trainer.Config, as torchtitan's config_registry.py files are."))
+    recipe: str | None = Field(None, description=(
+        "torchtune: the recipe, e.g. lora_finetune_distributed; torchtitan: the config function of stack.config "
+        "(torchtitan's --config), e.g. llama3_tiny_cpu."))
     command: list[str] | None = Field(None, description=(
         "command: the argv to run, each item with {placeholders} filled from the trial: {python}, {workers}, "
         "{steps}, {micro_batch}, {seq_len}, {grad_accum}, {lr}, {seed}, {precision}, {model_path}, {data_path}, "
@@ -260,8 +264,8 @@ class StackSpec(_Spec):
         "The stack's own config keys for this trial (an axis such as stack.overrides.learning_rate sweeps one); "
         "checked against the stack's own schema before launch."))
     python: str | None = Field(None, description=(
-        "command, torchtune: the Python interpreter of the stack's own environment ({python} in a command); null: "
-        "the one running raybench."))
+        "command, torchtune, torchtitan: the Python interpreter of the stack's own environment ({python} in a "
+        "command); null: the one running raybench."))
     pythonpath: list[str] = Field(default_factory=list, description=(
         "hf, lightning: directories put before sys.path so that `entry`'s module imports."))
 

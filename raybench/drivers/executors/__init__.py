@@ -2,7 +2,8 @@
 
 - train:    a Ray Train V2 TorchTrainer per trial (new worker processes every trial).
 - torchrun: plain `torchrun` on this machine, no Ray (for `raybench trial` and debugging).
-- command:  a `command` or `torchtune` stack's trial under either of them: its command line, out of process.
+- command:  a `command`, `torchtune` or `torchtitan` stack's trial under either of them: its command line, out of
+            process.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ RAY_WORKER_ENV = {"RAY_worker_niceness": "0"}
 
 
 # Stacks whose ranks a command line starts (executors/command.py), not raybench's workers.
-OUT_OF_PROCESS_STACKS = ("command", "torchtune")
+OUT_OF_PROCESS_STACKS = ("command", "torchtune", "torchtitan")
 
 
 def get(name: str) -> Callable[[dict], dict]:
-    """The executor's `execute`; a trial of a `command` or `torchtune` stack runs its command instead
+    """The executor's `execute`; a trial of a `command`, `torchtune` or `torchtitan` stack runs its command instead
     (executors/command.py):
     in a Ray task holding its resources under `train`, on this machine under `torchrun`."""
     execute = importlib.import_module(f"raybench.drivers.executors.{name}").execute

@@ -1,4 +1,5 @@
-"""A `command` (or `torchtune`) stack's trial: run the command line out of process and reduce what its probe wrote.
+"""A `command` (`torchtune`, `torchtitan`) stack's trial: run the command line out of process and reduce what its
+probe wrote.
 
 The command (torchrun over the user's script, torchtune, torchtitan, ...) starts its own ranks; each calls
 `raybench.runtime.probe.StepProbe` and writes its record to RAYBENCH_PROBE_DIR at the end. The records go
@@ -30,6 +31,7 @@ from raybench.drivers.executors.torchrun import kill_tree
 from raybench.drivers.trial import EXCEPTION_LINE
 from raybench.planning.payload import TrialPayload
 from raybench.planning.stacks import command as planned_command
+from raybench.planning.stacks import torchtitan as planned_torchtitan
 from raybench.planning.stacks import torchtune as planned_torchtune
 from raybench.runtime.probe import RECORD_DIR_ENV
 from raybench.spec.schema import GIB
@@ -205,7 +207,7 @@ def _row(payload: TrialPayload, records: list[dict], launched_wall: float, wall_
 def _model_facts(config) -> tuple[int, int, float | None]:
     """Parameters of the trial's model (model.preset or model.path's config.json: the model the command
     trains, docs/stacks/command.md) with torchtune's adapters where its recipe adds them, and FLOPs per token
-    where the sequence length is the trial's (torchtune always; a command that takes {seq_len})."""
+    where the sequence length is the trial's (torchtune and torchtitan always; a command that takes {seq_len})."""
     from raybench.planning.estimate import param_counts
     from raybench.spec import metrics
     from raybench.spec.presets import model_shape
@@ -224,9 +226,12 @@ def _model_facts(config) -> tuple[int, int, float | None]:
 
 
 def _argv(config, python: str) -> list[str]:
-    """The trial's command: the user's own (placeholders filled), or torchtune's launch of its recipe."""
+    """The trial's command: the user's own (placeholders filled), torchtune's launch of its recipe, or
+    torchtitan's of its trainer."""
     if config.stack.kind == "torchtune":
         return planned_torchtune.argv(config)
+    if config.stack.kind == "torchtitan":
+        return planned_torchtitan.argv(config)
     return planned_command.argv(config, python)
 
 

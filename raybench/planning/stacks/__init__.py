@@ -1,9 +1,9 @@
 """A trial's stack section checked before launch (`plan`): the entry imports, the stack's own keys are its
 schema's, and raybench's own train fields are set only where they map exactly onto the stack (docs/stacks/).
 
-Each stack's module (hf, lightning, command) gives MAPPED, raybench's train fields it takes with the stack's key
-each becomes, OWN_KEYS, the stack's own key for a raybench field it does not take (named in the refusal), and
-`problems(config)`, its schema's check of the overrides.
+Each stack's module (hf, lightning, torchtune, torchtitan, command) gives MAPPED, raybench's train fields it takes
+with the stack's key each becomes, OWN_KEYS, the stack's own key for a raybench field it does not take (named in
+the refusal), and `problems(config)`, its schema's check of the overrides.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _own_fields_problems(config: TrialConfig) -> list[Problem]:
                   if getattr(stack, name) is not None]
     set_fields += [name for name in ("overrides", "pythonpath") if getattr(stack, name)]
     return [Problem(f"stack.{name}", getattr(stack, name), "only a user's stack takes this; set stack.kind (hf, "
-                    "lightning, command) or remove it") for name in set_fields]
+                    "lightning, torchtune, torchtitan, command) or remove it") for name in set_fields]
 
 
 def _unmapped_fields(train: TrainSpec, kind: str, mapped: dict[str, str], own_keys: dict[str, str]) -> list[Problem]:
