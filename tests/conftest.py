@@ -39,13 +39,13 @@ def make_tokenizer(directory: Path) -> Path:
     return directory
 
 
-def make_model_dir(directory: Path, vocab_size: int = 128) -> Path:
-    """A 2-layer Llama saved with safetensors, plus a tokenizer, in one Hugging Face directory."""
+def make_model_dir(directory: Path, vocab_size: int = 128, layers: int = 2) -> Path:
+    """A 2-layer (or `layers`) Llama saved with safetensors, plus a tokenizer, in one Hugging Face directory."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=512)
     LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     make_tokenizer(directory)

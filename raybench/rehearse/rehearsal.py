@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from raybench.planning.estimate import Estimate
 from raybench.planning.plan import config_id
+from raybench.rehearse import depth
 from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block_traffic
 from raybench.rehearse.fake_world import init_fake_world
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
@@ -22,6 +23,7 @@ from raybench.rehearse.trace import (
     COMPILE_NOTE,
     COMPILED_ACTIVATIONS_NOTE,
     TRACEABLE_STRATEGIES,
+    StepTrace,
     trace_step,
     traced_config,
     traced_train,
@@ -88,14 +90,17 @@ def why_not_traceable(config: TrialConfig) -> str | None:
 
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
              busbw_source: str = "probe", analytic: Estimate | None = None,
-             calibration: Calibration = SHIPPED_CALIBRATION, rank: int = 0, traces: dict | None = None) -> Rehearsal:
+             calibration: Calibration = SHIPPED_CALIBRATION, rank: int = 0, traces: dict | None = None,
+             extrapolate_depth: bool = True) -> Rehearsal:
     """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
 
     `calibration` prices it: the shipped H100 constants, or the profile `raybench calibrate` stored for the
     device (a CPU profile gives CPU trials a roofline, and so a step time); the row names it in its notes.
 
     `traces` (a dict the caller keeps) reuses the trace of a trial whose traced step is identical: compiled
-    and eager twins trace the same eager step and differ only in the predicted time.
+    and eager twins trace the same eager step and differ only in the predicted time. A deep model's step is
+    extrapolated from shallow ones (depth.py) unless extrapolate_depth is False, and those are reused too: a
+    sweep's sAC ratios share most of theirs.
     """
     world = config.resources.workers
     why_not = why_not_traceable(config)
@@ -107,17 +112,15 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     key = (config_id(traced_config(config)), rank, gpu if on_gpu else None, calibration.source)
     t0 = time.perf_counter()
     if key not in traces:
-        init_fake_world(rank, world)
         try:
-            ctx = RankContext(rank, world, rank, torch.device("cpu"))
-            traces[key] = trace_step(config, shape, ctx, fake=True, gpu=gpu if on_gpu else None,
-                                     calibration=calibration)
+            traces[key], depth_note = _deep_trace(config, shape, rank, gpu if on_gpu else None, calibration, traces,
+                                                  extrapolate_depth)
             if on_gpu and gpu and is_policy_base(config):
                 traces[key].block_ops = block_ops(config, shape, gpu, calibration)
         except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
             return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
-        finally:
-            dist.destroy_process_group()
+        traces[key, "depth note"] = depth_note
+    notes = [*notes, traces[key, "depth note"]] if traces[key, "depth note"] else notes
     trace = traces[key]
     memory = dict(trace.memory_gib)
     if config.train.compile:
@@ -147,6 +150,42 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         trace_s=time.perf_counter() - t0,
         overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None,
         grad_accum=trace.grad_accum, calibration=calibration.as_dict())
+
+
+def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
+                traces: dict, extrapolate_depth: bool) -> tuple[StepTrace, str | None]:
+    """The trial's StepTrace, extrapolated from shallow models where that holds (depth.py), else traced whole;
+    and the row's note on how (or why not extrapolated)."""
+    layers = shape.num_hidden_layers
+    kinds = tuple(i in set(checkpointed_blocks(Fraction(config.train.ac_ratio), layers)) for i in range(layers))
+    layouts = depth.shallow_layouts(kinds) if extrapolate_depth else None
+    if layouts:
+        # The checkpointed blocks are in `kinds`: shallow models of every sAC ratio of a sweep share their key.
+        base = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
+        shallow = {}
+        for name, layout in layouts.items():
+            key = ("shallow", config_id(traced_config(base)), layout, rank, gpu, calibration.source)
+            if key not in traces:
+                traces[key] = _trace(config, shape, rank, gpu, calibration, layout)
+            shallow[name] = traces[key]
+        deep = depth.extrapolate(kinds, shallow)
+        if isinstance(deep, StepTrace):
+            depths = sorted({len(layout) for layout in layouts.values()})
+            return deep, f"traced at depth {depths[0]}-{depths[-1]}, extrapolated to {layers} blocks"
+        return _trace(config, shape, rank, gpu, calibration), deep
+    return _trace(config, shape, rank, gpu, calibration), None
+
+
+def _trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
+           kinds: tuple[bool, ...] | None = None) -> StepTrace:
+    """trace_step as `rank` of the trial's fake world (of a shallow model where `kinds` says)."""
+    world = config.resources.workers
+    init_fake_world(rank, world)
+    try:
+        return trace_step(config, shape, RankContext(rank, world, rank, torch.device("cpu")), fake=True, gpu=gpu,
+                          calibration=calibration, kinds=kinds)
+    finally:
+        dist.destroy_process_group()
 
 
 def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, traces: dict) -> float | None:

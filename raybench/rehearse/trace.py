@@ -34,9 +34,9 @@ from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.roofline import Roofline, fusable, gpu_roofline
 from raybench.runtime import bench, strategies
 from raybench.runtime.materialize import to_empty_keeping_ties
-from raybench.runtime.model import build_meta
+from raybench.runtime.model import build_meta, decoder_blocks
 from raybench.runtime.strategies import RankContext
-from raybench.runtime.techniques import liger_reference
+from raybench.runtime.techniques import activation_checkpointing, liger_reference
 from raybench.runtime.worker import prepare_model
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB
@@ -61,7 +61,7 @@ class StepTrace:
     roofline_s: float  # sum over operators of max(FLOPs / peak, bytes / bandwidth); 0 without a GPU row
     compute_s: float  # the FLOP part alone (sum of FLOPs / peak)
     memory_s: float  # the bytes part alone (sum of bytes / bandwidth)
-    op_s: dict[str, float] = field(default_factory=dict)  # roofline seconds by operator (the 12 costliest)
+    op_s: dict[str, float] = field(default_factory=dict)  # roofline seconds by operator
     # Roofline seconds of the FLOP-less (elementwise, reduction, copy) operators run inside decoder blocks, in
     # forward, backward or recomputation: what torch.compile fuses into its generated kernels.
     block_memory_bound_s: float = 0.0
@@ -70,6 +70,10 @@ class StepTrace:
     grad_accum: int = 1  # micro-batches the step runs: the times and collectives above cover all of them
     traced_micro_batches: int = 1  # how many of them the trace ran (`traced_accumulation`); the rest are scaled
     optimizer_roofline_s: float = 0.0  # the part of roofline_s run once per step (clipping, optimizer, zero_grad)
+    # Memory by CATEGORIES at each place's own highest point (`place_of`), and how much memory grew in backward
+    # across the middle blocks (`middle_growth_gib`): what a deeper model's peak is extrapolated from (depth.py).
+    place_gib: dict[str, dict[str, float]] = field(default_factory=dict)
+    middle_growth_gib: float = 0.0
 
     @property
     def peak_gib(self) -> float:
@@ -125,8 +129,13 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
         """torch's tracker, plus: skip DTensor's global-shape propagation runs, count collectives and the
         roofline cost of every operator this rank runs."""
 
-        def __init__(self, roofline: Roofline):
+        def __init__(self, roofline: Roofline, layers: int):
             super().__init__(*((model, optimizer) if fsdp else ()))
+            self.layers = layers
+            self.place_peaks: dict[str, tuple[int, dict]] = {}  # place_of: (bytes in use, snapshot) at its highest
+            self.backward_entry: dict[tuple[int, int], int] = {}  # (part, block): bytes in use as its backward began
+            self.last_total = 0
+            self.last_block: dict[tuple[int, bool], int] = {}  # (part, backward): the block that ran last
             self.propagation = Propagation()
             self.collectives, self.overlapped = collective_ops()
             self.roofline = roofline
@@ -212,6 +221,43 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             if fusable(func, flops) and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
                 costs.block_memory_bound_s += memory_s
 
+        def _update_peak_stats(self, peak_state) -> None:
+            # The step's peak, and each place's (`place_of`): torch's tracker keeps every module's own peak instead,
+            # walking all the model's modules after every operator (quadratic in depth: 40% of a 72B trace).
+            for dev, dev_snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL]:
+                    self._peak_mem[dev] = dev_snap[_TOTAL]
+                    self._peak_mem_snap[dev] = dict(dev_snap)
+            total = sum(dev_snap[_TOTAL] for dev_snap in self._curr_mem_snap.values())
+            # Backward leaves torch's module tracker with stale entries of the blocks above (it runs top-down):
+            # the lowest block entered is the one running.
+            block = min((int(m.group(1)) for name in self._mod_tracker.parents if (m := _BLOCK_ITSELF.search(name))),
+                        default=None)
+            part, backward = len(self.parts) - 1, self._mod_tracker.is_bw
+            if block is None:  # between blocks, or past the last (the head in forward, the embedding in backward)
+                block = self.last_block.get((part, backward))
+            else:
+                self.last_block[part, backward] = block
+                if backward:
+                    self.backward_entry.setdefault((part, block), self.last_total)
+            self.last_total = total
+            place = place_of(part, backward, block, self.layers)
+            if total > self.place_peaks.get(place, (-1, None))[0]:
+                self.place_peaks[place] = (total, {dev: dict(snap) for dev, snap in self._curr_mem_snap.items()})
+
+        def place_gib(self) -> dict[str, dict[str, float]]:
+            return {place: _categories(snapshot) for place, (_, snapshot) in self.place_peaks.items()}
+
+        def middle_growth_gib(self) -> float:
+            """The most memory grew, in any micro-batch's backward, from entering the highest middle block (the
+            first one backward reaches) to entering the bottom block: 0 without middle blocks."""
+            if self.layers <= END_BLOCKS:
+                return 0.0
+            entry = self.backward_entry
+            growth = [entry[(p, 0)] - entry[(p, self.layers - 3)] if (p, 0) in entry and (p, self.layers - 3) in entry
+                      else float("inf") for p in {part for part, _ in entry}]
+            return max(growth, default=float("inf")) / GIB
+
         def _fsdp_param_group_post_backward(self, fsdp_mod, orig_post_backward):
             # A micro-batch that does not reduce (set_requires_gradient_sync(False)) leaves each gradient unsharded
             # and, under a mixed-precision policy, casts it to the reduce dtype in FSDP's post-backward: torch's
@@ -271,6 +317,27 @@ class _NoHook:
 
 # A decoder block's module name as torch's module tracker reports it (model.model.layers.7, or inside wrappers).
 _BLOCK_NAME = re.compile(r"\.layers\.\d+(\.|$)")
+_BLOCK_ITSELF = re.compile(r"\.layers\.(\d+)(\._checkpoint_wrapped_module)?$")  # the block, not a module inside
+
+# The blocks a shallow model keeps as the deep one has them: the bottom one, and the two top ones (the head's
+# end, where backward starts). The blocks between them are the middle.
+END_BLOCKS = 3
+
+
+def place_of(part: int, backward: bool, block: int | None, layers: int) -> str:
+    """Where in the step an operator runs, by what a shallow model keeps of the deep one's structure: the part
+    (micro-batch, or the optimizer step), forward or backward, and the decoder block that runs it or ran last
+    (bottom, top-1, top, or middle: any other block), or outside: before any block (forward's embedding,
+    backward's head and loss) and in the optimizer step."""
+    if block is None:
+        where = "outside"
+    elif block == 0:
+        where = "bottom"
+    elif block >= layers - 2:
+        where = "top" if block == layers - 1 else "top-1"
+    else:
+        where = "middle"
+    return f"{part}:{'backward' if backward else 'forward'}:{where}"
 
 # Tracker reference types (torch's names) by the categories raybench reports.
 _CATEGORY_OF = {
@@ -359,14 +426,21 @@ def fake_batches(train: TrainSpec, vocab_size: int, device: torch.device) -> Ite
         yield {"input_ids": ids, "labels": ids}
 
 
-def _build_traced(config: TrialConfig, train: TrainSpec) -> tuple[nn.Module, str, dict]:
+def _build_traced(config: TrialConfig, train: TrainSpec,
+                  kinds: tuple[bool, ...] | None = None) -> tuple[nn.Module, str, dict]:
     """build_meta and the techniques of `train` (a traced TrainSpec), with Liger's reference operators where
-    the trial asks for Liger: they come first, as Liger does in worker.TECHNIQUES."""
-    model, source, info = build_meta(config.model, train.seed)
+    the trial asks for Liger: they come first, as Liger does in worker.TECHNIQUES.
+
+    kinds: build a model of len(kinds) decoder blocks instead, checkpointing those marked True (depth.py)."""
+    model, source, info = build_meta(config.model, train.seed, layers=None if kinds is None else len(kinds))
     if train.liger:
         model = liger_reference.apply(model)
         train = train.model_copy(update={"liger": False})  # the reference operators stand in for the kernels
-    return prepare_model(model, train), source, info
+    if kinds is None:
+        return prepare_model(model, train), source, info
+    # The techniques before checkpointing, then checkpointing where `kinds` says (it comes after them).
+    model = prepare_model(model, train.model_copy(update={"ac_ratio": "0"}))
+    return activation_checkpointing.checkpoint(model, train, [i for i, ac in enumerate(kinds) if ac]), source, info
 
 
 def liger_rope(config: TrialConfig, shape: ModelShape):
@@ -378,7 +452,7 @@ def liger_rope(config: TrialConfig, shape: ModelShape):
 
 def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
                gpu: str | None = None, skip_propagation: bool = True, every_micro_batch: bool = False,
-               calibration: Calibration = SHIPPED_CALIBRATION) -> StepTrace:
+               calibration: Calibration = SHIPPED_CALIBRATION, kinds: tuple[bool, ...] | None = None) -> StepTrace:
     """Build, wrap and run one training step of `config` on this rank under the step tracker.
 
     fake=True: storage is fake (call `init_fake_world` first); fake=False: the real thing on a real process
@@ -389,10 +463,13 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
     the memory is that of every state the real step goes through, and the time and collectives count each
     traced micro-batch as many times as the step runs its kind. every_micro_batch=True traces them all (the
     tests' check that both agree).
+
+    kinds: trace a shallow model of len(kinds) blocks, those marked True checkpointed (depth.py).
     """
     on_gpu = config.resources.gpus_per_worker > 0
     train, _ = traced_train(config.train, on_gpu)
-    model, source, info = _build_traced(config, train)
+    model, source, info = _build_traced(config, train, kinds)
+    layers = len(kinds) if kinds is not None else len(decoder_blocks(model))
     mode = fake_mode() if fake else contextlib.nullcontext()
 
     def materialize(whole: bool) -> None:
@@ -411,7 +488,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
     with mode:
         _create_optimizer_state(trainable)
         batches = fake_batches(train, shape.vocab_size, ctx.device)
-        tracker = tracker_cls(gpu_roofline(gpu, calibration))
+        tracker = tracker_cls(gpu_roofline(gpu, calibration), layers)
         if not fsdp:
             tracker.track_external(trainable.model, trainable.optimizer)
         if train.strategy == "ddp":  # its reducer holds a bucket copy of every trainable gradient from construction
@@ -435,9 +512,10 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         comm_bytes=dict(total.comm_bytes), comm_calls=dict(total.comm_calls),
         overlapped_comm=tuple(sorted(tracker.overlapped_names)), flops=total.flops,
         roofline_s=total.roofline_s, compute_s=total.compute_s, memory_s=total.memory_s,
-        op_s=dict(sorted(total.op_s.items(), key=lambda kv: -kv[1])[:12]),
+        op_s=dict(total.op_s),
         block_memory_bound_s=total.block_memory_bound_s, grad_accum=train.grad_accum, traced_micro_batches=traced,
-        optimizer_roofline_s=optimizer_step.roofline_s)
+        optimizer_roofline_s=optimizer_step.roofline_s, place_gib=tracker.place_gib(),
+        middle_growth_gib=tracker.middle_growth_gib())
 
 
 

@@ -5,6 +5,7 @@ Weights load from safetensors only unless the sweep sets model.allow_pickle; not
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -36,13 +37,14 @@ class WeightsSource:
 
 
 def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib: float = 0.0,
-               shape: ModelShape | None = None) -> tuple[nn.Module, WeightsSource, dict]:
+               shape: ModelShape | None = None, layers: int | None = None) -> tuple[nn.Module, WeightsSource, dict]:
     """The causal LM's architecture in fp32 on the meta device (nothing allocated), where its values will come
     from, and {"weights_cache": "hit" | "miss" | None, "weights_copy_s": seconds copying or None}.
 
     local_copy (auto | always | never) reads a model directory from a node-local copy; cache_gib > 0 keeps
     whole models' weights in this process's memory for the next trial on the same model (warm pool actors).
     shape: build this architecture, random-initialized, instead of the spec's (a worker's warm-up miniature).
+    layers: build only this many decoder blocks (the rehearsal's shallow models; see `with_layers`).
     """
     info = {"weights_cache": None, "weights_copy_s": None}
     path = spec.path if shape is None else None
@@ -57,7 +59,9 @@ def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib:
     from transformers import AutoModelForCausalLM  # transformers: imported by the ranks only
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(_hf_config(spec, path, shape), dtype=torch.float32,
+        config = _hf_config(spec, path, shape)
+        model = AutoModelForCausalLM.from_config(config if layers is None else with_layers(config, layers),
+                                                 dtype=torch.float32,
                                                  attn_implementation=spec.attn_implementation,
                                                  trust_remote_code=spec.trust_remote_code)
     key = None
@@ -118,6 +122,19 @@ def _hf_config(spec: ModelSpec, path: str | None, shape: ModelShape | None = Non
         return AutoConfig.for_model(shape.model_type, **shape.hf_config_kwargs(), use_cache=False)
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=spec.trust_remote_code)
     config.use_cache = False
+    return config
+
+
+def with_layers(config, layers: int):
+    """A copy of a transformers config with `layers` decoder blocks. Only for models whose blocks are all alike:
+    a config listing different layer types (sliding and full attention) raises ValueError."""
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if len(kinds) > 1:
+        raise ValueError(f"decoder blocks of several types {sorted(kinds)}")
+    config = copy.deepcopy(config)
+    config.num_hidden_layers = layers
+    if kinds:
+        config.layer_types = [kinds.pop()] * layers
     return config
 
 

@@ -29,9 +29,14 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     """Wrap the blocks the plan chose (the model's ModuleList, modified in place) with non-reentrant
     checkpointing. ac_mode "block" recomputes a whole block in backward; "op" recomputes only what its policy
     does not save (`policy_context_fn`)."""
+    return checkpoint(model, train, checkpointed_blocks(Fraction(train.ac_ratio), len(decoder_blocks(model))))
+
+
+def checkpoint(model: nn.Module, train: TrainSpec, indices: list[int]) -> nn.Module:
+    """Wrap the decoder blocks at `indices` as `apply` does (the rehearsal's shallow models choose their own)."""
     blocks = decoder_blocks(model)
     extra = {"context_fn": policy_context_fn(train)} if train.ac_mode == "op" else {}
-    for i in checkpointed_blocks(Fraction(train.ac_ratio), len(blocks)):
+    for i in indices:
         # Non-reentrant checkpointing composes with FSDP2, DDP and torch.compile; the reentrant variant does not.
         blocks[i] = checkpoint_wrapper(blocks[i], **extra)
     return model

@@ -1,0 +1,132 @@
+"""A deep model's traced step from a few shallow ones.
+
+Every decoder block of one kind (checkpointed or not) runs the same operators on the same shapes, allocates the
+same tensors and issues the same collectives, wherever it sits. A deep model's step is therefore its shallow
+twin's plus, per extra block, what one more block of that kind adds. The rehearsal traces shallow models that keep
+the deep one's ends as they are (its bottom block and its two top ones, where backward starts: `END_BLOCKS`)
+with zero or one middle block of each kind, and extrapolates every count linearly to the deep model's middle:
+
+- operator costs, FLOPs, collectives (bytes and calls) and resident storage add up per block;
+- the memory at each place of the step (`trace.place_of`: a part, forward or backward, an end block or outside
+  the blocks) holds every block's saved activations and gradients, so it adds up too; the peak is the highest
+  place of the deep model, and it is taken only when the shallow models show it cannot be a middle block's:
+  no shallow model peaks in a middle block, and backward never grows memory across the middle blocks (each
+  block frees at least what it leaves behind). A middle block then sits below the place that peaks by what
+  every other block adds to both alike.
+
+A further shallow model with one more block checks the line exactly before it is used; anything that does not
+hold (DDP's gradient buckets, whose count is not per block; gradients that grow memory in backward) gets the
+full trace, and the row says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from raybench.rehearse.trace import StepTrace
+
+# Below this depth a full trace costs about what the shallow ones would.
+MIN_LAYERS = 8
+_SCALARS = ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s", "optimizer_roofline_s")
+_TABLES = ("comm_bytes", "comm_calls", "op_s", "resident_gib")
+_REL_TOL = 1e-6  # float sums in another order; byte counts compare exactly
+
+
+def shallow_layouts(kinds: tuple[bool, ...]) -> dict[str, tuple[bool, ...]] | None:
+    """The shallow models the deep model `kinds` (per block, checkpointed or not) is extrapolated from: "base"
+    (the ends alone), one per middle kind (the ends and one block of that kind), and "check" (one more block);
+    None where the model is too shallow to gain from it."""
+    if len(kinds) < MIN_LAYERS:
+        return None
+    bottom, middle, top = kinds[:1], kinds[1:-2], kinds[-2:]
+    present = sorted(set(middle))
+    layouts = {"base": bottom + top}
+    layouts.update({_name(kind): bottom + (kind,) + top for kind in present})
+    layouts["check"] = bottom + (tuple(present) if len(present) > 1 else (present[0],) * 2) + top
+    return layouts
+
+
+def _name(kind: bool) -> str:
+    return "checkpointed" if kind else "plain"
+
+
+def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace]) -> StepTrace | str:
+    """The deep model's StepTrace from its shallow models' (keyed as shallow_layouts names them), or why the line
+    does not hold for it."""
+    middle = Counter(kinds[1:-2])
+    counts = {_name(kind): n for kind, n in middle.items()}
+    check_counts = {name: 1 for name in counts} if len(counts) > 1 else {name: 2 for name in counts}
+    for name, trace in shallow.items():
+        why = _middle_peaks(name, trace)
+        if why:
+            return why
+    base = shallow["base"]
+    steps = {name: _difference(shallow[name], base) for name in counts}
+    expected = _line(base, steps, check_counts)
+    mismatch = _first_mismatch(expected, _values(shallow["check"]))
+    if mismatch:
+        return f"depth not extrapolated ({mismatch} is not linear in the number of blocks)"
+    deep = _line(base, steps, counts)
+    place = max(deep["place_gib"], key=lambda p: (sum(deep["place_gib"][p].values()), p))
+    return StepTrace(
+        memory_gib=deep["place_gib"][place], resident_gib=deep["resident_gib"], comm_bytes=deep["comm_bytes"],
+        comm_calls=deep["comm_calls"], overlapped_comm=base.overlapped_comm, flops=deep["flops"],
+        roofline_s=deep["roofline_s"], compute_s=deep["compute_s"], memory_s=deep["memory_s"], op_s=deep["op_s"],
+        block_memory_bound_s=deep["block_memory_bound_s"], grad_accum=base.grad_accum,
+        traced_micro_batches=base.traced_micro_batches, optimizer_roofline_s=deep["optimizer_roofline_s"],
+        place_gib=deep["place_gib"], middle_growth_gib=0.0)
+
+
+def _middle_peaks(name: str, trace: StepTrace) -> str | None:
+    """Why the shallow model `name` shows that a middle block could hold the deep model's peak, if it does."""
+    if trace.middle_growth_gib > 0:
+        return (f"depth not extrapolated (backward grows memory by {trace.middle_growth_gib * 1024:.1f} MiB across a "
+                f"{name} block: the peak could sit at any depth)")
+    totals = {place: sum(gib.values()) for place, gib in trace.place_gib.items()}
+    peak = max(totals, key=totals.get)
+    if peak.endswith(":middle"):
+        return f"depth not extrapolated (the {name} shallow model peaks in a middle block)"
+    return None
+
+
+def _values(trace: StepTrace) -> dict:
+    """What extrapolates, as plain numbers and tables of numbers."""
+    values = {name: getattr(trace, name) for name in _SCALARS}
+    values.update({name: dict(getattr(trace, name)) for name in _TABLES})
+    values["place_gib"] = {place: dict(gib) for place, gib in trace.place_gib.items() if not place.endswith(":middle")}
+    return values
+
+
+def _difference(trace: StepTrace, base: StepTrace) -> dict:
+    """What one middle block adds: `trace`'s values less `base`'s, key by key (a key one lacks counts 0)."""
+    return _combine(_values(trace), _values(base), -1)
+
+
+def _line(base: StepTrace, steps: dict[str, dict], counts: dict[str, int]) -> dict:
+    values = _values(base)
+    for name, n in counts.items():
+        values = _combine(values, steps[name], n)
+    return values
+
+
+def _combine(a, b, times: int):
+    """a + times * b, through nested dicts (a key one of them lacks counts 0)."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        a, b = a or {}, b or {}
+        return {key: _combine(a.get(key, 0), b.get(key, 0), times) for key in a.keys() | b.keys()}
+    return a + times * b
+
+
+def _first_mismatch(expected, traced, path: str = "") -> str | None:
+    """The first value where the line and the traced check model differ, by name; None where all agree."""
+    if isinstance(expected, dict) or isinstance(traced, dict):
+        expected, traced = expected or {}, traced or {}
+        for key in sorted(expected.keys() | traced.keys()):
+            found = _first_mismatch(expected.get(key, 0), traced.get(key, 0), f"{path}.{key}" if path else key)
+            if found:
+                return found
+        return None
+    if isinstance(expected, int) and isinstance(traced, int):
+        return None if expected == traced else path
+    return None if math.isclose(expected, traced, rel_tol=_REL_TOL, abs_tol=1e-12) else path
