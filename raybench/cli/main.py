@@ -71,7 +71,7 @@ def _estimate(args) -> int:
 
 def _rehearse(args) -> int:
     from raybench.planning import calibration, uncertainty
-    from raybench.rehearse import rehearsal
+    from raybench.rehearse import rehearsal, step_time
 
     spec = load_sweep(args.sweep)
     store_path = args.store or spec.store
@@ -87,6 +87,10 @@ def _rehearse(args) -> int:
               "all_reduce busbw of the cluster)", file=sys.stderr)
         return EXIT_BAD_INPUT
     set_busbw = args.busbw or spec.estimate.busbw_gbps
+    layout = None
+    if spec.estimate.gpus_per_node or spec.estimate.nics_per_node:
+        layout = step_time.layout_of(args.gpu or spec.estimate.gpu, spec.estimate.gpus_per_node,
+                                     spec.estimate.nics_per_node)
     seen, traced, rows, priced, used = set(), {}, [], {}, set()
     for t in trials:
         if t.config_id in seen:  # repeats of one configuration rehearse once
@@ -102,7 +106,8 @@ def _rehearse(args) -> int:
             priced[device] = _device_calibration(store_path, device)
         # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
         result = rehearsal.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.assessment.analytic,
-                                   calibration=priced[device], traces=traced).as_dict()
+                                   calibration=priced[device], traces=traced,
+                                   extrapolate_depth=not args.full_depth, layout=layout).as_dict()
         if result["method"] == "traced" and (gpu or priced[device].profiled):
             used.add(priced[device].source)
         calibration.save_rehearsal(store_path, t.config_id, result)
@@ -428,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busbw", type=float, metavar="GBPS", help="bus bandwidth of the cluster's collectives, GB/s "
                    "(nccl-tests' busbw; default: the sweep's estimate.busbw_gbps, else the store's probe, else "
                    "nominal links)")
+    p.add_argument("--full-depth", action="store_true", help="trace every decoder block instead of extrapolating "
+                   "a deep model from shallow ones (slower; the two agree: docs/rehearse.md)")
     p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
     p.set_defaults(func=_rehearse)
 

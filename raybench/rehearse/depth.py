@@ -28,7 +28,8 @@ from raybench.rehearse.trace import StepTrace
 
 # Below this depth a full trace costs about what the shallow ones would.
 MIN_LAYERS = 8
-_SCALARS = ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s", "optimizer_roofline_s")
+_SCALARS = ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s", "optimizer_roofline_s",
+            "launches")
 _TABLES = ("comm_bytes", "comm_calls", "op_s", "resident_gib")
 _REL_TOL = 1e-6  # float sums in another order; byte counts compare exactly
 
@@ -75,6 +76,7 @@ def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace]) -> StepT
         roofline_s=deep["roofline_s"], compute_s=deep["compute_s"], memory_s=deep["memory_s"], op_s=deep["op_s"],
         block_memory_bound_s=deep["block_memory_bound_s"], grad_accum=base.grad_accum,
         traced_micro_batches=base.traced_micro_batches, optimizer_roofline_s=deep["optimizer_roofline_s"],
+        launches=deep["launches"],
         place_gib=deep["place_gib"], middle_growth_gib=0.0)
 
 

@@ -14,7 +14,7 @@ from raybench.rehearse.compiled import compiled_block_saving_gib
 from raybench.rehearse.fake_world import fake_mode, one_sequence_per_row
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.roofline import Roofline, flop_formulas, gpu_roofline
-from raybench.rehearse.step_time import predict_step_time
+from raybench.rehearse.step_time import Layout, predict_step_time
 from raybench.rehearse.trace import StepTrace, fake_batches, liger_rope, unwrapped_model
 from raybench.runtime.techniques import activation_checkpointing
 from raybench.spec.presets import ModelShape
@@ -159,12 +159,15 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float) -> OpPolicy
     saved_memory_bound_s = sum(stats.runtimes[i] for i in saved if stats.func_names[i] not in flop_ops) / 1e3
     saved_bytes = sum(stats.memory[i] for i in saved)
     recomputed_blocks = layers * full_ac.get("grad_accum", 1)  # rehearsals stored before it was kept ran one
-    trace = StepTrace(memory_gib={}, resident_gib={}, comm_bytes=full_ac["comm_bytes"], comm_calls={},
+    trace = StepTrace(memory_gib={}, resident_gib={}, comm_bytes=full_ac["comm_bytes"],
+                      comm_calls=full_ac.get("comm_calls") or {}, launches=full_ac.get("launches") or 0,
                       overlapped_comm=tuple(full_ac["overlapped_comm"]), flops=0.0,
                       roofline_s=full_ac["roofline_s"] - recomputed_blocks * saved_s, compute_s=0.0, memory_s=0.0,
                       block_memory_bound_s=full_ac["block_memory_bound_s"] - recomputed_blocks * saved_memory_bound_s)
+    layout = Layout(**full_ac["layout"]) if full_ac.get("layout") else None
     timing = predict_step_time(trace, full_ac["world_size"], full_ac["busbw_gbps"], full_ac["busbw_source"],
-                               calibration.efficiency, full_ac.get("compiled_traffic"))
+                               calibration.efficiency, full_ac.get("compiled_traffic"),
+                               launch_s=calibration.launch_s, layout=layout)
     peak = full_ac["peak_gib"] + layers * saved_bytes / GIB
     return OpPolicy(
         saved=_counts(stats.func_names, saved), kept_fraction=kept_fraction,

@@ -18,7 +18,7 @@ from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block
 from raybench.rehearse.fake_world import init_fake_world
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.policy import block_ops
-from raybench.rehearse.step_time import link_busbw_gbps, predict_step_time
+from raybench.rehearse.step_time import Layout, layout_of, link_busbw_gbps, predict_step_time
 from raybench.rehearse.trace import (
     COMPILE_NOTE,
     COMPILED_ACTIVATIONS_NOTE,
@@ -47,6 +47,7 @@ class Rehearsal:
     reserved_gib: float | None = None  # GPU trials: what the caching allocator would reserve (x its reserve)
     resident_gib: dict[str, float] = field(default_factory=dict)
     comm_bytes: dict[str, int] = field(default_factory=dict)
+    comm_calls: dict[str, int] = field(default_factory=dict)
     flops: float | None = None
     compute_s: float | None = None
     comm_s: float | None = None
@@ -63,6 +64,10 @@ class Rehearsal:
     block_ops: dict | None = None  # one decoder block's operators, when op_policy can start from this trial
     grad_accum: int = 1  # micro-batches per step: the times and collectives cover them all, the memory the peak
     calibration: dict | None = None  # traced: the Calibration that priced it (its source names the profile)
+    launches: int | None = None  # kernels the step launches (collectives apart)
+    host_s: float | None = None  # launches x the profile's launch cost (compute_s is the longer of it and the GPU's)
+    comm_latency_s: float | None = None  # the collectives' latency per call, part of comm_s
+    layout: dict | None = None  # GPUs and NICs per node the collectives were priced on
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -91,7 +96,7 @@ def why_not_traceable(config: TrialConfig) -> str | None:
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
              busbw_source: str = "probe", analytic: Estimate | None = None,
              calibration: Calibration = SHIPPED_CALIBRATION, rank: int = 0, traces: dict | None = None,
-             extrapolate_depth: bool = True) -> Rehearsal:
+             extrapolate_depth: bool = True, layout: Layout | None = None) -> Rehearsal:
     """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
 
     `calibration` prices it: the shipped H100 constants, or the profile `raybench calibrate` stored for the
@@ -101,6 +106,9 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     and eager twins trace the same eager step and differ only in the predicted time. A deep model's step is
     extrapolated from shallow ones (depth.py) unless extrapolate_depth is False, and those are reused too: a
     sweep's sAC ratios share most of theirs.
+
+    `layout` (the sweep's estimate.gpus_per_node and nics_per_node) places the ranks on nodes for the
+    collectives' bandwidth and latency; None: the GPU's NVLink domain, one NIC per GPU.
     """
     world = config.resources.workers
     why_not = why_not_traceable(config)
@@ -134,14 +142,16 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         notes += [why_not] if why_not else []
     peak_gib = sum(memory.values())
     source = busbw_source if busbw_gbps else "links"
-    busbw = busbw_gbps or link_busbw_gbps(gpu, world)
-    timing = predict_step_time(trace, world, busbw, source if busbw else "none", calibration.efficiency, traffic)
+    layout = (layout or layout_of(gpu)) if on_gpu else None
+    busbw = busbw_gbps or link_busbw_gbps(gpu, world, layout)
+    timing = predict_step_time(trace, world, busbw, source if busbw else "none", calibration.efficiency, traffic,
+                               launch_s=calibration.launch_s if on_gpu else None, layout=layout)
     has_time = (on_gpu or bool(calibration.peaks)) and trace.roofline_s > 0
     notes = [*notes, f"priced with {calibration.source}"] if on_gpu or calibration.profiled else notes
     return Rehearsal(
         "traced", notes, rank, world, memory_gib=memory, peak_gib=peak_gib,
         reserved_gib=peak_gib * (calibration.reserve if on_gpu else 1.0),
-        resident_gib=trace.resident_gib, comm_bytes=trace.comm_bytes, flops=trace.flops,
+        resident_gib=trace.resident_gib, comm_bytes=trace.comm_bytes, comm_calls=trace.comm_calls, flops=trace.flops,
         compute_s=timing.compute_s if has_time else None, comm_s=timing.comm_s if busbw else None,
         exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,
         step_time_s=timing.step_time_s if has_time else None, busbw_gbps=busbw, busbw_source=timing.busbw_source,
@@ -149,7 +159,9 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         block_memory_bound_s=trace.block_memory_bound_s if has_time else None, compiled_traffic=traffic,
         trace_s=time.perf_counter() - t0,
         overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None,
-        grad_accum=trace.grad_accum, calibration=calibration.as_dict())
+        grad_accum=trace.grad_accum, calibration=calibration.as_dict(), launches=trace.launches,
+        host_s=timing.host_s if has_time else None, comm_latency_s=timing.comm_latency_s if busbw else None,
+        layout=dataclasses.asdict(layout) if layout else None)
 
 
 def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,

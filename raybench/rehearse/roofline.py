@@ -47,6 +47,13 @@ class Roofline:
         self.peaks, self.bandwidth = peaks, bandwidth  # FLOP/s by dtype; bytes/s
         self.formulas, self.skip_traffic = flop_formulas(), _not_memory_traffic()
 
+    def launches_kernel(self, func, out) -> bool:
+        """Whether the operator runs a kernel on a GPU: it writes data (views, metadata and allocations do not; an
+        operator that neither returns a tensor nor writes one, such as prim.device or a size query, reads
+        metadata)."""
+        writes = func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
+        return func._overloadpacket not in self.skip_traffic and not func.is_view and writes
+
     def cost(self, func, args, kwargs, out) -> tuple[float, float, float]:
         """(FLOPs, seconds at peak FLOP/s, seconds at the memory bandwidth)."""
         packet = func._overloadpacket
@@ -56,9 +63,7 @@ class Roofline:
             if kwargs.get("is_causal") or (len(args) > 4 and args[4] is True):
                 flops /= 2  # causal kernels skip the masked half of the score matrix
         moved = 0
-        # An operator that neither returns a tensor nor writes one (prim.device, size queries) reads metadata.
-        writes = func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
-        if packet not in self.skip_traffic and not func.is_view and writes:
+        if self.launches_kernel(func, out):
             moved = sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size()
                         for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
         dtype = next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)

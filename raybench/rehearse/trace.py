@@ -70,6 +70,7 @@ class StepTrace:
     grad_accum: int = 1  # micro-batches the step runs: the times and collectives above cover all of them
     traced_micro_batches: int = 1  # how many of them the trace ran (`traced_accumulation`); the rest are scaled
     optimizer_roofline_s: float = 0.0  # the part of roofline_s run once per step (clipping, optimizer, zero_grad)
+    launches: int = 0  # operators that run a kernel (`Roofline.launches_kernel`), collectives apart: host work
     # Memory by CATEGORIES at each place's own highest point (`place_of`), and how much memory grew in backward
     # across the middle blocks (`middle_growth_gib`): what a deeper model's peak is extrapolated from (depth.py).
     place_gib: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -90,12 +91,13 @@ class _Costs:
     compute_s: float = 0.0
     memory_s: float = 0.0
     block_memory_bound_s: float = 0.0
+    launches: int = 0
     op_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     comm_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     comm_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, other: _Costs, times: int = 1) -> None:
-        for name in ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s"):
+        for name in ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s", "launches"):
             setattr(self, name, getattr(self, name) + times * getattr(other, name))
         for name in ("op_s", "comm_bytes", "comm_calls"):
             mine = getattr(self, name)
@@ -218,6 +220,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             costs.memory_s += memory_s
             costs.roofline_s += max(compute_s, memory_s)
             costs.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
+            costs.launches += self.roofline.launches_kernel(func, out)
             if fusable(func, flops) and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
                 costs.block_memory_bound_s += memory_s
 
@@ -514,7 +517,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         roofline_s=total.roofline_s, compute_s=total.compute_s, memory_s=total.memory_s,
         op_s=dict(total.op_s),
         block_memory_bound_s=total.block_memory_bound_s, grad_accum=train.grad_accum, traced_micro_batches=traced,
-        optimizer_roofline_s=optimizer_step.roofline_s, place_gib=tracker.place_gib(),
+        optimizer_roofline_s=optimizer_step.roofline_s, launches=total.launches, place_gib=tracker.place_gib(),
         middle_growth_gib=tracker.middle_growth_gib())
 
 

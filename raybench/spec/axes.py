@@ -14,9 +14,22 @@ def axis_assignments(key: str, value: Any) -> dict[str, Any]:
     return {key: value} if "." in key else dict(value)
 
 
+# Trial fields that are free mappings: a key under one is the stack's own and may hold dots itself
+# (`stack.overrides.dataset.packed` sets torchtune's `dataset.packed`).
+FREE_MAPPINGS = ("stack.overrides",)
+
+
+def split_path(dotted: str) -> list[str]:
+    """The field names of a dotted axis key; a key under a free mapping stays whole."""
+    for mapping in FREE_MAPPINGS:
+        if dotted.startswith(mapping + ".") and len(dotted) > len(mapping) + 1:
+            return [*mapping.split("."), dotted[len(mapping) + 1:]]
+    return dotted.split(".")
+
+
 def set_path(trial: dict, dotted: str, value: Any) -> None:
     """Set trial['a']['b'] = value for dotted 'a.b', copying nothing (callers pass their own copy)."""
-    *parents, leaf = dotted.split(".")
+    *parents, leaf = split_path(dotted)
     node = trial
     for part in parents:
         node = node.setdefault(part, {})

@@ -333,6 +333,12 @@ class EstimateSpec(_Spec):
         "Bus bandwidth (GB/s, as nccl-tests reports busbw) the trials' collectives reach on the cluster they will "
         "run on, for `raybench rehearse` step times; it overrides the store's all-reduce probe and the nominal "
         "links of estimate.gpu (docs/rehearse.md). null: the probe, else the links."))
+    gpus_per_node: int | None = Field(None, ge=1, le=100_000, description=(
+        "GPUs one node's NVLink joins (8 in an HGX node, 4 in many H100 nodes, 72 in a GB200 NVL72 rack): "
+        "collectives beyond a node cross the network, for `raybench rehearse` step times. null: the NVLink "
+        "domain of estimate.gpu (spec/hardware.py)."))
+    nics_per_node: int | None = Field(None, ge=1, le=100_000, description=(
+        "Network adapters of such a node, which NCCL spreads its rings over; null: one per GPU."))
     prune: bool = Field(True, description=(
         "Mark trials whose estimated peak (calibrated by stored measurements) plus margin exceeds the device "
         "memory as skipped, with the estimate in their row, instead of running them."))

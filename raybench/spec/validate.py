@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from raybench.spec.axes import axis_assignments, copy_trial, set_path
+from raybench.spec.axes import axis_assignments, copy_trial, set_path, split_path
 from raybench.spec.errors import Problem
 from raybench.spec.hardware import gpu_labels, gpu_memory_gib, known_gpu
 from raybench.spec.schema import GPU_ONLY_METRICS, numeric_metric_names
@@ -55,7 +55,7 @@ def problems_from_validation(err: ValidationError, model: type[BaseModel], prefi
 
 def _section_path_ok(key: str) -> str | None:
     """Why an axis key is not a trial field path, or None if it is."""
-    parts = key.split(".")
+    parts = split_path(key)
     if parts[0] not in TRIAL_SECTIONS or len(parts) < 2:
         return f"axis keys are dotted trial fields such as 'train.strategy'; sections: {', '.join(TRIAL_SECTIONS)}"
     model: type[BaseModel] = TrialConfig

@@ -19,8 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # The distribution that provides each GPU-only module (module and distribution names differ for NVML).
 GPU_MODULE_DISTRIBUTIONS = {"bitsandbytes": "bitsandbytes", "liger_kernel": "liger-kernel", "pynvml": "nvidia-ml-py"}
-# Imported only by a launcher that runs in a stack's own environment, never in raybench's (docs/stacks/torchtune.md).
-OWN_ENVIRONMENT_MODULES = {"torchtune"}
+# Imported only by a launcher that runs in a stack's own environment, never in raybench's (docs/stacks/).
+OWN_ENVIRONMENT_MODULES = {"torchtune", "torchtitan"}
 PIN = re.compile(r"^([A-Za-z0-9._-]+)==([0-9][A-Za-z0-9.+!-]*)$")
 
 

@@ -331,6 +331,51 @@ def test_nominal_links_are_nvlink_within_its_domain_and_the_domains_nics_beyond(
     assert step_time.link_busbw_gbps("Some GPU", 8) is None
 
 
+def test_a_sweeps_node_layout_places_the_rings():
+    """Seed 001's H100 nodes hold 4 GPUs and 4 NICs: 8 ranks already cross the network, at 4 x 50 GB/s."""
+    four = step_time.layout_of("H100 SXM", gpus_per_node=4)
+    assert four == step_time.Layout(4, 4) and step_time.layout_of("H100 SXM") == step_time.Layout(8, 8)
+    assert step_time.link_busbw_gbps("H100 SXM", 4, four) == 450.0
+    assert step_time.link_busbw_gbps("H100 SXM", 8, four) == 200.0
+    assert step_time.link_busbw_gbps("H100 SXM", 8, step_time.Layout(4, 8)) == 400.0
+    assert step_time.layout_of("Some GPU") is None and step_time.layout_of("Some GPU", 4) == step_time.Layout(4, 4)
+
+
+def test_collective_latency_is_nccls_ring_model():
+    """NCCL's tuning model: 8.4 us, plus 3.4 us per ring step over NVLink and 9.6 us per step between nodes."""
+    one_node, eight_nodes = step_time.Layout(8, 8), step_time.Layout(8, 8)
+    assert step_time.collective_latency_s("allreduce_", 8, one_node) == pytest.approx((8.4 + 14 * 3.4) * 1e-6)
+    assert step_time.collective_latency_s("all_gather_into_tensor", 8, one_node) == pytest.approx(
+        (8.4 + 7 * 3.4) * 1e-6)
+    # 64 ranks on 8 nodes: an all-reduce's 126 ring steps, 14 of them between nodes.
+    assert step_time.collective_latency_s("allreduce_", 64, eight_nodes) == pytest.approx(
+        (8.4 + 112 * 3.4 + 14 * 9.6) * 1e-6)
+    assert step_time.collective_latency_s("allreduce_", 1, one_node) == 0.0
+
+
+def test_step_time_pays_the_edge_collectives_latency_and_the_hosts_launches():
+    """The first all-gather and the last reduce-scatter have no compute beside them; each call waits its latency;
+    a step whose kernels take less than the host's launches is host-bound."""
+    step = trace.StepTrace(memory_gib={}, resident_gib={}, comm_bytes={"all_gather_into_tensor": 10e9,
+                           "reduce_scatter_tensor": 20e9}, comm_calls={"all_gather_into_tensor": 10,
+                           "reduce_scatter_tensor": 5}, overlapped_comm=("all_gather_into_tensor",
+                           "reduce_scatter_tensor"), flops=0, roofline_s=1.0, compute_s=1.0, memory_s=0.0,
+                           launches=1000)
+    layout = step_time.Layout(8, 8)
+    t = step_time.predict_step_time(step, world_size=8, busbw_gbps=100.0, busbw_source="set", efficiency=1.0,
+                                    layout=layout)
+    gather_s = 10e9 * 7 / 8 / 100e9 + 10 * step_time.collective_latency_s("all_gather_into_tensor", 8, layout)
+    scatter_s = 20e9 * 7 / 8 / 100e9 + 5 * step_time.collective_latency_s("reduce_scatter_tensor", 8, layout)
+    edges_s = gather_s / 10 + scatter_s / 5
+    assert t.comm_s == pytest.approx(gather_s + scatter_s) and t.host_s is None
+    assert t.comm_latency_s == pytest.approx(15 * (8.4 + 7 * 3.4) * 1e-6)
+    assert t.step_time_s == pytest.approx(1.0 + edges_s)  # the rest hides behind 1 s of compute
+    host_bound = step_time.predict_step_time(step, world_size=8, busbw_gbps=100.0, busbw_source="set",
+                                             efficiency=1.0, launch_s=2e-3, layout=layout)
+    assert host_bound.host_s == pytest.approx(2.0) and host_bound.compute_s == pytest.approx(2.0)
+    assert host_bound.step_time_s == pytest.approx(2.0 + edges_s)
+
+
 def test_tensor_core_peaks_scale_with_measured_matmul_efficiency_relative_to_the_h100():
     def bf16(gpu: str) -> float:
         return roofline.gpu_roofline(gpu).peaks[torch.bfloat16]
@@ -515,8 +560,15 @@ def test_a_set_bus_bandwidth_prices_the_collectives(tmp_path, capsys):
     assert (links["busbw_gbps"], links["busbw_source"]) == (450.0, "links")
     slow = rehearsed({"busbw_gbps": 4.5})
     assert (slow["busbw_gbps"], slow["busbw_source"]) == (4.5, "set")
-    assert slow["comm_s"] == pytest.approx(100 * links["comm_s"])
-    assert rehearsed({"busbw_gbps": 4.5}, "--busbw", "45")["comm_s"] == pytest.approx(10 * links["comm_s"])
+    def bytes_s(row: dict) -> float:  # the bandwidth part of the collectives' time; each call's latency apart
+        return row["comm_s"] - row["comm_latency_s"]
+
+    assert slow["comm_latency_s"] == links["comm_latency_s"] > 0
+    four = rehearsed({"gpus_per_node": 4})  # 8 ranks on two 4-GPU nodes: the network's 4 x 50 GB/s
+    assert (four["busbw_gbps"], four["layout"]) == (200.0, {"gpus_per_node": 4, "nics_per_node": 4})
+    assert four["comm_latency_s"] > links["comm_latency_s"]
+    assert bytes_s(slow) == pytest.approx(100 * bytes_s(links))
+    assert bytes_s(rehearsed({"busbw_gbps": 4.5}, "--busbw", "45")) == pytest.approx(10 * bytes_s(links))
     shutil.rmtree(tmp_path / "store")
     assert main(["rehearse", str(tmp_path / "s.yaml"), "--busbw", "0"]) == 2
     assert "--busbw 0.0" in capsys.readouterr().err
@@ -647,7 +699,8 @@ def test_op_policy_fits_the_limit_and_a_tighter_limit_recomputes_more(full_ac):
     assert sum(tight.recomputed.values()) > sum(loose.recomputed.values())
     assert tight.saved_gib_per_block < loose.saved_gib_per_block
     # Recomputing more costs time: between no checkpointing and full AC.
-    assert no_ac["step_time_s"] <= loose.step_time_s < tight.step_time_s <= full["step_time_s"]
+    # Recomputation is compute (the tiny model's step itself is its collectives' latency)
+    assert no_ac["compute_s"] <= loose.compute_s < tight.compute_s <= full["compute_s"]
     assert policy.op_policy(full, layers, 0.9 * full_ac_reserved) is None  # not even full AC fits
 
 

@@ -109,3 +109,13 @@ def test_adapter_params_are_the_configs_layers(tmp_path):
     h, kv, inter = 2048, 512, 8192
     per_block = 64 * ((h + h) + (h + kv) + (h + h) + 3 * (h + inter))  # q, v, o, gate/up/down
     assert torchtune.adapter_params(trial.config, shape) == 16 * per_block
+
+
+def test_an_axis_sweeps_a_dotted_torchtune_key(tmp_path, model_dir):
+    """`stack.overrides.dataset.packed` sets torchtune's own `dataset.packed`, a key with a dot in it."""
+    text = _sweep(overrides="{tokenizer.path: /data/tokenizer.model, dataset.data_files: /data/alpaca.json}",
+                  extra="axes:\n  stack.overrides.dataset.packed: [true, false]\n")
+    text = text.replace("{preset: tiny}", f"{{path: {model_dir}}}")
+    trials = plan(load_sweep(write_sweep(tmp_path / "sweep.yaml", text)))
+    assert [t.config.stack.overrides["dataset.packed"] for t in trials] == [True, False]
+    assert "dataset.packed=false" in torchtune.argv(trials[1].config)

@@ -15,6 +15,7 @@ import sys
 from types import ModuleType
 
 from raybench.spec.errors import Problem
+from raybench.spec.load import PLACEHOLDER
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig
 
 # raybench's fields that mean the same under every stack: the timed window, the trial's worker environment.
@@ -94,4 +95,18 @@ def entry_problems(config: TrialConfig, field: str = "stack.entry") -> list[Prob
             sys.path.remove(path)
     if not callable(getattr(module, function, None)):
         return [Problem(field, entry, f"module '{module_name}' has no function '{function}'")]
+    return []
+
+
+def interpreter_problems(kind: str, python: str | None) -> list[Problem]:
+    """stack.python of a stack that runs in its own environment (torchtune, torchtitan): given, not the sweep
+    file's placeholder, and an executable file."""
+    fix = (f"name the interpreter of {kind}'s own environment, e.g. /path/to/{kind}-venv/bin/python "
+           f"(scripts/{kind}-venv.sh builds one)")
+    if python is None:
+        return [Problem("stack.python", None, f"stack {kind} runs in its own environment; {fix}")]
+    if python.startswith(PLACEHOLDER):
+        return [Problem("stack.python", python, f"a placeholder: {fix}")]
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        return [Problem("stack.python", python, f"no executable file there; {fix}")]
     return []

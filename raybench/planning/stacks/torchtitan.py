@@ -17,11 +17,11 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
+from raybench.planning.stacks import interpreter_problems
 from raybench.planning.stacks.torchtitan_schema import KEYS, TORCHTITAN_VERSION
 from raybench.spec.errors import Problem
 from raybench.spec.load import PLACEHOLDER
@@ -79,24 +79,12 @@ def problems(config: TrialConfig) -> list[Problem]:
     if stack.pythonpath:
         found.append(Problem("stack.pythonpath", stack.pythonpath, "stack torchtitan puts stack.config's directory "
                              "on the path itself: remove it"))
-    found += _python_problems(stack.python)
+    found += interpreter_problems("torchtitan", stack.python)
     found += _config_file_problems(stack.config, stack.recipe)
     found += _train_problems(config)
     found += _data_problems(config)
     found += _override_problems(stack.overrides)
     return found
-
-
-def _python_problems(python: str | None) -> list[Problem]:
-    fix = ("name the interpreter of torchtitan's own environment, e.g. /path/to/torchtitan-venv/bin/python "
-           "(scripts/torchtitan-venv.sh builds one)")
-    if python is None:
-        return [Problem("stack.python", None, f"stack torchtitan runs in its own environment; {fix}")]
-    if python.startswith(PLACEHOLDER):
-        return [Problem("stack.python", python, f"a placeholder: {fix}")]
-    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        return [Problem("stack.python", python, f"no executable file there; {fix}")]
-    return []
 
 
 def config_functions(path: str) -> list[str]:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from raybench.planning.stacks import interpreter_problems
 from raybench.spec.errors import Problem
 from raybench.spec.load import PLACEHOLDER
 from raybench.spec.sweep_spec import DataSpec, LoraSpec, TrialConfig
@@ -105,7 +105,7 @@ def problems(config: TrialConfig) -> list[Problem]:
     if stack.pythonpath:
         found.append(Problem("stack.pythonpath", stack.pythonpath, "stack torchtune imports nothing of yours: "
                              "remove it (recipes are torchtune's own, installed in stack.python's environment)"))
-    found += _python_problems(stack.python)
+    found += interpreter_problems("torchtune", stack.python)
     found += _recipe_problems(config)
     found += _train_problems(config)
     found += _model_data_problems(config)
@@ -125,18 +125,6 @@ def _harness_problems(from_file: dict, overrides: dict[str, Any]) -> list[Proble
         where = "stack.overrides.log_peak_memory_stats" if "log_peak_memory_stats" in overrides else "stack.config"
         return [Problem(where, True, "log_peak_memory_stats resets CUDA's peak-memory counters at every step, "
                         "which the row's peak memory reads: set it false (the row has the peaks)")]
-    return []
-
-
-def _python_problems(python: str | None) -> list[Problem]:
-    fix = ("name the interpreter of torchtune's own environment, e.g. /path/to/torchtune-venv/bin/python "
-           "(scripts/torchtune-venv.sh builds one)")
-    if python is None:
-        return [Problem("stack.python", None, f"stack torchtune runs in its own environment; {fix}")]
-    if python.startswith(PLACEHOLDER):
-        return [Problem("stack.python", python, f"a placeholder: {fix}")]
-    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        return [Problem("stack.python", python, f"no executable file there; {fix}")]
     return []
 
 
