@@ -169,7 +169,8 @@ def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | No
     """The trial's StepTrace, extrapolated from shallow models where that holds (depth.py), else traced whole;
     and the row's note on how (or why not extrapolated)."""
     layers = shape.num_hidden_layers
-    kinds = tuple(i in set(checkpointed_blocks(Fraction(config.train.ac_ratio), layers)) for i in range(layers))
+    checkpointed = set(checkpointed_blocks(Fraction(config.train.ac_ratio), layers))
+    kinds = tuple(i in checkpointed for i in range(layers))
     layouts = depth.shallow_layouts(kinds) if extrapolate_depth else None
     if layouts:
         # The checkpointed blocks are in `kinds`: shallow models of every sAC ratio of a sweep share their key.

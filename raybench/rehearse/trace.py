@@ -257,7 +257,8 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             if self.layers <= END_BLOCKS:
                 return 0.0
             entry = self.backward_entry
-            growth = [entry[(p, 0)] - entry[(p, self.layers - 3)] if (p, 0) in entry and (p, self.layers - 3) in entry
+            highest_middle = self.layers - END_BLOCKS  # below the two top blocks
+            growth = [entry[(p, 0)] - entry[(p, highest_middle)] if (p, 0) in entry and (p, highest_middle) in entry
                       else float("inf") for p in {part for part, _ in entry}]
             return max(growth, default=float("inf")) / GIB
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import raybench
 from raybench.drivers.executors import RAY_WORKER_ENV
-from raybench.drivers.executors.torchrun import kill_tree
+from raybench.drivers.executors.torchrun import wait_or_kill
 from raybench.drivers.trial import EXCEPTION_LINE
 from raybench.planning.payload import TrialPayload
 from raybench.planning.stacks import command as planned_command
@@ -69,15 +69,7 @@ def execute(payload: TrialPayload) -> dict:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp,
                                     env=env, start_new_session=True,
                                     preexec_fn=_child_setup(resources.memory_limit_gib))
-            try:
-                returncode = proc.wait(timeout=resources.timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_tree(proc)
-                raise TimeoutError(f"trial exceeded resources.timeout_s={resources.timeout_s:g} s; its command "
-                                   "was killed") from None
-            except BaseException:  # interrupted (Tune stopping, Ctrl-C): the command goes with its trial
-                kill_tree(proc)
-                raise
+            returncode = wait_or_kill(proc, resources.timeout_s, "its command was killed")
         wall_s = time.perf_counter() - t0
         output = log_path.read_text(errors="replace")
         if returncode != 0:

@@ -58,6 +58,19 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def wait_or_kill(proc: subprocess.Popen, timeout_s: float, killed: str) -> int:
+    """proc's exit code; past timeout_s its whole tree is killed and TimeoutError says so (`killed`: what went),
+    and an interrupted wait (Tune stopping the trial, SIGTERM, Ctrl-C) takes the tree along."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise TimeoutError(f"trial exceeded resources.timeout_s={timeout_s:g} s; {killed}") from None
+    except BaseException:
+        kill_tree(proc)
+        raise
+
+
 def _failure_text(returncode: int, log: str) -> str:
     """What a failed torchrun says: the ranks' own exception lines first (torchrun's summary traceback, which
     only says that a child failed, would otherwise bury them), then the log's tail."""
@@ -83,15 +96,7 @@ def execute(payload: TrialPayload) -> dict:
             env = {**os.environ, **payload.worker_env()}  # train.env: this trial only
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=env,
                                     preexec_fn=_die_with_parent)
-            try:
-                returncode = proc.wait(timeout=resources.timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_tree(proc)
-                raise TimeoutError(f"trial exceeded resources.timeout_s={resources.timeout_s:g} s; "
-                                   "its processes were killed") from None
-            except BaseException:  # the caller is being interrupted (SIGTERM, Ctrl-C): take the ranks along
-                kill_tree(proc)
-                raise
+            returncode = wait_or_kill(proc, resources.timeout_s, "its processes were killed")
         if returncode != 0 or not result_path.exists():
             raise RuntimeError(_failure_text(returncode, log_path.read_text(errors="replace")))
         return json.loads(result_path.read_text())
