@@ -17,6 +17,8 @@ from raybench.spec.sweep_spec import SweepSpec
 # A sweep partition holding more result files than this is compacted at the end of a run: one file per trial
 # attempt keeps writers independent, but readers pay per file (docs/results/store-scale-2026-11-22.md).
 AUTO_COMPACT_FILES = 100
+# The loops that can train on the data spec's tokenized data: raybench's own, and the in-process user stacks.
+TOKENIZED_STACKS = ("raybench", "hf", "lightning")
 
 
 def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | None = None,
@@ -52,11 +54,13 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
     every trial and rank memory-maps it. A build that fails is bad input: nothing has been launched or written."""
     cache_root = Path(store_path).resolve() / "_cache" / "data"
     prepared: dict[str, tuple] = {}  # data spec and tokenizer -> (TokenizedData, tokens per sample)
+    laid_out: dict[tuple, tokenized.TokenizedData] = {}  # and the trial's layout -> its TokenizedData
     out = []
     for t in trials:
         data = t.config.data
-        # A user's stack (stack.kind) tokenizes its own data: raybench's tokenization would describe other batches.
-        if data.source != "hf" or t.status != "planned" or t.config.stack.kind != "raybench":
+        # The hf and lightning stacks take the same tokens as raybench's loop through their context; the other
+        # stacks read their own data, which raybench's tokenization would not describe.
+        if data.source != "hf" or t.status != "planned" or t.config.stack.kind not in TOKENIZED_STACKS:
             out.append(t)
             continue
         key, tokenizer = tokenized.spec_key(data, t.config.model.path)
@@ -69,9 +73,12 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
             took = f" in {ref.build_s:.1f} s" if ref.build_s is not None else ""
             progress(f"data {ref.name}: {ref.samples} samples, cache {ref.cache}{took} ({ref.key})")
             prepared[key] = ref, tokenized.lengths(tokenized.load(ref.path))
-        ref, counts = prepared[key]
-        ref = tokenized.for_trial(ref, t.config.train.seq_len, data.packing, counts)
-        out.append(dataclasses.replace(t, payload=t.payload.replace(tokenized=ref)))
+        # A sweep's trials share a few layouts: each one's rows are laid out once (best fit over 10^6 samples: ~1 s).
+        layout = (key, t.config.train.seq_len, data.packing, data.overflow, data.pack_order)
+        if layout not in laid_out:
+            ref, counts = prepared[key]
+            laid_out[layout] = tokenized.for_trial(ref, t.config.train.seq_len, data, counts)
+        out.append(dataclasses.replace(t, payload=t.payload.replace(tokenized=laid_out[layout])))
     return out
 
 

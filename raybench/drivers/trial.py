@@ -17,6 +17,7 @@ from raybench.planning.payload import TrialPayload
 from raybench.results import store
 from raybench.results.store import SCHEMA, flatten_config, json_column
 from raybench.runtime import fingerprint
+from raybench.runtime.probe import RAYBENCH_DATA
 from raybench.spec.metrics import projection as metrics_projection
 from raybench.spec.redact import ANSI_ESCAPE, without_secrets
 
@@ -76,6 +77,9 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
     """A trial's result row: identity, config columns, what the worker measured (`metrics`: TrialMetrics fields
     and provenance columns; a key outside the schema is an error) and what the plan derives from it."""
     metrics = dict(metrics or {})
+    # A user's stack trained on the tokenized data only where its entry took it from raybench, and on raybench's
+    # rows only where it took those too (runtime.stacks.measure.StackData).
+    taken = "rows" if payload.config.stack.kind == "raybench" else metrics.pop(RAYBENCH_DATA, None)
     config = payload.config.model_dump(mode="json")
     row = {
         "sweep": sweep,
@@ -111,8 +115,10 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
         row.update(metrics_projection(step_s, row["tokens_per_step"], nonpad_fraction, row["world_size"],
                                       plan.dataset_tokens, plan.epochs, plan.total_steps))
     row.update(assessment.row_fields(payload.assessment, row))  # and, for ok rows, the estimate's error
-    if payload.tokenized is not None:  # what the tokens were, known before launch
+    if payload.tokenized is not None and taken:  # what the tokens were, known before launch
         row.update(payload.tokenized.row_fields())
+        if taken == "samples":  # the stack packed or padded them its own way
+            row["packing_efficiency"] = None
     return row
 
 

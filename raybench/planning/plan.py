@@ -18,6 +18,7 @@ from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
 from raybench.spec.sweep_spec import SweepSpec, TrainSpec, TrialConfig
+from raybench.spec.validate import data_layout_problems
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ def trial_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[str, st
     if config.data.prefetch_factor is not None and config.data.num_workers == 0:
         problems.append(("data.prefetch_factor", "prefetch_factor needs loader workers (data.num_workers > 0); "
                          "remove it or add workers"))
+    if config.data.source == "hf":  # an axis may set one layout option without the other
+        problems += [(p.field, p.message) for p in data_layout_problems(config.data)]
     return problems + parallelism_problems(config, shape) + technique_problems(config)
 
 

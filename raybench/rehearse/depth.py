@@ -6,7 +6,9 @@ twin's plus, per extra block, what one more block of that kind adds. The rehears
 the deep one's ends as they are (its bottom block and its two top ones, where backward starts: `END_BLOCKS`)
 with zero or one middle block of each kind, and extrapolates every count linearly to the deep model's middle:
 
-- operator costs, FLOPs, collectives (bytes and calls) and resident storage add up per block;
+- operator costs, FLOPs, collectives (bytes and calls) and resident storage add up per block, and so does the
+  time collectives add beyond compute (each block of a kind overlaps its collectives alike): the deep model's
+  timeline is the shallow models' timelines in the same linear combination;
 - the memory at each place of the step (`trace.place_of`: a part, forward or backward, an end block or outside
   the blocks) holds every block's saved activations and gradients, so it adds up too; the peak is the highest
   place of the deep model, and it is taken only when the shallow models show it cannot be a middle block's:
@@ -77,7 +79,17 @@ def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace]) -> StepT
         block_memory_bound_s=deep["block_memory_bound_s"], grad_accum=base.grad_accum,
         traced_micro_batches=base.traced_micro_batches, optimizer_roofline_s=deep["optimizer_roofline_s"],
         launches=deep["launches"],
-        place_gib=deep["place_gib"], middle_growth_gib=0.0)
+        place_gib=deep["place_gib"], middle_growth_gib=0.0, timeline=_timeline(base, shallow, counts))
+
+
+def _timeline(base: StepTrace, shallow: dict[str, StepTrace], counts: dict[str, int]) -> list:
+    """The deep model's timeline as the same line: base + n x (one middle block of each kind - base), each
+    shallow model's parts weighted accordingly (step_time.exposed_s is then extrapolated like the rest)."""
+    base_weight = 1 - sum(counts.values())
+    timeline = [(weight * base_weight, events) for weight, events in base.timeline]
+    for name, n in counts.items():
+        timeline += [(weight * n, events) for weight, events in shallow[name].timeline]
+    return timeline
 
 
 def _middle_peaks(name: str, trace: StepTrace) -> str | None:

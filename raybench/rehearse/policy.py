@@ -163,7 +163,8 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float) -> OpPolicy
                       comm_calls=full_ac.get("comm_calls") or {}, launches=full_ac.get("launches") or 0,
                       overlapped_comm=tuple(full_ac["overlapped_comm"]), flops=0.0,
                       roofline_s=full_ac["roofline_s"] - recomputed_blocks * saved_s, compute_s=0.0, memory_s=0.0,
-                      block_memory_bound_s=full_ac["block_memory_bound_s"] - recomputed_blocks * saved_memory_bound_s)
+                      block_memory_bound_s=full_ac["block_memory_bound_s"] - recomputed_blocks * saved_memory_bound_s,
+                      timeline=full_ac.get("timeline") or [])
     layout = Layout(**full_ac["layout"]) if full_ac.get("layout") else None
     timing = predict_step_time(trace, full_ac["world_size"], full_ac["busbw_gbps"], full_ac["busbw_source"],
                                calibration.efficiency, full_ac.get("compiled_traffic"),

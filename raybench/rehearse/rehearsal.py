@@ -68,6 +68,7 @@ class Rehearsal:
     host_s: float | None = None  # launches x the profile's launch cost (compute_s is the longer of it and the GPU's)
     comm_latency_s: float | None = None  # the collectives' latency per call, part of comm_s
     layout: dict | None = None  # GPUs and NICs per node the collectives were priced on
+    timeline: list | None = None  # StepTrace.timeline, kept where op_policy may start from this trial (block_ops)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -93,6 +94,38 @@ def why_not_traceable(config: TrialConfig) -> str | None:
     return None
 
 
+# The analytic memory of a ZeRO trial, and the step time of its FSDP2 twin (zero_twin).
+ZERO_TWIN_NOTE = ("step time: the operators and collectives of its FSDP2 twin (ZeRO-3: weights gathered in forward "
+                  "and again in backward; ZeRO-1/2: once a step)")
+
+
+def zero_twin(config: TrialConfig) -> TrialConfig | None:
+    """The FSDP2 trial that runs a DeepSpeed ZeRO trial's operators and moves its bytes: each rank computes on
+    whole 16-bit weights gathered from shards, reduce-scatters its gradients, and steps the optimizer on its shard
+    of fp32 weights and states. ZeRO-3 frees the gathered weights after forward and gathers them again for
+    backward (FSDP2's reshard_after_forward); ZeRO-1/2 keep them whole and gather the updated shards once a step,
+    which moves the bytes of FSDP2 gathering once and keeping them through backward. None where DeepSpeed does
+    what FSDP2 does not: offload (the optimizer runs on the host) and qlora."""
+    train = config.train
+    if train.strategy != "deepspeed" or train.offload != "none" or train.finetune == "qlora":
+        return None
+    twin = train.model_copy(update={"strategy": "fsdp2", "reshard_after_forward": train.zero_stage == 3})
+    return config.model_copy(update={"train": twin})
+
+
+def _with_twins_time(memory: Rehearsal, timed: Rehearsal) -> Rehearsal:
+    """A ZeRO trial's rehearsal: its analytic memory (DeepSpeed's own buffers are in the estimate, not in an
+    FSDP2 trace), its twin's step time and collectives."""
+    if timed.method != "traced":
+        return memory
+    time_fields = ("comm_bytes", "comm_calls", "flops", "compute_s", "comm_s", "exposed_comm_s", "step_time_s",
+                   "busbw_gbps", "busbw_source", "overlap", "roofline_s", "block_memory_bound_s",
+                   "compiled_traffic", "trace_s", "overlapped_comm", "calibration", "launches", "host_s",
+                   "comm_latency_s", "layout")
+    notes = memory.notes + [ZERO_TWIN_NOTE] + [n for n in timed.notes if n not in memory.notes]
+    return dataclasses.replace(memory, notes=notes, **{name: getattr(timed, name) for name in time_fields})
+
+
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
              busbw_source: str = "probe", analytic: Estimate | None = None,
              calibration: Calibration = SHIPPED_CALIBRATION, rank: int = 0, traces: dict | None = None,
@@ -113,7 +146,12 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     world = config.resources.workers
     why_not = why_not_traceable(config)
     if why_not:
-        return _analytic(config, analytic, rank, why_not)
+        twin = zero_twin(config)
+        if twin is None:
+            return _analytic(config, analytic, rank, why_not)
+        timed = rehearse(twin, shape, gpu, busbw_gbps, busbw_source, None, calibration, rank, traces,
+                         extrapolate_depth, layout)
+        return _with_twins_time(_analytic(config, analytic, rank, why_not), timed)
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
     traces = {} if traces is None else traces
@@ -161,7 +199,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None,
         grad_accum=trace.grad_accum, calibration=calibration.as_dict(), launches=trace.launches,
         host_s=timing.host_s if has_time else None, comm_latency_s=timing.comm_latency_s if busbw else None,
-        layout=dataclasses.asdict(layout) if layout else None)
+        layout=dataclasses.asdict(layout) if layout else None,
+        timeline=trace.timeline if has_time and trace.block_ops else None)
 
 
 def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,

@@ -98,9 +98,42 @@ class StepTime:
     comm_latency_s: float = 0.0  # the latency part of comm_s
 
 
-OVERLAP = ("FSDP all-gathers/reduce-scatters and DDP all-reduces run beside compute (exposed only beyond it), "
-           "except the step's first all-gather and its last reduce-scatter or all-reduce, which have no compute "
-           "beside them; other collectives (TP) are on the critical path")
+OVERLAP = ("collectives on one stream beside compute, in the trace's order: an FSDP all-gather starts once the one "
+           "before it is read (FSDP2 keeps one ahead) and compute waits for the all-gather it reads; a "
+           "reduce-scatter or DDP all-reduce starts once backward produced its gradients, and the step ends when it "
+           "has; TP's collectives block the operators that read them")
+EDGES_OVERLAP = ("FSDP all-gathers/reduce-scatters and DDP all-reduces run beside compute (exposed only beyond it), "
+                 "except the step's first all-gather and its last reduce-scatter or all-reduce, which have no "
+                 "compute beside them; other collectives (TP) are on the critical path")
+
+
+def exposed_s(events: list, compute_scale: float, comm_seconds) -> float:
+    """Seconds one traced part (`StepTrace.timeline`) runs beyond its compute, its collectives on one stream (one
+    communicator: NCCL runs its calls in order) and its operators on another, in the order the trace issued them.
+
+    compute_scale turns the trace's roofline seconds into predicted ones; comm_seconds(name, bytes) prices a call.
+    A gather starts when the stream is free and the gather before it has been read: FSDP2 holds one all-gather
+    ahead of the block computing (it issues the next while the GPU computes the current one, the CPU running
+    ahead). A reduction or a blocking collective starts when the stream is free and the compute issued before it
+    (its input) is done. An operator that reads a collective's output starts when that collective ends."""
+    compute_t = comm_t = gather_gate = busy = 0.0
+    ends, kinds = [], []
+    for event in events:
+        if event[0] == "compute":
+            _, seconds, waits_for = event
+            if waits_for >= 0:
+                compute_t = max(compute_t, ends[waits_for])
+                if kinds[waits_for] == "gather":
+                    gather_gate = compute_t
+            compute_t += seconds * compute_scale
+            busy += seconds * compute_scale
+        else:
+            _, name, nbytes, kind = event
+            start = max(comm_t, gather_gate if kind == "gather" else compute_t)
+            comm_t = start + comm_seconds(name, nbytes)
+            ends.append(comm_t)
+            kinds.append(kind)
+    return max(compute_t, comm_t) - busy
 
 
 def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | None, busbw_source: str,
@@ -123,20 +156,42 @@ def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | Non
     compute_s = (trace.roofline_s - fused_s) / efficiency
     host_s = trace.launches * launch_s if launch_s and compiled_traffic is None else None
     compute_s = max(compute_s, host_s or 0.0)
-    overlapped = blocking = edges = latency = 0.0
-    for name, nbytes in trace.comm_bytes.items():
-        if not busbw_gbps:
-            continue
-        calls = trace.comm_calls.get(name, 0)
+    if not busbw_gbps:
+        return StepTime(compute_s=compute_s, comm_s=0.0, exposed_comm_s=0.0, step_time_s=compute_s,
+                        busbw_gbps=busbw_gbps, busbw_source=busbw_source, overlap=OVERLAP, host_s=host_s)
+    call_s = _call_price(world_size, busbw_gbps, layout)
+    comm_s = sum(call_s(name, nbytes, trace.comm_calls.get(name, 0)) for name, nbytes in trace.comm_bytes.items())
+    latency = sum(call_s(name, 0, trace.comm_calls.get(name, 0)) for name in trace.comm_bytes)
+    if trace.timeline:
+        scale = compute_s / trace.roofline_s if trace.roofline_s else 0.0
+        exposed = max(0.0, sum(weight * exposed_s(events, scale, call_s) for weight, events in trace.timeline))
+        overlap = OVERLAP
+    else:  # a step stored before the trace kept its timeline (op_policy's input, from an older rehearsal)
+        exposed, overlap = _edges_exposed_s(trace, call_s, compute_s), EDGES_OVERLAP
+    return StepTime(compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed,
+                    step_time_s=compute_s + exposed, busbw_gbps=busbw_gbps, busbw_source=busbw_source,
+                    overlap=overlap, host_s=host_s, comm_latency_s=latency)
+
+
+def _call_price(world_size: int, busbw_gbps: float, layout: Layout | None):
+    """Seconds `calls` calls of a collective take to move `nbytes` in all: bytes at the bus bandwidth, plus each
+    call's latency where the layout is known."""
+    def call_s(name: str, nbytes: int, calls: int = 1) -> float:
         waits = calls * collective_latency_s(name, world_size, layout) if layout else 0.0
-        seconds = nbytes * _bus_factor(name, world_size) / (busbw_gbps * 1e9) + waits
-        latency += waits
+        return nbytes * _bus_factor(name, world_size) / (busbw_gbps * 1e9) + waits
+
+    return call_s
+
+
+def _edges_exposed_s(trace: StepTrace, call_s, compute_s: float) -> float:
+    """EDGES_OVERLAP: the step's collectives by name alone, without their order."""
+    overlapped = blocking = edges = 0.0
+    for name, nbytes in trace.comm_bytes.items():
+        calls = trace.comm_calls.get(name, 0)
+        seconds = call_s(name, nbytes, calls)
         if name in trace.overlapped_comm:
             overlapped += seconds
             edges += seconds / calls if calls else 0.0  # the first all-gather; the last reduce-scatter/all-reduce
         else:
             blocking += seconds
-    exposed = blocking + edges + max(0.0, overlapped - edges - compute_s)
-    return StepTime(compute_s=compute_s, comm_s=overlapped + blocking, exposed_comm_s=exposed,
-                    step_time_s=compute_s + exposed, busbw_gbps=busbw_gbps, busbw_source=busbw_source,
-                    overlap=OVERLAP, host_s=host_s, comm_latency_s=latency)
+    return blocking + edges + max(0.0, overlapped - edges - compute_s)

@@ -75,6 +75,10 @@ class StepTrace:
     # across the middle blocks (`middle_growth_gib`): what a deeper model's peak is extrapolated from (depth.py).
     place_gib: dict[str, dict[str, float]] = field(default_factory=dict)
     middle_growth_gib: float = 0.0
+    # The step as its two streams see it, for the overlap of collectives with compute (step_time.exposed_s): each
+    # traced part's events (`_Costs.events`) with the number of times the step runs that part. A deep model's
+    # is a linear combination of its shallow models' (depth.py), so weights need not be whole or positive.
+    timeline: list[tuple[float, list]] = field(default_factory=list)
 
     @property
     def peak_gib(self) -> float:
@@ -95,6 +99,11 @@ class _Costs:
     op_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     comm_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     comm_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # In the order the rank issued them: ["compute", roofline seconds, index of the collective it waits for or -1]
+    # (consecutive operators that wait for nothing merged into one) and ["comm", name, bytes, kind], kind as
+    # `comm_kind` says. Not added up by `add`: the trace keeps each part's own (StepTrace.timeline).
+    events: list[list] = field(default_factory=list)
+    collectives: int = 0  # "comm" events so far: the next one's index
 
     def add(self, other: _Costs, times: int = 1) -> None:
         for name in ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s", "launches"):
@@ -103,6 +112,28 @@ class _Costs:
             mine = getattr(self, name)
             for key, value in getattr(other, name).items():
                 mine[key] += times * value
+
+    def computed(self, seconds: float, waits_for: int) -> None:
+        last = self.events[-1] if self.events else None
+        if waits_for < 0 and last is not None and last[0] == "compute":
+            last[1] += seconds
+        else:
+            self.events.append(["compute", seconds, waits_for])
+
+    def communicated(self, name: str, nbytes: int, kind: str) -> int:
+        self.events.append(["comm", name, nbytes, kind])
+        self.collectives += 1
+        return self.collectives - 1
+
+
+def comm_kind(name: str, overlapped: bool) -> str:
+    """How a collective sits beside compute (step_time.exposed_s): "gather", FSDP's all-gathers, issued ahead of
+    the compute that reads them; "reduce", FSDP's reduce-scatters and DDP's all-reduces, which nothing in the
+    step reads until it ends (they run on the collectives' stream, their own copies too); "blocking", the rest
+    (TP's), whose result the next operators wait for."""
+    if not overlapped:
+        return "blocking"
+    return "gather" if "gather" in name else "reduce"
 
 
 def traced_accumulation(grad_accum: int) -> tuple[int, list[int]]:
@@ -143,6 +174,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             self.roofline = roofline
             self.parts = [_Costs()]  # the micro-batches traced so far, then the optimizer step (`next_part`)
             self.overlapped_names: set[str] = set()
+            self.awaited = WeakIdKeyDictionary()  # storage a gather or blocking collective wrote -> its index
             self.accumulating_grads = False
             self.stand_ins: list[torch.Tensor] = []
             self.held_elsewhere = WeakIdKeyDictionary()  # storages the stand-ins count
@@ -151,6 +183,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
         def next_part(self) -> None:
             """Count what follows as the step's next part (the next micro-batch, or the optimizer step)."""
             self.parts.append(_Costs())
+            self.awaited = WeakIdKeyDictionary()  # each part's timeline starts with its streams idle
 
         def next_micro_batch(self) -> None:
             """Before a micro-batch's forward, except the first: torch's trackers take a second forward of the
@@ -205,15 +238,37 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
                 return out
             if func in self.collectives:
                 name = func._overloadpacket.__name__.strip("_")
-                costs.comm_bytes[name] += comm_bytes(func, out, args, kwargs or {})
+                nbytes = comm_bytes(func, out, args, kwargs or {})
+                costs.comm_bytes[name] += nbytes
                 costs.comm_calls[name] += 1
                 if func in self.overlapped:
                     self.overlapped_names.add(name)
+                kind = comm_kind(name, func in self.overlapped)
+                index = costs.communicated(name, nbytes, kind)
+                if kind != "reduce":
+                    self._awaits(out, index)
             else:
-                self._cost(costs, func, args, kwargs or {}, out)
+                seconds = self._cost(costs, func, args, kwargs or {}, out)
+                costs.computed(seconds, self._waits_for(args, kwargs) if self.awaited else -1)
             return out
 
-        def _cost(self, costs: _Costs, func, args, kwargs, out) -> None:
+        def _awaits(self, out, index: int) -> None:
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    for st in get_untyped_storages(t):
+                        self.awaited[st] = index
+
+        def _waits_for(self, args, kwargs) -> int:
+            """The latest collective whose output this operator is the first to read (-1: none)."""
+            waits_for = -1
+            for t in pytree.tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    for st in get_untyped_storages(t):
+                        index = self.awaited.pop(st, -1)
+                        waits_for = max(waits_for, index)
+            return waits_for
+
+        def _cost(self, costs: _Costs, func, args, kwargs, out) -> float:
             flops, compute_s, memory_s = self.roofline.cost(func, args, kwargs, out)
             costs.flops += flops
             costs.compute_s += compute_s
@@ -223,6 +278,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
             costs.launches += self.roofline.launches_kernel(func, out)
             if fusable(func, flops) and any(_BLOCK_NAME.search(name) for name in self._mod_tracker.parents):
                 costs.block_memory_bound_s += memory_s
+            return max(compute_s, memory_s)
 
         def _update_peak_stats(self, peak_state) -> None:
             # The step's peak, and each place's (`place_of`): torch's tracker keeps every module's own peak instead,
@@ -519,7 +575,8 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         op_s=dict(total.op_s),
         block_memory_bound_s=total.block_memory_bound_s, grad_accum=train.grad_accum, traced_micro_batches=traced,
         optimizer_roofline_s=optimizer_step.roofline_s, launches=total.launches, place_gib=tracker.place_gib(),
-        middle_growth_gib=tracker.middle_growth_gib())
+        middle_growth_gib=tracker.middle_growth_gib(),
+        timeline=[(count, part.events) for part, count in zip(micro_batches, times)] + [(1, optimizer_step.events)])
 
 
 

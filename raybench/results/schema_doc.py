@@ -133,8 +133,10 @@ DESCRIPTIONS = {
     "data_samples": "Records (samples) of the tokenized split.",
     "sample_tokens_mean": "Mean tokens per sample, before truncation to seq_len.",
     "sample_tokens_max": "Most tokens in one sample, before truncation to seq_len.",
-    "packing_efficiency": ("Real tokens over the row positions they occupy at the trial's seq_len and layout, over "
-                           "the whole dataset: 1 is no padding (packed rows' tails and padded rows are padding)."),
+    "packing_efficiency": ("Real tokens over the row positions they occupy at the trial's seq_len and layout "
+                           "(data.packing, overflow, pack_order), over the whole dataset, each row counted seq_len "
+                           "wide whatever data.pad_to: 1 is no padding (packed rows' tails and padded rows are "
+                           "padding)."),
     # provenance
     "device_type": "cuda or cpu.",
     "gpu_name": "GPU model as CUDA reports it; null on CPU.",

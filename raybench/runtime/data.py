@@ -8,11 +8,13 @@ as non-padding, and the model is not handed an all-ones mask that transformers w
 and in the non-padding token count.
 
 hf data is read from the memory-mapped cache by index, and each batch is built by the loader's collate function
-(in its worker processes when data.num_workers > 0): samples truncated to seq_len, padded one per row or packed
-several per row, labels, masks and position ids. A packed row gives each sample its own position ids from 0 and
-no attention_mask: transformers then finds the sequences from the position ids (masking_utils'
-find_packed_sequence_indices) and masks attention block-causally, each sample attending to itself only; sdpa
-and eager get that as a mask, flash_attention_2 gets the sequences' boundaries (cu_seq_lens) and runs its
+(in its worker processes when data.num_workers > 0): samples truncated to seq_len (or split into seq_len-long
+pieces, data.overflow), padded one per row or packed several per row (in order or best fit, data.pack_order),
+labels, masks and position ids; the batch is seq_len wide, or as wide as its longest row (data.pad_to longest,
+so [micro_batch, width] with width <= seq_len). A packed row gives each sample its own position ids from 0 and no
+attention_mask: transformers then finds the sequences from the position ids (masking_utils'
+find_packed_sequence_indices) and masks attention block-causally, each sample attending to itself only; sdpa and
+eager get that as a mask, flash_attention_2 gets the sequences' boundaries (cu_seq_lens) and runs its
 variable-length kernel with no mask at all. A packed row's padded tail is a sequence of its own, out of the loss.
 Such batches carry their non-padding token count (NONPAD_TOKENS), which the timed loop takes out of the batch.
 """
@@ -180,35 +182,54 @@ class _ListColumn:
 
 
 class TokenRows(Dataset):
-    """The rows of a trial over cached tokenized data: row r holds the samples tokenized.row_bounds assigns it,
-    each truncated to seq_len, as views of the memory-mapped cache (every rank and loader worker shares it)."""
+    """The rows of a trial over cached tokenized data: row r holds the pieces tokenized.layout_rows assigns it
+    (whole samples truncated to seq_len, or with overflow split seq_len-long pieces of longer ones), as views of
+    the memory-mapped cache (every rank and loader worker shares it)."""
 
-    def __init__(self, path: str, seq_len: int, packing: bool):
+    def __init__(self, path: str, seq_len: int, packing: bool, overflow: str = "truncate",
+                 pack_order: str = "in_order"):
         cached = tokenized.load(path)
         self.ids = _ListColumn(cached.data.column("input_ids"))
         masked = "assistant_masks" in cached.column_names
         self.masks = _ListColumn(cached.data.column("assistant_masks")) if masked else None
-        self.bounds = tokenized.row_bounds(tokenized.lengths(cached), seq_len, packing)
-        self.seq_len = seq_len
+        self.rows = tokenized.layout_rows(tokenized.lengths(cached), seq_len, packing, overflow, pack_order)
 
     def __len__(self) -> int:
-        return len(self.bounds) - 1
+        return len(self.rows)
 
     def __getitem__(self, r: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        return [(self.ids[i][: self.seq_len], None if self.masks is None else self.masks[i][: self.seq_len])
-                for i in range(self.bounds[r], self.bounds[r + 1])]
+        rows = self.rows
+        return [self._piece(int(rows.sample[p]), int(rows.start[p]), int(rows.length[p]))
+                for p in range(rows.bounds[r], rows.bounds[r + 1])]
+
+    def _piece(self, sample: int, start: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
+        end = start + length
+        return self.ids[sample][start:end], None if self.masks is None else self.masks[sample][start:end]
 
 
-def collate_rows(rows: list, seq_len: int, pad_id: int, packing: bool, varlen: bool) -> dict:
+def batch_width(longest_row: int, seq_len: int, pad_to: str = "seq_len", pad_multiple: int = 1) -> int:
+    """Positions per row of a micro-batch: seq_len, or (pad_to longest) its longest row's real tokens rounded up
+    to pad_multiple, never above seq_len, and at least one position."""
+    if pad_to == "seq_len":
+        return seq_len
+    return min(seq_len, -(-max(longest_row, 1) // pad_multiple) * pad_multiple)
+
+
+def collate_rows(rows: list, seq_len: int, pad_id: int, packing: bool, varlen: bool, pad_to: str = "seq_len",
+                 pad_multiple: int = 1) -> dict:
     """One micro-batch from TokenRows items: the per-batch work of a real loader (see the module doc)."""
-    ids = np.full((len(rows), seq_len), pad_id, dtype=np.int64)
-    labels = np.full((len(rows), seq_len), IGNORE_INDEX, dtype=np.int64)
-    positions = np.zeros((len(rows), seq_len), dtype=np.int64)
+    width = batch_width(max(sum(len(tokens) for tokens, _ in samples) for samples in rows), seq_len, pad_to,
+                        pad_multiple)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    labels = np.full((len(rows), width), IGNORE_INDEX, dtype=np.int64)
+    positions = np.zeros((len(rows), width), dtype=np.int64)
     filled, sequences = [], []  # real tokens per row; every sequence's length, padded tails included
     for b, samples in enumerate(rows):
         at = 0
         for tokens, loss in samples:
             n = len(tokens)
+            if n == 0:  # an empty sample has no tokens to place, and no first token to unlabel
+                continue
             ids[b, at:at + n] = tokens
             labels[b, at:at + n] = tokens if loss is None else np.where(loss > 0, tokens, IGNORE_INDEX)
             # No sequence's first token is predicted from the token before it (another sample's, when packed).
@@ -216,9 +237,9 @@ def collate_rows(rows: list, seq_len: int, pad_id: int, packing: bool, varlen: b
             positions[b, at:at + n] = np.arange(n)
             sequences.append(n)
             at += n
-        if at < seq_len:
-            positions[b, at:] = np.arange(seq_len - at)
-            sequences.append(seq_len - at)
+        if at < width:
+            positions[b, at:] = np.arange(width - at)
+            sequences.append(width - at)
         filled.append(at)
     batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels), NONPAD_TOKENS: sum(filled)}
     if packing:
@@ -227,8 +248,8 @@ def collate_rows(rows: list, seq_len: int, pad_id: int, packing: bool, varlen: b
             cu = torch.from_numpy(np.cumsum([0] + sequences).astype(np.int32))
             batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(sequences),
                          max_length_k=max(sequences))
-    elif min(filled) < seq_len:  # no all-ones mask (see the module doc)
-        batch["attention_mask"] = torch.from_numpy((np.arange(seq_len) < np.array(filled)[:, None]).astype(np.int64))
+    elif min(filled) < width:  # no all-ones mask (see the module doc)
+        batch["attention_mask"] = torch.from_numpy((np.arange(width) < np.array(filled)[:, None]).astype(np.int64))
     return batch
 
 
@@ -240,8 +261,9 @@ def hf_rows(config: TrialConfig, ref: TokenizedData | None, cache_dir: str | Non
         root = Path(cache_dir, "data") if cache_dir else Path(tempfile.gettempdir(), "raybench-data")
         ref = tokenized.prepare(data, data.tokenizer or config.model.path, root)
     collate = functools.partial(collate_rows, seq_len=train.seq_len, pad_id=ref.pad_id, packing=data.packing,
-                                varlen=config.model.attn_implementation == "flash_attention_2")
-    return TokenRows(ref.path, train.seq_len, data.packing), collate
+                                varlen=config.model.attn_implementation == "flash_attention_2",
+                                pad_to=data.pad_to, pad_multiple=data.pad_multiple)
+    return TokenRows(ref.path, train.seq_len, data.packing, data.overflow, data.pack_order), collate
 
 
 def synthetic_dataset(shape: ModelShape, micro_batch: int, seq_len: int, seed: int, rank: int) -> TensorDataset:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.sweep_spec import HF_ONLY_FIELDS, DataSpec, SweepSpec
-from raybench.spec.validate import problems_from_validation, sweep_problems
+from raybench.spec.validate import data_layout_problems, problems_from_validation, sweep_problems
 
 
 def _check_paths(spec: SweepSpec) -> list[Problem]:
@@ -48,9 +48,11 @@ def _check_data(data: DataSpec, model_path: str | None) -> list[Problem]:
         defaults = DataSpec.model_fields
         problems += [Problem(f"data.{name}", getattr(data, name), "only used with data.source=hf; remove it")
                      for name in HF_ONLY_FIELDS if getattr(data, name) != defaults[name].default]
-    elif data.loss_on == "assistant" and data.format == "text":
-        problems.append(Problem("data.loss_on", data.loss_on, "plain text has no assistant turns; use format "
-                                "messages or alpaca, or loss_on: all"))
+    else:
+        problems += data_layout_problems(data)
+        if data.loss_on == "assistant" and data.format == "text":
+            problems.append(Problem("data.loss_on", data.loss_on, "plain text has no assistant turns; use format "
+                                    "messages or alpaca, or loss_on: all"))
     return problems
 
 

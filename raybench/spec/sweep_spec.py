@@ -79,6 +79,22 @@ class DataSpec(_Spec):
         "hf: tokens the loss counts: all, or assistant (the assistant turns of messages, the response of alpaca)."))
     split: str = Field("train", description="hf: the split to read (a saved dataset of one split has no splits).")
     max_samples: int | None = Field(None, ge=1, description="hf: the first N records of the split only; null: all.")
+    overflow: Literal["truncate", "split"] = Field("truncate", description=(
+        "hf: a sample longer than train.seq_len is truncated (its tail dropped), or split into seq_len-long "
+        "pieces (the last one shorter), each laid out as a sample of its own: its first token unlabelled, its "
+        "position ids from 0. Result rows hold null for truncate."))
+    pack_order: Literal["in_order", "best_fit"] = Field("in_order", description=(
+        "hf, packing: in_order fills rows in the data's order, a new row when the next sample does not fit; "
+        "best_fit sorts samples longest first and puts each in the open row with the least room that holds it, "
+        "else a new row (best-fit decreasing, TRL's bfd): usually fewer rows, less padding. Result rows hold null "
+        "for in_order."))
+    pad_to: Literal["seq_len", "longest"] = Field("seq_len", description=(
+        "hf: how wide each micro-batch is: seq_len, or longest (its longest row's real tokens rounded up to "
+        "data.pad_multiple, at most seq_len; transformers' padding='longest'), padded and packed rows alike. "
+        "Result rows hold null for seq_len."))
+    pad_multiple: int = Field(1, ge=1, le=1_048_576, description=(
+        "hf, pad_to longest: round each micro-batch's width up to a multiple of this (transformers' "
+        "pad_to_multiple_of), e.g. 64 for tensor-core friendly shapes; 1: no rounding (null in result rows)."))
     num_workers: int = Field(0, ge=0, le=64, description="torch DataLoader worker processes per rank.")
     pin_memory: bool = Field(False, description="Pin host memory of batches (GPU only).")
     prefetch_factor: int | None = Field(
@@ -91,13 +107,17 @@ class DataSpec(_Spec):
         # Trial ids hash the dumped config (plan.config_id): the hf fields came after ids were issued, so other
         # sources leave them out and every earlier trial keeps its id (load refuses them set off their defaults).
         data = handler(self)
-        if self.source != "hf":
-            for name in HF_ONLY_FIELDS:
-                data.pop(name, None)
+        # The layout fields came later still: left out at their defaults, so hf trials keep their ids too.
+        dropped = HF_ONLY_FIELDS if self.source != "hf" else [
+            name for name in LAYOUT_FIELDS if getattr(self, name) == DataSpec.model_fields[name].default]
+        for name in dropped:
+            data.pop(name, None)
         return data
 
 
-HF_ONLY_FIELDS = ("format", "field", "loss_on", "split", "max_samples")
+# How the loader lays hf samples out in rows and batches (runtime.data): per trial, not part of the cache key.
+LAYOUT_FIELDS = ("overflow", "pack_order", "pad_to", "pad_multiple")
+HF_ONLY_FIELDS = ("format", "field", "loss_on", "split", "max_samples", *LAYOUT_FIELDS)
 
 
 # Module names shared by the Llama and Qwen2 families, per LoraSpec.targets.

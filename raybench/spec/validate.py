@@ -14,7 +14,7 @@ from raybench.spec.axes import axis_assignments, copy_trial, set_path, split_pat
 from raybench.spec.errors import Problem
 from raybench.spec.hardware import gpu_labels, gpu_memory_gib, known_gpu
 from raybench.spec.schema import GPU_ONLY_METRICS, numeric_metric_names
-from raybench.spec.sweep_spec import TRIAL_SECTIONS, EstimateSpec, SweepSpec, TrialConfig
+from raybench.spec.sweep_spec import TRIAL_SECTIONS, DataSpec, EstimateSpec, SweepSpec, TrialConfig
 
 
 def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -178,6 +178,21 @@ def _check_estimate(est: EstimateSpec) -> list[Problem]:
     if est.margin_gib is not None and memory is not None and est.margin_gib >= memory:
         problems.append(Problem("estimate.margin_gib", est.margin_gib, f"the margin must be below the device "
                                 f"memory ({memory:.1f} GiB); lower it"))
+    return problems
+
+
+def data_layout_problems(data: DataSpec) -> list[Problem]:
+    """Layout options that only act together with another: pad_multiple rounds pad_to longest's widths, best_fit
+    orders packed rows. Checked on the sweep's data (load) and on each trial's, where axes vary them (plan)."""
+    problems = []
+    if data.pad_multiple != 1 and data.pad_to != "longest":
+        problems.append(Problem("data.pad_multiple", data.pad_multiple, "rounds the width of pad_to longest "
+                                "batches; with pad_to seq_len every batch is seq_len wide: set data.pad_to: "
+                                "longest, or remove data.pad_multiple"))
+    if data.pack_order == "best_fit" and not data.packing:
+        problems.append(Problem("data.pack_order", data.pack_order, "orders samples into packed rows; with packing "
+                                "false each sample has a row of its own: set data.packing: true, or remove "
+                                "data.pack_order"))
     return problems
 
 

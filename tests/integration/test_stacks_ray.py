@@ -1,6 +1,8 @@
 """Users' own training stacks as trials of one real Ray sweep (one Ray start-up for all of them), each on 2 gloo
 ranks of 1 CPU, measured by the probe and read back from Parquet:
 - hf: TRL's SFTTrainer on a tiny Llama and a local JSONL file (tests/stacks_user/hf_user.py), Ray Train workers;
+- hf on raybench's data: a plain transformers Trainer on the rows and collator raybench's loop builds from a chat data
+  spec, then (a second sweep on the same Ray and store) raybench's own loop on the same spec: the same tokens;
 - lightning: the user's LightningModule under Lightning's DDP (tests/stacks_user/lightning_user.py), Ray Train
   workers; DDP, as on CPU Lightning runs neither DeepSpeed nor FSDP (docs/stacks/lightning.md);
 - command: the user's own script under torchrun (tests/stacks_user/probe_train.py) in a Ray task, three times: one
@@ -19,6 +21,7 @@ import yaml
 
 from raybench import read_results
 from raybench.cli import main as cli
+from raybench.drivers.ray_cluster import ray_cluster
 from tests.conftest import WORDS, make_model_dir
 
 pytestmark = pytest.mark.integration
@@ -27,9 +30,20 @@ SCRIPT = USER_DIR / "probe_train.py"
 WORKERS, MICRO_BATCH, GRAD_ACCUM, SEQ_LEN = 2, 2, 2, 32
 PAD = 4  # lightning: padding positions at the end of each sequence
 COMMAND_SEQ_LEN, HANG_TIMEOUT_S = 16, 12
+# The same-tokens cases: the chat data (tests/conftest.py, 16 conversations of 14 to 40 tokens) packs into 8 rows of
+# 64 tokens, so 2 steps of 2 ranks x 1 x 2 rows, all timed, run exactly one epoch.
+ROWS_MICRO_BATCH, ROWS_SEQ_LEN, ROWS_STEPS = 1, 64, 2
 
 
-def _sweep(model: Path, data: Path) -> dict:
+def _same_tokens(model: Path, chat: Path, tokenizer: Path) -> dict:
+    """The fields both loops share: the data spec, the layout, one epoch."""
+    return {"data.source": "hf", "data.path": str(chat), "data.tokenizer": str(tokenizer), "data.format": "messages",
+            "data.loss_on": "assistant", "data.packing": True, "model.path": str(model),
+            "train.seq_len": ROWS_SEQ_LEN, "train.micro_batch": ROWS_MICRO_BATCH, "train.grad_accum": GRAD_ACCUM,
+            "train.steps": ROWS_STEPS, "train.warmup_steps": 0, "train.precision": "fp32", "train.lr": 1e-3}
+
+
+def _sweep(model: Path, data: Path, chat: Path, tokenizer: Path) -> dict:
     hf = {"stack.kind": "hf", "stack.entry": "hf_user:build_trainer", "stack.pythonpath": [str(USER_DIR)],
           # Every batch padded to max_length: the tokens each step holds are known exactly.
           "stack.overrides": {"pad_to_multiple_of": SEQ_LEN},
@@ -40,6 +54,8 @@ def _sweep(model: Path, data: Path) -> dict:
                  "stack.overrides": {"strategy": "ddp", "model_path": str(model), "batch_size": MICRO_BATCH,
                                      "seq_len": SEQ_LEN, "pad_tokens": PAD, "log_every_n_steps": 1},
                  "train.grad_accum": GRAD_ACCUM, "train.precision": "fp32", "train.seed": 3}
+    hf_rows = {"stack.kind": "hf", "stack.entry": "hf_user:build_plain_trainer", "stack.pythonpath": [str(USER_DIR)],
+               **_same_tokens(model, chat, tokenizer)}
     command = ["{python}", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "{workers}",
                str(SCRIPT), "--steps", "{steps}", "--micro-batch", "{micro_batch}", "--seq-len", "{seq_len}",
                "--mode", "{mode}"]
@@ -50,12 +66,12 @@ def _sweep(model: Path, data: Path) -> dict:
 
     return {"name": "stacks", "model": {"path": str(model)}, "train": {"steps": 4, "warmup_steps": 1},
             "resources": {"workers": WORKERS, "cpus_per_worker": 1, "timeout_s": 300},
-            "axes": {"case": [hf, lightning, command_case("ok"), command_case("crash"),
+            "axes": {"case": [hf, hf_rows, lightning, command_case("ok"), command_case("crash"),
                               command_case("hang", **{"resources.timeout_s": HANG_TIMEOUT_S})]}}
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
+def rows(tmp_path_factory, chat_file, chat_tokenizer):
     tmp = tmp_path_factory.mktemp("stacks")
     model = make_model_dir(tmp / "model")
     data = tmp / "text.jsonl"
@@ -63,13 +79,22 @@ def rows(tmp_path_factory):
     data.write_text("\n".join(json.dumps({"text": " ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(10 + i))})
                               for i in range(30)))
     sweep = tmp / "stacks.yaml"
-    sweep.write_text(yaml.safe_dump(_sweep(model, data)))
-    assert cli.main(["run", str(sweep), "--store", str(tmp / "store")]) == 1  # two trials were not ok
+    sweep.write_text(yaml.safe_dump(_sweep(model, data, chat_file, chat_tokenizer)))
+    # raybench's own loop on the hf-rows case's data spec, after it: a second sweep on the same Ray and store.
+    loop = tmp / "loop.yaml"
+    loop.write_text(yaml.safe_dump({"name": "stacks-loop", "model": {"path": str(model)},
+                                    "resources": {"workers": WORKERS, "cpus_per_worker": 1},
+                                    "axes": {"case": [_same_tokens(model, chat_file, chat_tokenizer)]}}))
+    with ray_cluster(None):
+        assert cli.main(["run", str(sweep), "--store", str(tmp / "store")]) == 1  # two trials were not ok
+        assert cli.main(["run", str(loop), "--store", str(tmp / "store")]) == 0
     frame = read_results(str(tmp / "store"), "stacks")  # read back from the Parquet files
     by_case = {}
     for row in frame.itertuples():
         mode = json.loads(row.stack_overrides_json).get("mode")
-        by_case[f"command-{mode}" if mode else row.stack_kind] = row
+        entry = row.stack_entry if isinstance(row.stack_entry, str) else ""
+        by_case[f"command-{mode}" if mode else f"{row.stack_kind}-rows" if "plain" in entry else row.stack_kind] = row
+    by_case["raybench"] = next(read_results(str(tmp / "store"), "stacks-loop").itertuples())
     return by_case
 
 
@@ -83,6 +108,29 @@ def test_sft_trainer_rows_measured_by_the_probe(rows):
     assert math.isfinite(row.loss_first) and math.isfinite(row.loss_final)
     assert "trl" in row.stack_version and "transformers" in row.stack_version
     assert row.flops_per_token > 0  # the model's shape and the batches' sequence length are known
+    # raybench tokenized the data spec for this trial, but the entry trained on data.path's records of its own.
+    assert pd.isna(row.data_cache_key) and pd.isna(row.dataset_name) and pd.isna(row.packing_efficiency)
+
+
+def test_a_plain_trainer_and_raybenchs_loop_train_on_the_same_tokens(rows, chat_tokens):
+    """One epoch each, every step timed: each row's non-padding tokens are every token of the data, counted here
+    without raybench (the ranks' sample orders differ: the Trainer's sampler is not raybench's; the epochs' totals
+    do not)."""
+    stack, loop = rows["hf-rows"], rows["raybench"]
+    assert stack.status == "ok", stack.error_detail
+    assert loop.status == "ok", loop.error_detail
+    assert (stack.stack_kind, loop.stack_kind) == ("hf", "raybench") and "trl" not in stack.stack_version
+    lengths = [min(len(ids), ROWS_SEQ_LEN) for ids, _ in chat_tokens]
+    for row in (stack, loop):
+        assert row.steps_timed == ROWS_STEPS and row.world_size == WORKERS
+        assert row.tokens_per_step == WORKERS * ROWS_MICRO_BATCH * GRAD_ACCUM * ROWS_SEQ_LEN
+        assert row.nonpad_tokens_per_step * row.steps_timed == sum(lengths)
+        assert row.packing_efficiency == pytest.approx(sum(lengths) / (ROWS_STEPS * row.tokens_per_step))
+        assert math.isfinite(row.loss_first) and math.isfinite(row.loss_final)
+        assert row.dataset_name == "chat.jsonl" and row.data_samples == len(lengths)
+    # Tokenized once for the stack's trial; the loop's sweep found it in the store.
+    assert stack.data_cache_key == loop.data_cache_key
+    assert (stack.data_cache, loop.data_cache) == ("build", "hit")
 
 
 def test_lightning_trial_on_ray(rows):

@@ -1,6 +1,7 @@
 """A user's Lightning project, as the lightning stack's tests run it: a tiny Llama from a model directory and a
 map-style dataset of fixed-length token sequences, each with `pad_tokens` padding positions at its end (masked out
-of attention and loss), so that a step's tokens and non-padding tokens are known exactly."""
+of attention and loss), so that a step's tokens and non-padding tokens are known exactly; or, with `ctx`, raybench's
+own rows and collator over the trial's data spec (the batches raybench's loop trains on)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,19 @@ def build(model_path: str, batch_size: int = 2, seq_len: int = 32, samples: int 
     module = CausalLM(model_path, lr)
     data = PaddedTokens(samples, seq_len, module.model.config.vocab_size, pad_tokens)
     return module, DataLoader(data, batch_size=batch_size, shuffle=True)
+
+
+class StrictCausalLM(CausalLM):
+    """CausalLM that refuses a batch holding anything but model inputs: what reaches training_step is the model's."""
+
+    INPUTS = {"input_ids", "labels", "attention_mask", "position_ids"}
+
+    def training_step(self, batch, batch_idx):
+        if set(batch) - self.INPUTS:
+            raise ValueError(f"training_step got more than model inputs: {sorted(set(batch) - self.INPUTS)}")
+        return super().training_step(batch, batch_idx)
+
+
+def build_from_rows(model_path: str, ctx, batch_size: int = 2, lr: float = 1e-3):
+    module = StrictCausalLM(model_path, lr)
+    return module, DataLoader(ctx.train_rows(), batch_size=batch_size, shuffle=True, collate_fn=ctx.data_collator())

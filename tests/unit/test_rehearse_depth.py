@@ -75,7 +75,7 @@ def test_the_extrapolated_step_is_the_full_trace(case, deep_model):
         assert deep.memory_gib[category] == pytest.approx(gib, abs=MEMORY_TOLERANCE_GIB), category
     assert deep.resident_gib == pytest.approx(full.resident_gib, rel=1e-9)
     assert deep.comm_bytes == full.comm_bytes
-    for name in ("flops", "roofline_s", "compute_s", "block_memory_bound_s", "step_time_s"):
+    for name in ("flops", "roofline_s", "compute_s", "block_memory_bound_s", "exposed_comm_s", "step_time_s"):
         assert getattr(deep, name) == pytest.approx(getattr(full, name), rel=1e-9), name
 
 

@@ -109,3 +109,12 @@ def test_ac_ratio_decides_checkpointing_against_sftconfigs_own_default(tmp_path,
     assert args["activation_checkpointing"] is checkpointed
     built = cls(output_dir=str(tmp_path / "out"), use_cpu=True, **args)
     assert built.activation_checkpointing is checkpointed and built.gradient_checkpointing is checkpointed
+
+
+def test_the_data_spec_plans_for_the_entry_and_the_config_path(tmp_path, model_dir, alpaca_file):
+    """The data spec's fields are raybench's tokenization, which both take (ctx.tokenized_dataset, ctx.train_rows):
+    none is refused, and the config path takes any data raybench reads (alpaca records too)."""
+    data = {"source": "hf", "path": str(alpaca_file), "format": "alpaca", "loss_on": "assistant", "max_samples": 8,
+            "split": "train", "packing": False}
+    for arguments in ({}, {"entry": None, "config": {"packing": True}}):
+        assert len(plan(load_sweep(_sweep(tmp_path, model_dir, data=data, **arguments)))) == 1

@@ -71,17 +71,15 @@ SET_ON_RANK = ("output_dir", "use_cpu", "local_rank")
 # Defaults raybench gives the stack where the user gave none: no logging (each log gathers the loss across ranks).
 QUIET = {"logging_strategy": "no"}
 
-# data fields the hf stack reads; the rest must stay at their defaults (the stack's own key is named instead).
+# data fields the hf stack does not read (its Trainer builds the DataLoader): they must stay at their defaults (the
+# stack's own key is named instead). The content and layout fields are raybench's tokenization and rows, which the
+# entry takes through its context (ctx.tokenized_dataset, ctx.train_rows and ctx.data_collator).
 DATA_OWN_KEYS = {
-    "loss_on": "assistant_only_loss or completion_only_loss",
-    "split": "load your split in the entry function",
-    "max_samples": "select the records in the entry function",
     "num_workers": "dataloader_num_workers",
     "pin_memory": "dataloader_pin_memory",
     "prefetch_factor": "dataloader_prefetch_factor",
     "persistent_workers": "dataloader_persistent_workers",
 }
-DATA_FILE_SUFFIXES = (".jsonl", ".json")
 
 
 def args_class() -> type:
@@ -161,7 +159,7 @@ def problems(config: TrialConfig) -> list[Problem]:
 
 def _model_data_problems(config: TrialConfig) -> list[Problem]:
     """The model is a local directory; raybench's data fields the stack does not read stay at their defaults; the
-    config path (no entry) reads data.path itself, a JSONL/JSON file of text or messages records."""
+    config path (no entry) trains on the data spec's tokenized data (data.source hf)."""
     found = []
     if config.model.path is None:
         found.append(Problem("model.path", None, "stack hf loads a local model directory; set model.path "
@@ -174,13 +172,10 @@ def _model_data_problems(config: TrialConfig) -> list[Problem]:
     if config.stack.entry is not None:
         return found
     data = config.data
-    if data.source != "hf" or data.path is None or not data.path.endswith(DATA_FILE_SUFFIXES):
-        found.append(Problem("data.path", data.path, "stack hf without an entry trains on a local JSONL/JSON file: "
-                             "set data.source: hf and data.path to a .jsonl or .json file of text or messages "
-                             "records (or write an entry function that loads your data)"))
-    if data.format == "alpaca":
-        found.append(Problem("data.format", data.format, "stack hf without an entry reads text or messages "
-                             "records; convert the records, or load them in an entry function"))
+    if data.source != "hf" or data.path is None:
+        found.append(Problem("data.path", data.path, "stack hf without an entry trains on raybench's tokenized "
+                             "data: set data.source: hf and data.path (or write an entry function that loads your "
+                             "data)"))
     return found
 
 

@@ -4,7 +4,8 @@ stack.entry names the user's function; it returns a LightningModule and its trai
 stack.overrides is either a Lightning Trainer argument (a parameter of lightning.pytorch.Trainer) or a keyword
 parameter of that function, which gets it; nothing else is accepted (a function with **kwargs takes every key that
 is not a Trainer argument). raybench builds the Trainer: the keys it sets from the trial are refused in overrides,
-naming the field that sets them.
+naming the field that sets them. A function that declares `ctx` gets the trial's context from raybench, with the
+data spec's tokenized data (data.source hf) as raybench's loop lays it out.
 """
 
 from __future__ import annotations
@@ -28,12 +29,22 @@ MAPPED = {
     "max_grad_norm": "gradient_clip_val (clipped by norm; null: no clipping)",
     "seed": "seed_everything(seed, workers=True) before the function runs",
 }
+# With data.source hf, what the rows the function gets from ctx take besides (runtime.data.hf_rows).
+MAPPED_WITH_DATA = {"seq_len": "the length of ctx.train_rows()'s rows (samples truncated to it, padded or packed)"}
+
+
+def mapped(config: TrialConfig) -> dict[str, str]:
+    """The train fields this trial takes: MAPPED, and seq_len where the data spec's rows reach the function."""
+    return {**MAPPED, **MAPPED_WITH_DATA} if config.data.source == "hf" else MAPPED
+
+
 # raybench's train fields that Lightning does not take, with where the same setting goes instead.
 OWN_KEYS = {
     "strategy": "stack.overrides.strategy: ddp, fsdp, deepspeed_stage_2 or deepspeed_stage_3",
     "zero_stage": "stack.overrides.strategy: deepspeed_stage_2 or deepspeed_stage_3",
     "micro_batch": "your function's DataLoader batch size, as one of its parameters (stack.overrides.batch_size)",
-    "seq_len": "your function's sequence length, as one of its parameters (stack.overrides.seq_len)",
+    "seq_len": "your function's sequence length, as one of its parameters (stack.overrides.seq_len); with "
+               "data.source hf, ctx.train_rows() takes train.seq_len",
     "lr": "your configure_optimizers, its rate one of your function's parameters (stack.overrides.lr)",
     "optimizer": "your LightningModule's configure_optimizers",
     "weight_decay": "your LightningModule's configure_optimizers",
@@ -74,6 +85,11 @@ FIXED = {
     "callbacks": "raybench adds its probe's callback; YAML cannot give callback objects",
     "plugins": "raybench adds the cluster environment that joins the trial's process group",
 }
+# The function's parameter raybench fills with the trial's context (runtime.stacks.lightning.LightningContext); no
+# override may take its name.
+CONTEXT_PARAMETER = "ctx"
+# data fields of the DataLoader, which the user's function builds: refused off their defaults (set them there).
+LOADER_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 def problems(config: TrialConfig) -> list[Problem]:
@@ -90,9 +106,13 @@ def problems(config: TrialConfig) -> list[Problem]:
         own = _parameters(function)
     except (TypeError, ValueError, NameError) as err:
         return [Problem("stack.entry", config.stack.entry, f"cannot read the function's parameters: {err}")]
+    takes_context = CONTEXT_PARAMETER in own and own[CONTEXT_PARAMETER].kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    own = {k: p for k, p in own.items() if k != CONTEXT_PARAMETER}
     found = [p for key, value in config.stack.overrides.items()
              for p in _key_problems(key, value, trainer, own, config)]
-    return found + _missing_arguments(own, config) + _strategy_problems(config) + _data_problems(config)
+    return (found + _missing_arguments(own, config) + _strategy_problems(config)
+            + _data_problems(config, takes_context))
 
 
 def _key_problems(key: str, value, trainer: dict, own: dict, config: TrialConfig) -> list[Problem]:
@@ -102,6 +122,9 @@ def _key_problems(key: str, value, trainer: dict, own: dict, config: TrialConfig
         return [Problem(field, value, f"raybench sets Lightning's {key} from {FROM_TRIAL[key]}; set that instead")]
     if key in FIXED:
         return [Problem(field, value, f"raybench fixes Lightning's {key}: {FIXED[key]}; remove it")]
+    if key == CONTEXT_PARAMETER:
+        return [Problem(field, value, f"raybench passes the trial's context as the function's '{key}' parameter; "
+                        "remove this override (or rename the function's parameter)")]
     if key == "strategy":
         return []  # _strategy_problems
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in own.values())
@@ -154,13 +177,24 @@ def _strategy_problems(config: TrialConfig) -> list[Problem]:
     return found
 
 
-def _data_problems(config: TrialConfig) -> list[Problem]:
-    """The entry brings its own data: raybench's data fields set off their defaults would change nothing."""
+def _data_problems(config: TrialConfig, takes_context: bool) -> list[Problem]:
+    """raybench's data reaches the function only as the data spec's tokenized data (data.source hf) through its
+    `ctx`; the DataLoader is the function's own. Any other data field set off its default would change nothing."""
     defaults = DataSpec()
-    return [Problem(f"data.{name}", getattr(config.data, name), "the lightning stack reads no data.* field: the "
-                    "entry function returns its own DataLoader or LightningDataModule; set this there, as one of "
-                    "its parameters")
-            for name in DataSpec.model_fields if getattr(config.data, name) != getattr(defaults, name)]
+    off_default = [name for name in DataSpec.model_fields if getattr(config.data, name) != getattr(defaults, name)]
+    if config.data.source == "hf" and not takes_context:
+        return [Problem("data.source", "hf", f"{config.stack.entry} takes no '{CONTEXT_PARAMETER}' parameter, so "
+                        "raybench's tokenized data would not reach it; add a ctx parameter and build the DataLoader "
+                        "from ctx.train_rows() and ctx.data_collator() (docs/stacks/lightning.md), or remove data.*")]
+    if config.data.source == "hf":
+        return [Problem(f"data.{name}", getattr(config.data, name), "the entry function builds the DataLoader; "
+                        "set this there, as one of its parameters")
+                for name in off_default if name in LOADER_FIELDS]
+    return [Problem(f"data.{name}", getattr(config.data, name), "the lightning stack takes raybench's data as "
+                    "data.source: hf only (the data spec's tokenized data, through the function's ctx); otherwise "
+                    "the entry function returns its own DataLoader or LightningDataModule: set this there, as one "
+                    "of its parameters")
+            for name in off_default]
 
 
 def _type_problems(field: str, value, annotation) -> list[Problem]:

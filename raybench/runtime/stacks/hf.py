@@ -3,12 +3,15 @@
 The trial's arguments (SFTConfig, or TrainingArguments without TRL) are the stack's config file, its overrides
 and raybench's mapped train fields (planning.stacks.hf.trial_args), with a temporary output directory and the
 trial's device. The trainer comes from the user's entry function, `function(overrides, ctx)` with ctx a
-`StackContext`, or, with a config file alone, raybench builds an SFTTrainer on model.path and data.path.
+`StackContext`, or, with a config file alone, raybench builds an SFTTrainer on model.path and the data spec's
+tokenized data. The context hands out raybench's tokenized data (data.source hf): the cached per-sample dataset
+(what an SFTTrainer takes pre-tokenized), or the very rows and collate function raybench's loop trains on.
 
 The probe sees each optimizer step through two hooks: a TrainerCallback starts it when training begins and ends a
 step at each on_step_end, and a thin wrapper around the trainer's `training_step` counts the tokens of each
-micro-batch (input_ids, padding included; attention_mask for the real ones) and adds up the losses it returns, which
-the Trainer has already divided over the accumulation steps: their sum is the step's loss as the Trainer logs it.
+micro-batch (input_ids, padding included; the batch's own NONPAD_TOKENS count, else attention_mask, for the real
+ones) and adds up the losses it returns, which the Trainer has already divided over the accumulation steps: their sum
+is the step's loss as the Trainer logs it.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import torch
 
 from raybench.planning.payload import TrialPayload
 from raybench.planning.stacks import hf as plan_hf
+from raybench.runtime.data import NONPAD_TOKENS
 from raybench.runtime.probe import StepProbe
-from raybench.runtime.stacks.measure import StackRun
+from raybench.runtime.stacks.measure import StackData, StackRun
 from raybench.runtime.strategies import RankContext
 from raybench.spec.sweep_spec import TrialConfig
 
@@ -44,6 +48,28 @@ class StackContext:
     model_path: str | None = None  # model.path
     data_path: str | None = None  # data.path (None: the entry brings its own data)
     seq_len: int = 0  # train.seq_len: no sequence may be longer (SFTConfig's max_length)
+    data: StackData | None = None  # raybench's tokenized data (data.source hf): the three methods below
+
+    def tokenized_dataset(self):
+        """The data spec's tokenized `datasets.Dataset`, memory-mapped from the store's cache: input_ids, and
+        assistant_masks for loss_on assistant. An SFTTrainer takes it as it is (pre-tokenized)."""
+        return self._data().tokenized_dataset()
+
+    def train_rows(self):
+        """The trial's rows as raybench's loop lays them out (data.packing, train.seq_len): a torch Dataset whose
+        items the data_collator() turns into batches."""
+        return self._data().train_rows()
+
+    def data_collator(self):
+        """raybench's loop's collate function: input_ids, labels, and position_ids (packed) or attention_mask
+        (padded); pass it with train_rows() to a plain Trainer."""
+        return self._data().data_collator()
+
+    def _data(self) -> StackData:
+        if self.data is None:
+            raise ValueError("this StackContext was built without the trial's data (StackContext.data is None); "
+                             "raybench builds it with StackData(payload)")
+        return self.data
 
     def load_model(self):
         """model.path as raybench loads it for the config path: fp32 weights (autocast computes in the trial's
@@ -90,6 +116,9 @@ class _StepCounter:
     seq_len: int | None = None  # the longest sequence seen (tokens per row of input_ids)
 
     def add_batch(self, inputs: dict) -> None:
+        # raybench's collator counts a batch's real tokens itself (a packed row has no attention_mask): taken out
+        # here, in the dict the model is called with, so that it never reaches the model.
+        nonpad = inputs.pop(NONPAD_TOKENS, None)
         input_ids = inputs.get("input_ids")
         if input_ids is None:
             raise ValueError(f"the hf stack counts tokens from the batches' input_ids; this batch has only "
@@ -101,7 +130,9 @@ class _StepCounter:
         self.seq_len = max(self.seq_len or 0, length)
         self.tokens += input_ids.numel()
         mask = inputs.get("attention_mask")
-        self.nonpad = self.nonpad + (mask.sum() if mask is not None else input_ids.numel())
+        if nonpad is None:
+            nonpad = mask.sum() if mask is not None else input_ids.numel()
+        self.nonpad = self.nonpad + nonpad
 
     def add_loss(self, loss) -> None:
         self.loss = loss if self.loss is None else self.loss + loss
@@ -117,7 +148,7 @@ def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun
     _distributed_env(ctx)
     output_dir = tempfile.mkdtemp(prefix="raybench-hf-")  # nothing is saved there (save_strategy no)
     try:
-        context = _context(config, ctx, output_dir)
+        context = _context(payload, ctx, output_dir)
         trainer = _trainer(config, context)
         _check_args(trainer, config, context.args)
     except BaseException:
@@ -125,7 +156,7 @@ def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun
         raise
     counter = _StepCounter(None if _is_sft(trainer) else config.train.seq_len)
     _hook_probe(trainer, probe, counter)
-    run = StackRun(train=lambda: None, model=trainer.model, version=_version(trainer))
+    run = StackRun(train=lambda: None, model=trainer.model, version=_version(trainer), data=context.data)
 
     def train() -> None:
         try:
@@ -154,12 +185,14 @@ def _distributed_env(ctx: RankContext) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 
 
-def _context(config: TrialConfig, ctx: RankContext, output_dir: str) -> StackContext:
+def _context(payload: TrialPayload, ctx: RankContext, output_dir: str) -> StackContext:
+    config = payload.config
     cls = plan_hf.args_class()
     fields = set(plan_hf.field_types(cls))
     args = cls(**plan_hf.trial_args(config, fields), output_dir=output_dir, use_cpu=ctx.device.type != "cuda")
     return StackContext(args=args, config=config, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device,
-                        model_path=config.model.path, data_path=config.data.path, seq_len=config.train.seq_len)
+                        model_path=config.model.path, data_path=config.data.path, seq_len=config.train.seq_len,
+                        data=StackData(payload))
 
 
 def _trainer(config: TrialConfig, context: StackContext):
@@ -170,7 +203,7 @@ def _trainer(config: TrialConfig, context: StackContext):
     if config.stack.entry is None:
         from trl import SFTTrainer
 
-        return SFTTrainer(model=context.load_model(), args=context.args, train_dataset=context.load_dataset(),
+        return SFTTrainer(model=context.load_model(), args=context.args, train_dataset=context.tokenized_dataset(),
                           processing_class=context.load_tokenizer())
     module_name, _, function = config.stack.entry.partition(":")
     trainer = getattr(importlib.import_module(module_name), function)(dict(config.stack.overrides), context)

@@ -5,6 +5,9 @@ The ranks already share a process group (Ray Train or torchrun made it): Lightni
 environment that reads the group (`_JoinedGroup`), and its strategies skip their own init_process_group when one
 exists. Rows: no phases, no build peaks, no exposed communication (measure.py); MFU where the module holds a
 transformers decoder.
+
+A function that declares a `ctx` parameter gets a `LightningContext`: the trial, its rank, and raybench's tokenized
+data (data.source hf) as raybench's loop trains on it (train_rows and data_collator, or the tokenized dataset).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+from dataclasses import dataclass
 
 import lightning
 import torch
@@ -20,9 +24,12 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from torch import nn
 
 from raybench.planning.payload import TrialPayload
+from raybench.planning.stacks.lightning import CONTEXT_PARAMETER
+from raybench.runtime.data import NONPAD_TOKENS
 from raybench.runtime.probe import StepProbe
-from raybench.runtime.stacks.measure import StackRun
+from raybench.runtime.stacks.measure import StackData, StackRun
 from raybench.runtime.strategies import RankContext
+from raybench.spec.sweep_spec import TrialConfig
 
 # raybench's train.precision as Lightning's precision flag: autocast over fp32 weights (DeepSpeed: its own bf16/fp16
 # engine), as raybench's own loop runs it.
@@ -31,6 +38,32 @@ PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 DEFAULT_STRATEGY = "ddp"
 # Lightning would validate every epoch and sanity-check before the first step: time spent outside training steps.
 NO_VALIDATION = {"limit_val_batches": 0, "num_sanity_val_steps": 0}
+
+
+@dataclass
+class LightningContext:
+    """What a user function that declares `ctx` gets besides its overrides."""
+
+    config: TrialConfig  # the whole trial
+    rank: int
+    world_size: int
+    device: torch.device
+    data: StackData  # raybench's tokenized data (data.source hf): the three methods below
+
+    def tokenized_dataset(self):
+        """The data spec's tokenized `datasets.Dataset`, memory-mapped from the store's cache: input_ids, and
+        assistant_masks for loss_on assistant."""
+        return self.data.tokenized_dataset()
+
+    def train_rows(self):
+        """The trial's rows as raybench's loop lays them out (data.packing, train.seq_len): a torch Dataset for
+        your DataLoader, batched by data_collator()."""
+        return self.data.train_rows()
+
+    def data_collator(self):
+        """raybench's loop's collate function (the DataLoader's collate_fn): input_ids, labels, and position_ids
+        (packed) or attention_mask (padded)."""
+        return self.data.data_collator()
 
 
 class _JoinedGroup(ClusterEnvironment):
@@ -87,13 +120,22 @@ class _ProbeCallback(Callback):
         self._tokens = 0
         self._nonpad = 0
         self._loss = None
+        self._batch_nonpad = None  # the current batch's own NONPAD_TOKENS count
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._steps_seen = trainer.global_step
         self.probe.start()
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # raybench's collator counts a batch's real tokens itself (a packed row has no attention_mask). Lightning
+        # hands this very dict, moved to the device, to training_step next: taken out here, it never reaches the
+        # user's module.
+        self._batch_nonpad = batch.pop(NONPAD_TOKENS, None) if isinstance(batch, dict) else None
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         tokens, nonpad, seq_len = batch_tokens(batch)
+        if self._batch_nonpad is not None:
+            nonpad = self._batch_nonpad
         self.run.seq_len = seq_len
         self._tokens += tokens
         self._nonpad += nonpad
@@ -136,6 +178,13 @@ def user_kwargs(function, overrides: dict) -> dict:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return {k: v for k, v in overrides.items() if k not in trainer_params}
     return {k: v for k, v in overrides.items() if k in params}
+
+
+def takes_context(function) -> bool:
+    """Whether the user function declares the `ctx` parameter by name (a **kwargs alone does not get it)."""
+    param = inspect.signature(function).parameters.get(CONTEXT_PARAMETER)
+    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                inspect.Parameter.KEYWORD_ONLY)
 
 
 def trainer_kwargs(payload: TrialPayload, ctx: RankContext, overrides: dict) -> dict:
@@ -185,14 +234,18 @@ def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun
     module_name, _, name = stack.entry.partition(":")
     function = getattr(importlib.import_module(module_name), name)
     seed_everything(payload.config.train.seed, workers=True, verbose=False)  # the same weights on every rank
-    built = function(**user_kwargs(function, stack.overrides))
-    module, data = _module_and_data(built, stack.entry)
+    arguments = user_kwargs(function, stack.overrides)
+    stack_data = StackData(payload)
+    if takes_context(function):
+        arguments[CONTEXT_PARAMETER] = LightningContext(config=payload.config, rank=ctx.rank,
+                                                        world_size=ctx.world_size, device=ctx.device, data=stack_data)
+    module, data = _module_and_data(function(**arguments), stack.entry)
     kwargs = trainer_kwargs(payload, ctx, stack.overrides)
 
     def train() -> None:
         trainer.fit(module, data)  # fit takes a LightningDataModule in the DataLoader's place
 
-    run = StackRun(train=train, model=_decoder(module), version=_versions(kwargs["strategy"]))
+    run = StackRun(train=train, model=_decoder(module), version=_versions(kwargs["strategy"]), data=stack_data)
     trainer = Trainer(**kwargs, callbacks=[_ProbeCallback(probe, run)])
     return run
 

@@ -4,6 +4,10 @@ The same clocks as raybench's own loop (`worker`): peaks over the training windo
 its last step), steps between device synchronizations, the timed window after train.warmup_steps, the slowest
 rank's setup; the same reduction (`rank_metrics`). What only raybench's loop knows is null (phases, the build's own
 peaks, weights-cache columns, the exposed communication).
+
+`StackData` hands a stack raybench's tokenized data (data.source hf) as raybench's loop takes it; the row's data
+columns describe the trial only when every rank's entry took it (`RAYBENCH_DATA` in the measured columns: "rows",
+or "samples" when the stack laid out its own rows, which leaves the packing efficiency null).
 """
 
 from __future__ import annotations
@@ -11,21 +15,77 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch.distributed as dist
 from torch import nn
 
+from raybench.planning import tokenized
 from raybench.planning.payload import TrialPayload
-from raybench.runtime import fingerprint, limits, provenance, rank_memory, rank_metrics, warm_up
-from raybench.runtime.probe import StepProbe
+from raybench.planning.tokenized import TokenizedData
+from raybench.runtime import data, fingerprint, limits, provenance, rank_memory, rank_metrics, warm_up
+from raybench.runtime.probe import RAYBENCH_DATA, StepProbe
 from raybench.runtime.rank_metrics import RankMeasurement, TrialFacts
 from raybench.runtime.sampler import Sampler
 from raybench.runtime.strategies import RankContext
 from raybench.spec import metrics
 from raybench.spec.hardware import peak_tflops
 from raybench.spec.schema import GIB
+
+
+class StackData:
+    """raybench's tokenized data for a user's stack: the cached `datasets.Dataset`, and the trial's rows and collate
+    function exactly as raybench's loop builds them (`data.hf_rows`: truncation, padding or packing, labels,
+    position ids). Remembers what the entry took (`used`): the samples alone ("samples": the stack lays out its
+    own rows, so the row's packing efficiency, which is raybench's layout, does not apply) or raybench's rows
+    ("rows"); None: neither, and no data column applies."""
+
+    def __init__(self, payload: TrialPayload):
+        self.config = payload.config
+        self.ref = payload.tokenized  # None: a run without the sweep's driver tokenizes here (hf_rows does too)
+        self.cache_dir = payload.cache_dir
+        self.used: str | None = None
+        self._rows = None
+
+    def tokenized_dataset(self):
+        """The cached per-sample dataset, memory-mapped: input_ids, and assistant_masks for loss_on assistant."""
+        dataset = tokenized.load(self._ref().path)  # imports datasets offline (tokenized._datasets)
+        import datasets
+
+        self.used = self.used or "samples"
+        # A stack's own map over it (TRL's labels and truncation) would write its results next to the cached
+        # files, into the store's cache that every trial shares: keep them in temporary files instead.
+        datasets.disable_caching()
+        return dataset
+
+    def train_rows(self):
+        """The trial's rows (`data.TokenRows`): row r holds the samples raybench's loop puts in row r."""
+        return self._hf_rows()[0]
+
+    def data_collator(self):
+        """The collate function of raybench's loop: a list of rows -> a batch dict of tensors, with its non-padding
+        token count under data.NONPAD_TOKENS (an int the probe takes out before the model sees the batch)."""
+        return self._hf_rows()[1]
+
+    def _ref(self) -> TokenizedData:
+        config = self.config
+        if config.data.source != "hf":
+            raise ValueError(f"raybench's tokenized data needs data.source: hf (this trial has "
+                             f"{config.data.source!r}); set data.source: hf and data.path, or load your own data")
+        if self.ref is None:
+            root = Path(self.cache_dir, "data") if self.cache_dir else Path(tempfile.gettempdir(), "raybench-data")
+            self.ref = tokenized.prepare(config.data, config.data.tokenizer or config.model.path, root)
+        return self.ref
+
+    def _hf_rows(self):
+        if self._rows is None:
+            self._rows = data.hf_rows(self.config, self._ref(), self.cache_dir)
+        self.used = "rows"
+        return self._rows
 
 
 @dataclass
@@ -36,6 +96,7 @@ class StackRun:
     model: nn.Module  # the model as the user built it, before any wrapping (parameter counts, FLOPs)
     version: str  # the stack's libraries and their versions, for the row's stack_version
     seq_len: int | None = None  # tokens per sequence, as the stack's callback last saw them (for FLOPs)
+    data: StackData | None = None  # raybench's data, as the stack's context offered it
 
 
 # build(payload, ctx, probe) -> StackRun: the stack's module (hf, lightning) builds its trainer.
@@ -73,6 +134,7 @@ def measured_run(payload: TrialPayload, build: Build) -> dict | None:
         rss_before_build_gib=None, host_held_gib=held_gib, model_build_s=None, wrap_s=None,
         time_to_first_step_s=record.step_starts[0] + record.step_times_s[0] - t_start)
     reduced = rank_metrics.reduce_ranks(measured, tp_size=1, warmup_steps=config.train.warmup_steps)
+    on_raybench_data = _taken_on_every_rank(run.data.used if run.data is not None else None)
     if ctx.rank != 0:
         return None
     hardware = fingerprint.hardware(ctx.device)
@@ -84,7 +146,18 @@ def measured_run(payload: TrialPayload, build: Build) -> dict | None:
         process_trial_index=payload.process_trial_index,
         compiled={"compile_graphs": None, "compile_graph_breaks": None, "compile_graph_break_reasons_json": None})
     row = dataclasses.asdict(rank_metrics.trial_metrics(reduced, facts))
-    return {**row, **provenance.columns(config, ctx, hostnames, busbw, hardware), "stack_version": run.version}
+    return {**row, **provenance.columns(config, ctx, hostnames, busbw, hardware), "stack_version": run.version,
+            RAYBENCH_DATA: on_raybench_data}
+
+
+def _taken_on_every_rank(used: str | None) -> str | None:
+    """What every rank's entry took of raybench's data (StackData.used): "rows" where all took the rows,
+    "samples" where all took at least the samples, else None (a collective: every rank calls it)."""
+    taken = [None] * dist.get_world_size()
+    dist.all_gather_object(taken, used)
+    if None in taken:
+        return None
+    return "rows" if set(taken) == {"rows"} else "samples"
 
 
 def _import_path(directories: list[str]) -> None:
