@@ -46,6 +46,7 @@ def main() -> None:
         optimizer.zero_grad()
         probe.step(tokens=batch.numel(), loss=loss.detach())
     probe.finish()
+    dist.barrier()  # no rank tears its group down while another still talks to it
     dist.destroy_process_group()
 
 

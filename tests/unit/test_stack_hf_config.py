@@ -54,8 +54,8 @@ BAD = [
     ("bad_value", {"overrides": {"optim": "adamw_bogus"}}, "stack.overrides.optim", "not a valid OptimizerNames"),
     ("harness_key", {"overrides": {"save_strategy": "steps"}}, "stack.overrides.save_strategy", "raybench sets"),
     ("lora_in_raybench", {"train": {"finetune": "lora"}}, "train.finetune", "peft_config"),
-    ("loader_in_raybench", {"data": {"source": "synthetic", "num_workers": 2}}, "data.num_workers",
-     "dataloader_num_workers"),
+    ("mapped_loader_key", {"overrides": {"dataloader_num_workers": 2}}, "stack.overrides.dataloader_num_workers",
+     "set data.num_workers instead"),
     ("padding_free_alone", {"overrides": {"padding_free": True}}, "stack.overrides.padding_free", "packing"),
     ("missing_function", {"entry": "hf_user:nope"}, "stack.entry", "no function 'nope'"),
     ("checkpointing_key", {"overrides": {"gradient_checkpointing": True}}, "stack.overrides.gradient_checkpointing",
@@ -118,3 +118,23 @@ def test_the_data_spec_plans_for_the_entry_and_the_config_path(tmp_path, model_d
             "split": "train", "packing": False}
     for arguments in ({}, {"entry": None, "config": {"packing": True}}):
         assert len(plan(load_sweep(_sweep(tmp_path, model_dir, data=data, **arguments)))) == 1
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({}, {"dataloader_num_workers": 0, "dataloader_pin_memory": False, "dataloader_prefetch_factor": None,
+          "dataloader_persistent_workers": False}),
+    ({"num_workers": 2, "prefetch_factor": 4},
+     {"dataloader_num_workers": 2, "dataloader_pin_memory": False, "dataloader_prefetch_factor": 4,
+      "dataloader_persistent_workers": True}),
+])
+def test_raybench_loader_fields_are_the_trainers_dataloader_keys(tmp_path, model_dir, data, expected):
+    """The same torch DataLoader arguments under both names: an axis over data.num_workers sweeps the Trainer's
+    loader too. Persistent workers need workers (torch refuses them without), as in raybench's own loader."""
+    from raybench.planning.stacks import hf
+
+    (trial,) = plan(load_sweep(_sweep(tmp_path, model_dir, data={"source": "synthetic", **data})))
+    cls = hf.args_class()
+    args = hf.trial_args(trial.config, set(hf.field_types(cls)))
+    assert {key: args[key] for key in expected} == expected
+    built = cls(output_dir=str(tmp_path / "out"), use_cpu=True, **args)
+    assert built.dataloader_num_workers == expected["dataloader_num_workers"]

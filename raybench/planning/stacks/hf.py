@@ -22,7 +22,7 @@ from typing import Any
 
 from raybench.planning.stacks import yaml_values
 from raybench.spec.errors import Problem
-from raybench.spec.sweep_spec import DataSpec, TrainSpec, TrialConfig
+from raybench.spec.sweep_spec import TrialConfig
 
 # raybench's train field -> the dataclass key it becomes (exact: the same quantity, the same units).
 MAPPED = {
@@ -71,10 +71,11 @@ SET_ON_RANK = ("output_dir", "use_cpu", "local_rank")
 # Defaults raybench gives the stack where the user gave none: no logging (each log gathers the loss across ranks).
 QUIET = {"logging_strategy": "no"}
 
-# data fields the hf stack does not read (its Trainer builds the DataLoader): they must stay at their defaults (the
-# stack's own key is named instead). The content and layout fields are raybench's tokenization and rows, which the
-# entry takes through its context (ctx.tokenized_dataset, ctx.train_rows and ctx.data_collator).
-DATA_OWN_KEYS = {
+# raybench's loader fields -> the Trainer's keys for the DataLoader it builds (the same torch DataLoader arguments):
+# mapped always, defaults included, so the row's data_* columns say how the Trainer loaded. The content and layout
+# fields are raybench's tokenization and rows, which the entry takes through its context (ctx.tokenized_dataset,
+# ctx.train_rows and ctx.data_collator).
+DATA_MAPPED = {
     "num_workers": "dataloader_num_workers",
     "pin_memory": "dataloader_pin_memory",
     "prefetch_factor": "dataloader_prefetch_factor",
@@ -93,8 +94,9 @@ def args_class() -> type:
     return SFTConfig
 
 
-def mapped_values(train: TrainSpec, fields: set[str]) -> dict[str, Any]:
-    """raybench's train fields as the dataclass's keys (max_length only where the dataclass has it)."""
+def mapped_values(config: TrialConfig, fields: set[str]) -> dict[str, Any]:
+    """raybench's train and loader fields as the dataclass's keys (max_length only where the dataclass has it)."""
+    train, data = config.train, config.data
     values = {
         "max_steps": train.steps,
         "per_device_train_batch_size": train.micro_batch,
@@ -107,6 +109,11 @@ def mapped_values(train: TrainSpec, fields: set[str]) -> dict[str, Any]:
         "fp16": train.precision == "fp16",
         "max_length": train.seq_len,
         "activation_checkpointing": train.ac_ratio == "1",
+        "dataloader_num_workers": data.num_workers,
+        "dataloader_pin_memory": data.pin_memory,
+        "dataloader_prefetch_factor": data.prefetch_factor,
+        # torch refuses persistent workers without workers; raybench's own loader drops the flag alike.
+        "dataloader_persistent_workers": data.persistent_workers and data.num_workers > 0,
     }
     return {key: value for key, value in values.items() if key in fields}
 
@@ -128,7 +135,7 @@ def trial_args(config: TrialConfig, fields: set[str]) -> dict[str, Any]:
     """The trial's keyword arguments of the dataclass, without SET_ON_RANK: file, overrides, mapped, harness."""
     stack = config.stack
     from_file = read_config_file(stack.config) if stack.config else {}
-    return {**QUIET, **from_file, **stack.overrides, **mapped_values(config.train, fields), **HARNESS}
+    return {**QUIET, **from_file, **stack.overrides, **mapped_values(config, fields), **HARNESS}
 
 
 def problems(config: TrialConfig) -> list[Problem]:
@@ -158,17 +165,12 @@ def problems(config: TrialConfig) -> list[Problem]:
 
 
 def _model_data_problems(config: TrialConfig) -> list[Problem]:
-    """The model is a local directory; raybench's data fields the stack does not read stay at their defaults; the
-    config path (no entry) trains on the data spec's tokenized data (data.source hf)."""
+    """The model is a local directory; the config path (no entry) trains on the data spec's tokenized data
+    (data.source hf)."""
     found = []
     if config.model.path is None:
         found.append(Problem("model.path", None, "stack hf loads a local model directory; set model.path "
                              "(model.preset is for raybench's own loop)"))
-    defaults = DataSpec()
-    for name, own in DATA_OWN_KEYS.items():
-        value = getattr(config.data, name)
-        if value != getattr(defaults, name):
-            found.append(Problem(f"data.{name}", value, f"stack hf does not take raybench's data.{name}; {own}"))
     if config.stack.entry is not None:
         return found
     data = config.data
@@ -201,13 +203,14 @@ def field_types(cls: type) -> dict[str, Any]:
 
 def _key_problems(values: dict[str, Any], where: str, hints: dict[str, Any], schema: str) -> list[Problem]:
     """Each key is a field of the dataclass, not one raybench sets, with a value of the field's type."""
-    mapped_keys = {key: name for name, key in MAPPED.items() for key in key.split("/")}
+    mapped_keys = {key: f"train.{name}" for name, key in MAPPED.items() for key in key.split("/")}
+    mapped_keys.update({key: f"data.{name}" for name, key in DATA_MAPPED.items()})
     found = []
     for key, value in values.items():
         field = f"{where}.{key}"
         if key in mapped_keys:
             name = mapped_keys[key]
-            found.append(Problem(field, value, f"raybench sets {key} from train.{name}; set train.{name} instead"))
+            found.append(Problem(field, value, f"raybench sets {key} from {name}; set {name} instead"))
         elif key in HARNESS or key in SET_ON_RANK:
             found.append(Problem(field, value, "raybench sets this for every measured trial (a temporary output "
                                  "directory, no checkpoints, no reporting, no evaluation, the trial's device); "

@@ -219,7 +219,7 @@ def _check_args(trainer, config: TrialConfig, args) -> None:
     if trainer.args.world_size != config.resources.workers:
         raise RuntimeError(f"the Trainer sees {trainer.args.world_size} process(es), the trial has "
                            f"{config.resources.workers}: accelerate did not join the trial's process group")
-    keys = [*plan_hf.mapped_values(config.train, set(vars(args))), "save_strategy", "eval_strategy", "report_to"]
+    keys = [*plan_hf.mapped_values(config, set(vars(args))), "save_strategy", "eval_strategy", "report_to"]
     for key in keys:
         if getattr(trainer.args, key, None) != getattr(args, key):
             raise ValueError(f"the entry's trainer has {key}={getattr(trainer.args, key, None)!r}, the trial "
