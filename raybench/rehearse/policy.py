@@ -164,7 +164,7 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float) -> OpPolicy
                       overlapped_comm=tuple(full_ac["overlapped_comm"]), flops=0.0,
                       roofline_s=full_ac["roofline_s"] - recomputed_blocks * saved_s, compute_s=0.0, memory_s=0.0,
                       block_memory_bound_s=full_ac["block_memory_bound_s"] - recomputed_blocks * saved_memory_bound_s,
-                      timeline=full_ac.get("timeline") or [])
+                      timeline=_without_recomputation(full_ac.get("timeline") or [], recomputed_blocks * saved_s))
     layout = Layout(**full_ac["layout"]) if full_ac.get("layout") else None
     timing = predict_step_time(trace, full_ac["world_size"], full_ac["busbw_gbps"], full_ac["busbw_source"],
                                calibration.efficiency, full_ac.get("compiled_traffic"),
@@ -176,6 +176,18 @@ def op_policy(full_ac: dict, layers: int, reserved_limit_gib: float) -> OpPolicy
         recomputed=_counts(stats.func_names, [i for i, keep in enumerate(decisions) if not keep and i not in views]),
         saved_gib_per_block=saved_bytes / GIB, peak_gib=peak, reserved_gib=peak * calibration.reserve,
         compute_s=timing.compute_s, step_time_s=timing.step_time_s)
+
+
+def _without_recomputation(timeline: list, saved_s: float) -> list:
+    """The full-AC step's timeline (StepTrace.timeline) with `saved_s` roofline seconds of recomputation taken
+    off backward, where recomputation runs: every backward compute event shortened in proportion."""
+    backward_s = sum(weight * event[1] for weight, events in timeline for event in events
+                     if event[0] == "compute" and event[3])
+    if not backward_s:
+        return timeline
+    keep = max(0.0, 1 - saved_s / backward_s)
+    return [(weight, [[*event[:1], event[1] * keep, *event[2:]] if event[0] == "compute" and event[3] else event
+                      for event in events]) for weight, events in timeline]
 
 
 def compiled_policy(policy: OpPolicy, config: TrialConfig, shape: ModelShape,

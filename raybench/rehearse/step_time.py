@@ -120,7 +120,7 @@ def exposed_s(events: list, compute_scale: float, comm_seconds) -> float:
     ends, kinds = [], []
     for event in events:
         if event[0] == "compute":
-            _, seconds, waits_for = event
+            _, seconds, waits_for, _ = event
             if waits_for >= 0:
                 compute_t = max(compute_t, ends[waits_for])
                 if kinds[waits_for] == "gather":

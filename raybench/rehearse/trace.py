@@ -99,9 +99,10 @@ class _Costs:
     op_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     comm_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     comm_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    # In the order the rank issued them: ["compute", roofline seconds, index of the collective it waits for or -1]
-    # (consecutive operators that wait for nothing merged into one) and ["comm", name, bytes, kind], kind as
-    # `comm_kind` says. Not added up by `add`: the trace keeps each part's own (StepTrace.timeline).
+    # In the order the rank issued them: ["compute", roofline seconds, index of the collective it waits for or -1,
+    # in backward] (consecutive operators of one pass that wait for nothing merged into one) and ["comm", name,
+    # bytes, kind], kind as `comm_kind` says. Not added up by `add`: the trace keeps each part's own
+    # (StepTrace.timeline).
     events: list[list] = field(default_factory=list)
     collectives: int = 0  # "comm" events so far: the next one's index
 
@@ -113,12 +114,12 @@ class _Costs:
             for key, value in getattr(other, name).items():
                 mine[key] += times * value
 
-    def computed(self, seconds: float, waits_for: int) -> None:
+    def computed(self, seconds: float, waits_for: int, backward: bool) -> None:
         last = self.events[-1] if self.events else None
-        if waits_for < 0 and last is not None and last[0] == "compute":
+        if waits_for < 0 and last is not None and last[0] == "compute" and last[3] == backward:
             last[1] += seconds
         else:
-            self.events.append(["compute", seconds, waits_for])
+            self.events.append(["compute", seconds, waits_for, backward])
 
     def communicated(self, name: str, nbytes: int, kind: str) -> int:
         self.events.append(["comm", name, nbytes, kind])
@@ -249,7 +250,7 @@ def _tracker(model: nn.Module, optimizer, fsdp: bool):
                     self._awaits(out, index)
             else:
                 seconds = self._cost(costs, func, args, kwargs or {}, out)
-                costs.computed(seconds, self._waits_for(args, kwargs) if self.awaited else -1)
+                costs.computed(seconds, self._waits_for(args, kwargs) if self.awaited else -1, self._mod_tracker.is_bw)
             return out
 
         def _awaits(self, out, index: int) -> None:
