@@ -106,13 +106,19 @@ def problems(config: TrialConfig) -> list[Problem]:
         own = _parameters(function)
     except (TypeError, ValueError, NameError) as err:
         return [Problem("stack.entry", config.stack.entry, f"cannot read the function's parameters: {err}")]
-    takes_context = CONTEXT_PARAMETER in own and own[CONTEXT_PARAMETER].kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    with_context = takes_context(own)
     own = {k: p for k, p in own.items() if k != CONTEXT_PARAMETER}
     found = [p for key, value in config.stack.overrides.items()
              for p in _key_problems(key, value, trainer, own, config)]
     return (found + _missing_arguments(own, config) + _strategy_problems(config)
-            + _data_problems(config, takes_context))
+            + _data_problems(config, with_context))
+
+
+def takes_context(parameters) -> bool:
+    """Whether a function with these parameters (inspect's) declares `ctx` by name (**kwargs alone does not)."""
+    param = parameters.get(CONTEXT_PARAMETER)
+    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                inspect.Parameter.KEYWORD_ONLY)
 
 
 def _key_problems(key: str, value, trainer: dict, own: dict, config: TrialConfig) -> list[Problem]:
@@ -177,12 +183,12 @@ def _strategy_problems(config: TrialConfig) -> list[Problem]:
     return found
 
 
-def _data_problems(config: TrialConfig, takes_context: bool) -> list[Problem]:
+def _data_problems(config: TrialConfig, with_context: bool) -> list[Problem]:
     """raybench's data reaches the function only as the data spec's tokenized data (data.source hf) through its
     `ctx`; the DataLoader is the function's own. Any other data field set off its default would change nothing."""
     defaults = DataSpec()
     off_default = [name for name in DataSpec.model_fields if getattr(config.data, name) != getattr(defaults, name)]
-    if config.data.source == "hf" and not takes_context:
+    if config.data.source == "hf" and not with_context:
         return [Problem("data.source", "hf", f"{config.stack.entry} takes no '{CONTEXT_PARAMETER}' parameter, so "
                         "raybench's tokenized data would not reach it; add a ctx parameter and build the DataLoader "
                         "from ctx.train_rows() and ctx.data_collator() (docs/stacks/lightning.md), or remove data.*")]

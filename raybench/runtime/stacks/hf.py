@@ -56,8 +56,8 @@ class StackContext:
         return self._data().tokenized_dataset()
 
     def train_rows(self):
-        """The trial's rows as raybench's loop lays them out (data.packing, train.seq_len): a torch Dataset whose
-        items the data_collator() turns into batches."""
+        """The trial's rows as raybench's loop lays them out (train.seq_len; data.packing, overflow, pack_order):
+        a torch Dataset whose items the data_collator() turns into batches."""
         return self._data().train_rows()
 
     def data_collator(self):

@@ -24,7 +24,7 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from torch import nn
 
 from raybench.planning.payload import TrialPayload
-from raybench.planning.stacks.lightning import CONTEXT_PARAMETER
+from raybench.planning.stacks.lightning import CONTEXT_PARAMETER, takes_context
 from raybench.runtime.data import NONPAD_TOKENS
 from raybench.runtime.probe import StepProbe
 from raybench.runtime.stacks.measure import StackData, StackRun
@@ -56,8 +56,8 @@ class LightningContext:
         return self.data.tokenized_dataset()
 
     def train_rows(self):
-        """The trial's rows as raybench's loop lays them out (data.packing, train.seq_len): a torch Dataset for
-        your DataLoader, batched by data_collator()."""
+        """The trial's rows as raybench's loop lays them out (train.seq_len; data.packing, overflow, pack_order):
+        a torch Dataset for your DataLoader, batched by data_collator()."""
         return self.data.train_rows()
 
     def data_collator(self):
@@ -180,13 +180,6 @@ def user_kwargs(function, overrides: dict) -> dict:
     return {k: v for k, v in overrides.items() if k in params}
 
 
-def takes_context(function) -> bool:
-    """Whether the user function declares the `ctx` parameter by name (a **kwargs alone does not get it)."""
-    param = inspect.signature(function).parameters.get(CONTEXT_PARAMETER)
-    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                inspect.Parameter.KEYWORD_ONLY)
-
-
 def trainer_kwargs(payload: TrialPayload, ctx: RankContext, overrides: dict) -> dict:
     """The Trainer's arguments: raybench's mapped fields, the rank's layout, the trial's own Trainer overrides, and
     everything that would do work outside the timed steps (logging, checkpoints, validation) off."""
@@ -236,7 +229,7 @@ def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun
     seed_everything(payload.config.train.seed, workers=True, verbose=False)  # the same weights on every rank
     arguments = user_kwargs(function, stack.overrides)
     stack_data = StackData(payload)
-    if takes_context(function):
+    if takes_context(inspect.signature(function).parameters):
         arguments[CONTEXT_PARAMETER] = LightningContext(config=payload.config, rank=ctx.rank,
                                                         world_size=ctx.world_size, device=ctx.device, data=stack_data)
     module, data = _module_and_data(function(**arguments), stack.entry)
