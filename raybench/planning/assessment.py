@@ -100,12 +100,14 @@ def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | N
     `calibration` is (median measured / estimated ratio, rows it comes from) for the trial's model x strategy x
     device, or None. It scales the part of the estimate that measurements cover. `rehearsal` is the trial's
     stored rehearsal (raybench/rehearse/), or None: when it traced the step, its peak (what the allocator
-    would reserve, plus the part of the estimate no tensor holds) decides the fit instead, and its step time
-    replaces the guess.
+    would reserve, plus the part of the estimate no tensor holds) decides the fit instead; and wherever it traced
+    the step (a ZeRO trial's FSDP2 twin too), its step time replaces the guess.
     """
     factor, rows = calibration if calibration else (None, 0)
     calibrated = est.peak_gib if factor is None else est.peak_gib - est.measured_part_gib * (1 - factor)
     traced = rehearsal is not None and rehearsal.get("method") == "traced" and rehearsal.get("peak_gib") is not None
+    # A step time from a trace: a traced rehearsal's, or a ZeRO trial's FSDP2 twin's (its memory stays analytic).
+    timed = rehearsal is not None and rehearsal.get("compute_s") is not None
     rehearsed_peak = (rehearsal.get("reserved_gib") or rehearsal["peak_gib"]) + est.other_gib if traced else None
     peak = rehearsed_peak if traced else calibrated
     memory = device_memory_gib(spec, est.device)
@@ -114,8 +116,8 @@ def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | N
     assessment = Assessment(
         analytic=est, calibration=factor, calibration_rows=rows, peak_calibrated_gib=calibrated, memory_gib=memory,
         margin_gib=margin, fits=fits, peak_basis="rehearsed" if traced else "analytic",
-        rehearsed_peak_gib=rehearsed_peak, rehearsed_step_time_s=rehearsal.get("step_time_s") if traced else None,
-        rehearsed_compute_s=rehearsal.get("compute_s") if traced else None)
+        rehearsed_peak_gib=rehearsed_peak, rehearsed_step_time_s=rehearsal.get("step_time_s") if timed else None,
+        rehearsed_compute_s=rehearsal.get("compute_s") if timed else None)
     if fits is not False or not spec.prune:
         return assessment, None
     unit = "GPU" if est.device == "cuda" else "worker"

@@ -611,6 +611,9 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     assert main(["estimate", str(sweep), "--json"]) == 0
     estimates = [json.loads(line)["estimate"] for line in capsys.readouterr().out.splitlines()]
     assert [e["peak_basis"] for e in estimates] == ["rehearsed", "analytic"]
+    # The ZeRO trial's step time is its FSDP2 twin's trace, its memory the analytic estimate's.
+    assert [e["rehearsed_step_time_s"] for e in estimates] == [r["step_time_s"] for r in rows]
+    assert rehearsal.ZERO_TWIN_NOTE in rows[1]["notes"]
     # The allocator's reserve on the tensor peak, plus the CUDA context the estimate assumes.
     assert estimates[0]["rehearsed_peak_gib"] == pytest.approx(rows[0]["peak_gib"] * fitted.ALLOCATOR_RESERVE + 1.0)
     # Every figure carries its interval, the analytic fallback's the wider (planning/uncertainty.py).
