@@ -124,6 +124,27 @@ def parallelism_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[s
     return problems
 
 
+def _fp8_problems(train: TrainSpec, gpus: int) -> list[tuple[str, str]]:
+    """Where torchao's float8 training cannot run as raybench wires it (runtime/techniques/fp8.py)."""
+    if train.fp8 == "off":
+        return []
+    problems = []
+    if gpus == 0:
+        problems.append(("train.fp8", "FP8 matmuls need CUDA GPUs with FP8 tensor cores (H100, H200, B200, GB200, "
+                         "L40S; resources.gpus_per_worker: 1); set train.fp8: off on CPU"))
+    if train.strategy not in ("ddp", "fsdp2"):
+        problems.append(("train.fp8", f"FP8 linears are wired for ddp and fsdp2, not {train.strategy} (torchao's "
+                         "tensor-parallel float8 styles and DeepSpeed's engine are not); use fsdp2, or "
+                         "train.fp8: off"))
+    if train.finetune == "qlora":
+        problems.append(("train.fp8", "qlora's base is 4-bit already; FP8 applies to full and lora: use "
+                         "finetune lora, or train.fp8: off"))
+    if train.precision != "bf16":
+        problems.append(("train.fp8", f"FP8 training runs everything else in bf16, not {train.precision}; set "
+                         "train.precision: bf16"))
+    return problems
+
+
 def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
     """Rules for precision, QLoRA, Liger, attention kernel and AC mode."""
     train, gpus = config.train, config.resources.gpus_per_worker
@@ -155,6 +176,7 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
     if train.liger and gpus == 0:
         problems.append(("train.liger", "Liger kernels need CUDA (Triton; resources.gpus_per_worker: 1); "
                          "set train.liger: false on CPU"))
+    problems += _fp8_problems(train, gpus)
     if config.model.attn_implementation == "flash_attention_2" and gpus == 0:
         problems.append(("model.attn_implementation", "flash_attention_2 needs CUDA; use sdpa on CPU"))
     if train.ac_saved_ops is not None and train.ac_mode != "op":

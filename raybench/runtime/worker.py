@@ -34,7 +34,7 @@ from raybench.runtime.probe import LoopRecord  # noqa: E402
 from raybench.runtime.rank_metrics import Peaks, RankMeasurement, TrialFacts  # noqa: E402
 from raybench.runtime.sampler import Sampler  # noqa: E402
 from raybench.runtime.strategies import RankContext  # noqa: E402
-from raybench.runtime.techniques import activation_checkpointing, compile, liger, lora, qlora  # noqa: E402
+from raybench.runtime.techniques import activation_checkpointing, compile, fp8, liger, lora, qlora  # noqa: E402
 from raybench.spec import metrics  # noqa: E402
 from raybench.spec.hardware import peak_tflops  # noqa: E402
 from raybench.spec.presets import ModelShape, model_shape  # noqa: E402
@@ -43,15 +43,16 @@ from raybench.spec.sweep_spec import TrainSpec, TrialConfig  # noqa: E402
 
 # Steps without gradient reduction after the timed window (whose steps reduce), for the exposed communication.
 LOCAL_STEPS = 3
-# The one order of model transformations that composes: Liger → 4-bit base (QLoRA) → LoRA → AC → compile.
+# The one order of model transformations that composes: Liger → 4-bit base (QLoRA) → LoRA → FP8 → AC → compile.
 # Liger and quantization first: they swap the model's own modules and forwards, which LoRA then wraps (PEFT
-# puts adapters around whatever Linear/Linear4bit it finds). LoRA before checkpointing: adapters must exist
+# puts adapters around whatever Linear/Linear4bit it finds). FP8 after LoRA: it swaps the base linears PEFT wrapped
+# (base_layer) and leaves the adapters alone. LoRA and FP8 before checkpointing: adapters must exist
 # before the blocks are wrapped, so that they are inside each block's checkpoint and compiled graph.
 # Checkpointing before compile: the compiled graph then contains the checkpoint boundary and can plan the
 # recomputation itself (not under TP, where torch 2.13 cannot: compile.compiled_region). Sharding/wrapping (the
 # strategy) comes last, in the caller, because it must see the final modules and parameters: anything swapped in
 # later would escape sharding and gradient reduction.
-TECHNIQUES = (liger, qlora, lora, activation_checkpointing, compile)
+TECHNIQUES = (liger, qlora, lora, fp8, activation_checkpointing, compile)
 
 
 def prepare_model(model: nn.Module, train: TrainSpec) -> nn.Module:

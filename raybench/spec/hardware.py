@@ -48,22 +48,24 @@ class Gpu:
         return " ".join(self.fragments)
 
 
-# Vendor data sheets (dense tensor-core figures; fp16 equals bf16 on every part listed). Memory sizes are what
+# Vendor data sheets (dense tensor-core figures; fp16 equals bf16 on every part listed; fp8 where the part has FP8
+# tensor cores, which the A100 lacks). Memory sizes are what
 # nvidia-smi reports (MiB / 1024); the H100 row was checked against one H100 80GB HBM3 (docs/results/).
 GPUS: tuple[Gpu, ...] = (
-    Gpu(("GB200",), 189471 / 1024, {"bf16": 2500.0, "fp16": 2500.0}, 8.0, 0.729, GB200_NVL72),
-    Gpu(("B200",), 183359 / 1024, {"bf16": 2250.0, "fp16": 2250.0}, 8.0, 0.776, HGX_B200),
-    Gpu(("H200",), 143771 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 4.8, 0.803, HGX_H100),
-    Gpu(("H100", "NVL"), 95830 / 1024, {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0}, 3.9, link=HGX_H100),
-    Gpu(("H100", "PCIe"), 81559 / 1024, {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0}, 2.0, link=HGX_H100),
+    Gpu(("GB200",), 189471 / 1024, {"bf16": 2500.0, "fp16": 2500.0, "fp8": 5000.0}, 8.0, 0.729, GB200_NVL72),
+    Gpu(("B200",), 183359 / 1024, {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}, 8.0, 0.776, HGX_B200),
+    Gpu(("H200",), 143771 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0, "fp8": 1979.0}, 4.8, 0.803, HGX_H100),
+    Gpu(("H100", "NVL"), 95830 / 1024, {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0, "fp8": 1670.5}, 3.9, link=HGX_H100),
+    Gpu(("H100", "PCIe"), 81559 / 1024, {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0, "fp8": 1513.0}, 2.0,
+        link=HGX_H100),
     # SXM, which nvidia-smi names "H100 80GB HBM3"
-    Gpu(("H100",), 81559 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}, 3.35, 0.803, HGX_H100),
+    Gpu(("H100",), 81559 / 1024, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0, "fp8": 1979.0}, 3.35, 0.803, HGX_H100),
     Gpu(("A100", "80GB"), 81920 / 1024, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, 2.039, 0.869, HGX_A100),  # SXM
     Gpu(("A100", "40GB"), 40536 / 1024, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, 1.555, link=HGX_A100),
     # 40 or 80 GB: memory ambiguous
     Gpu(("A100",), None, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}, None, link=HGX_A100),
-    Gpu(("MI300X",), 192.0, {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4}, 5.3),
-    Gpu(("L40S",), 46068 / 1024, {"bf16": 362.05, "fp16": 362.05, "fp32": 91.6}, 0.864),
+    Gpu(("MI300X",), 192.0, {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4, "fp8": 2614.9}, 5.3),
+    Gpu(("L40S",), 46068 / 1024, {"bf16": 362.05, "fp16": 362.05, "fp32": 91.6, "fp8": 733.0}, 0.864),
 )
 
 
@@ -76,7 +78,7 @@ def find_gpu(name: str | None) -> Gpu | None:
 
 
 def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
-    """Dense peak TFLOP/s of one GPU for a compute dtype (bf16, fp16, fp32); None when unknown."""
+    """Dense peak TFLOP/s of one GPU for a compute dtype (bf16, fp16, fp32, fp8); None when unknown."""
     gpu = find_gpu(gpu_name)
     return gpu.peak_tflops.get(precision) if gpu else None
 

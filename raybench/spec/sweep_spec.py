@@ -178,6 +178,11 @@ class TrainSpec(_Spec):
     compile_cache_dir: str | None = Field(None, description=(
         "TORCHINDUCTOR_CACHE_DIR for this trial's workers (a warm cache skips recompiling); null: inductor's default."))
     liger: bool = Field(False, description="Patch the model with Liger Triton kernels (CUDA and liger-kernel only).")
+    fp8: Literal["off", "tensorwise", "rowwise"] = Field("off", description=(
+        "FP8 matmuls in the decoder's linear layers (torchao float8 training; its recipe names): tensorwise (one "
+        "scale per tensor; with fsdp2 the weights are all-gathered in FP8) or rowwise (one scale per row). CUDA "
+        "GPUs with FP8 tensor cores (H100, H200, B200, GB200, L40S), strategies ddp and fsdp2, with LoRA the "
+        "frozen base linears only. MFU stays on the bf16 peak. Result rows hold null for off."))
     optimizer: Literal["adamw", "adamw_foreach", "adamw_fused", "adafactor", "sgd"] = Field("adamw", description=(
         "adamw picks fused on CUDA and foreach elsewhere; adamw_foreach/adamw_fused force one; adafactor "
         "(torch.optim.Adafactor); sgd with momentum 0.9."))
@@ -198,6 +203,8 @@ class TrainSpec(_Spec):
         data = handler(self)
         if self.ac_saved_ops is None:
             data.pop("ac_saved_ops", None)
+        if self.fp8 == "off":  # likewise for fp8, off
+            data.pop("fp8", None)
         _dump_lora_base_dtype(data.get("lora"), self.lora_base_dtype)
         return data
 

@@ -1,5 +1,5 @@
-"""GPU-only techniques train on CUDA: QLoRA (bitsandbytes 4-bit), Liger kernels, ZeRO offload, fp16 + GradScaler,
-FlashAttention-2, compiled and checkpointed TP. Skipped without CUDA (the CPU errors are covered in
+"""GPU-only techniques train on CUDA: QLoRA (bitsandbytes 4-bit), Liger kernels, FP8 linears (torchao), ZeRO offload,
+fp16 + GradScaler, FlashAttention-2, compiled and checkpointed TP. Skipped without CUDA (the CPU errors are covered in
 tests/unit/test_strategy_rules.py)."""
 
 from __future__ import annotations
@@ -51,6 +51,15 @@ def test_liger_kernels(data):
 @pytest.mark.parametrize("offload, stage", [("optimizer", 2), ("optimizer_params", 3)])
 def test_deepspeed_offload(data, offload, stage):
     assert_learns(run_gpu_trial(data, {"strategy": "deepspeed", "zero_stage": stage, "offload": offload}))
+
+
+@pytest.mark.parametrize("recipe, train", [("tensorwise", {"strategy": "fsdp2"}), ("rowwise", {}),
+                                           ("tensorwise", {"finetune": "lora"})])
+def test_fp8_trains(data, recipe, train):
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs FP8 tensor cores (compute capability 8.9 or above)")
+    assert_learns(run_gpu_trial(data, {"fp8": recipe, **train}))
 
 
 def test_fp16_with_grad_scaler(data):

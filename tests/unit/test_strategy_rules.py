@@ -36,6 +36,11 @@ def rule_problems(train: dict = None, resources: dict = None, data: dict = None,
     ({"strategy": "ddp", "tp_size": 2}, {"workers": 2}, "train.tp_size", "tp_size: 1"),
     ({"finetune": "qlora"}, {}, "train.finetune", "needs CUDA"),
     ({"liger": True}, {}, "train.liger", "need CUDA"),
+    ({"fp8": "tensorwise"}, {}, "train.fp8", "FP8 tensor cores"),
+    ({"fp8": "rowwise", "strategy": "tp", "tp_size": 2}, {"workers": 2, "gpus_per_worker": 1}, "train.fp8",
+     "ddp and fsdp2, not tp"),
+    ({"fp8": "rowwise", "precision": "fp32"}, {"gpus_per_worker": 1}, "train.fp8", "train.precision: bf16"),
+    ({"fp8": "tensorwise", "finetune": "qlora"}, {"gpus_per_worker": 1}, "train.fp8", "4-bit"),
     ({"precision": "fp16", "grad_scaler": False}, {}, "train.grad_scaler", "underflow"),
     ({"precision": "fp16", "strategy": "fsdp2"}, {}, "train.precision", "use bf16"),
     ({"strategy": "deepspeed", "offload": "optimizer"}, {}, "train.offload", "needs GPUs"),
@@ -133,7 +138,7 @@ def test_env_is_checked_and_stored_as_json():
 def test_gpu_only_techniques_fail_clearly_on_cpu():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from raybench.runtime.techniques import liger, qlora
+    from raybench.runtime.techniques import fp8, liger, qlora
     from raybench.spec.sweep_spec import TrainSpec
 
     if torch.cuda.is_available():
@@ -144,6 +149,8 @@ def test_gpu_only_techniques_fail_clearly_on_cpu():
         qlora.apply(model, TrainSpec(finetune="qlora"))
     with pytest.raises(ValueError, match="liger=true needs CUDA"):
         liger.apply(model, TrainSpec(liger=True))
+    with pytest.raises(ValueError, match="fp8=rowwise needs CUDA"):
+        fp8.apply(model, TrainSpec(fp8="rowwise"))
 
 
 def test_deepspeed_offload_fails_clearly_on_cpu():

@@ -56,6 +56,7 @@ OWN_KEYS = {
     "liger": "use_liger_kernel",
     "optimizer": "optim (adamw_torch, adamw_torch_fused, adafactor, sgd, ...)",
     "reshard_after_forward": "fsdp_config",
+    "fp8": "torchao's convert_to_float8_training on the model in the entry function",
 }
 
 # What raybench sets for every measured trial; refused in the file and the overrides. output_dir is a temporary
