@@ -253,13 +253,18 @@ def collate_rows(rows: list, seq_len: int, pad_id: int, packing: bool, varlen: b
     return batch
 
 
+def tokenized_ref(config: TrialConfig, cache_dir: str | None) -> TokenizedData:
+    """The trial's tokenized data where no driver tokenized it before launch (a bare worker run): tokenized here,
+    into the store's cache when the trial has one."""
+    root = Path(cache_dir, "data") if cache_dir else Path(tempfile.gettempdir(), "raybench-data")
+    return tokenized.prepare(config.data, config.data.tokenizer or config.model.path, root)
+
+
 def hf_rows(config: TrialConfig, ref: TokenizedData | None, cache_dir: str | None) -> tuple[TokenRows, object]:
     """The trial's rows and collate function. The driver tokenized the data before launch (ref); a bare worker
     run (no driver) tokenizes it here, into the store's cache when it has one."""
     data, train = config.data, config.train
-    if ref is None:
-        root = Path(cache_dir, "data") if cache_dir else Path(tempfile.gettempdir(), "raybench-data")
-        ref = tokenized.prepare(data, data.tokenizer or config.model.path, root)
+    ref = ref or tokenized_ref(config, cache_dir)
     collate = functools.partial(collate_rows, seq_len=train.seq_len, pad_id=ref.pad_id, packing=data.packing,
                                 varlen=config.model.attn_implementation == "flash_attention_2",
                                 pad_to=data.pad_to, pad_multiple=data.pad_multiple)

@@ -15,11 +15,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch.distributed as dist
 from torch import nn
@@ -46,7 +44,7 @@ class StackData:
 
     def __init__(self, payload: TrialPayload):
         self.config = payload.config
-        self.ref = payload.tokenized  # None: a run without the sweep's driver tokenizes here (hf_rows does too)
+        self.ref = payload.tokenized  # None: a run without the sweep's driver tokenizes here (data.tokenized_ref)
         self.cache_dir = payload.cache_dir
         self.used: str | None = None
         self._rows = None
@@ -77,8 +75,7 @@ class StackData:
             raise ValueError(f"raybench's tokenized data needs data.source: hf (this trial has "
                              f"{config.data.source!r}); set data.source: hf and data.path, or load your own data")
         if self.ref is None:
-            root = Path(self.cache_dir, "data") if self.cache_dir else Path(tempfile.gettempdir(), "raybench-data")
-            self.ref = tokenized.prepare(config.data, config.data.tokenizer or config.model.path, root)
+            self.ref = data.tokenized_ref(config, self.cache_dir)
         return self.ref
 
     def _hf_rows(self):
