@@ -1,4 +1,5 @@
-"""The CLI over stored results: `report --format md|html|png`, `compare` and `export` (hooked into raybench.cli.main).
+"""The CLI over stored results: `report --format md|html|png`, `compare`, `losses` and `export` (hooked into
+raybench.cli.main).
 
 Handlers import pandas, matplotlib and the trackers only when they run, so `raybench plan` stays fast. Bad
 input raises ConfigError naming the argument, the value and the fix (exit 2, nothing written).
@@ -6,6 +7,7 @@ input raises ConfigError naming the argument, the value and the fix (exit 2, not
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -72,6 +74,24 @@ def _compare(args) -> int:
     return 0
 
 
+def _losses(args) -> int:
+    """`raybench losses`: each point's loss by step against the baseline value of one axis; exit 1 when a point
+    is beyond the tolerance."""
+    from raybench.results import losses
+
+    tolerance = losses.DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
+    if not 0 <= tolerance < 1:
+        raise ConfigError("raybench losses", [Problem("--tolerance", tolerance, "a fraction of the baseline's loss "
+                                                                                "in [0, 1), e.g. 0.02")])
+    df = _rows("losses", args.store, args.sweep)
+    found = losses.compare_losses(df, args.axis, args.baseline, tolerance)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(c) for c in found], indent=1))
+    else:
+        print(losses.comparison_text(found, args.axis, args.baseline, tolerance))
+    return 0 if all(c.within for c in found) else 1
+
+
 def _export(args) -> int:
     from raybench.results import export
 
@@ -109,6 +129,17 @@ def add_parsers(sub) -> None:
                         "sweep files differ only in paths")
     p.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     p.set_defaults(func=_compare)
+
+    p = sub.add_parser("losses", help="loss by step of each point against the baseline value of one axis (same other "
+                                      "axes, same steps and data): does a faster point still train the same?")
+    p.add_argument("store", nargs="?", default="./raybench-results")
+    p.add_argument("--sweep", help="only this sweep")
+    p.add_argument("--axis", required=True, help="the axis that differs, e.g. train.fp8 or train.liger")
+    p.add_argument("--baseline", required=True, help="its baseline value, e.g. off or false")
+    p.add_argument("--tolerance", type=float,
+                   help="largest relative difference from the baseline's loss at any step (default 0.02)")
+    p.add_argument("--json", action="store_true", help="one JSON list instead of text")
+    p.set_defaults(func=_losses)
 
     p = sub.add_parser("export", help="one MLflow or W&B (offline) run per stored trial row; re-export skips "
                                       "rows already there")

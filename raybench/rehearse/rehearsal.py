@@ -91,8 +91,6 @@ def why_not_traceable(config: TrialConfig) -> str | None:
         return f"strategy {train.strategy} is not traced (it needs real storage or communication)"
     if train.finetune == "qlora":
         return "qlora is not traced (bitsandbytes quantizes real weights on CUDA)"
-    if train.fp8 != "off":
-        return "fp8 is not traced (torchao's FP8 weights, casts and scales are not counted yet)"
     return None
 
 

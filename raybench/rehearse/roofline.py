@@ -64,25 +64,50 @@ class Roofline:
                 flops /= 2  # causal kernels skip the masked half of the score matrix
         moved = 0
         if self.launches_kernel(func, out):
-            moved = sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size()
-                        for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
-        dtype = next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+            moved = sum(_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        dtype = fp8_input(args) or next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)),
+                                        None)
         peak = self.peaks.get(dtype)
         return flops, flops / peak if peak else 0.0, moved / self.bandwidth if self.bandwidth else 0.0
 
 
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _data(t: torch.Tensor) -> torch.Tensor:
+    """What a tensor's kernel reads: torchao's Float8TrainingTensor (train.fp8) wraps float8 `_data` in a tensor
+    of its original dtype; any other tensor is itself."""
+    inner = getattr(t, "_data", None)
+    return inner if isinstance(inner, torch.Tensor) and inner.dtype in FLOAT8 else t
+
+
+def _bytes(t: torch.Tensor) -> int:
+    data = _data(t)
+    return data.untyped_storage().nbytes() if data.dim() == 0 else data.numel() * data.element_size()
+
+
+def fp8_input(args) -> torch.dtype | None:
+    """The float8 dtype an operator multiplies in, where its inputs are FP8 (the matmul then runs on the FP8
+    tensor cores, at their peak, whatever dtype it returns); None otherwise."""
+    return next((_data(t).dtype for t in pytree.tree_leaves(args)
+                 if isinstance(t, torch.Tensor) and _data(t).dtype in FLOAT8), None)
+
+
 def gpu_roofline(gpu: str | None, calibration: Calibration = SHIPPED_CALIBRATION) -> Roofline:
-    """The roofline of raybench's hardware table for `gpu` (no GPU: every operator costs 0 s). With the shipped
+    """The roofline of raybench's hardware table for `gpu` (no GPU: every operator costs 0 s); matmuls on FP8
+    inputs run at the table's FP8 peak (`fp8_input`), with the same efficiency as bf16's. With the shipped
     constants its tensor-core peaks are scaled by the GPU's measured matmul efficiency relative to the GPU
     ROOFLINE_EFFICIENCY was fitted on (`matmul_efficiency_ratio`); a calibration profile measured its own. Bytes
     are priced at bandwidth_fraction / efficiency of the bandwidth (1 with the shipped constants), so that over
     the step's efficiency they run at the calibrated fraction. A profile with absolute peaks (a CPU's, or a GPU
     the table lacks) is the roofline itself."""
-    dtypes = ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))
+    dtypes = ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"),
+              *((dtype, "fp8") for dtype in FLOAT8))
     byte_scale = calibration.bandwidth_fraction / calibration.efficiency
-    if calibration.peaks:
+    if calibration.peaks:  # a profile measures bf16 and fp32; fp16 and fp8 run at bf16's (no FP8 cores measured)
         known = calibration.peaks
-        peaks = {dtype: known.get(name, known.get("bf16" if name == "fp16" else name, 0.0)) for dtype, name in dtypes}
+        peaks = {dtype: known.get(name, known.get("bf16" if name in ("fp16", "fp8") else name, 0.0))
+                 for dtype, name in dtypes}
         return Roofline(peaks, (calibration.bandwidth or 0) * byte_scale or None)
     ratio = 1.0 if calibration.profiled else matmul_efficiency_ratio(gpu)
     peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 * (ratio if name != "fp32" else 1.0)

@@ -36,8 +36,8 @@ from raybench.runtime import bench, strategies
 from raybench.runtime.materialize import to_empty_keeping_ties
 from raybench.runtime.model import build_meta, decoder_blocks
 from raybench.runtime.strategies import RankContext
-from raybench.runtime.techniques import activation_checkpointing, liger_reference
-from raybench.runtime.worker import prepare_model
+from raybench.runtime.techniques import activation_checkpointing, fp8, liger_reference
+from raybench.runtime.worker import TECHNIQUES, prepare_model
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig
@@ -487,6 +487,17 @@ def fake_batches(train: TrainSpec, vocab_size: int, device: torch.device) -> Ite
         yield {"input_ids": ids, "labels": ids}
 
 
+class _Fp8Traced:
+    """train.fp8 as the trace applies it: the same linears converted to torchao's Float8Linear, without the
+    worker's check for FP8 tensor cores (the trace runs on a fake GPU; the plan has refused CPU trials)."""
+
+    wanted = staticmethod(fp8.wanted)
+    apply = staticmethod(fp8.convert)
+
+
+TRACED_TECHNIQUES = tuple(_Fp8Traced if technique is fp8 else technique for technique in TECHNIQUES)
+
+
 def _build_traced(config: TrialConfig, train: TrainSpec,
                   kinds: tuple[bool, ...] | None = None) -> tuple[nn.Module, str, dict]:
     """build_meta and the techniques of `train` (a traced TrainSpec), with Liger's reference operators where
@@ -498,9 +509,9 @@ def _build_traced(config: TrialConfig, train: TrainSpec,
         model = liger_reference.apply(model)
         train = train.model_copy(update={"liger": False})  # the reference operators stand in for the kernels
     if kinds is None:
-        return prepare_model(model, train), source, info
+        return prepare_model(model, train, TRACED_TECHNIQUES), source, info
     # The techniques before checkpointing, then checkpointing where `kinds` says (it comes after them).
-    model = prepare_model(model, train.model_copy(update={"ac_ratio": "0"}))
+    model = prepare_model(model, train.model_copy(update={"ac_ratio": "0"}), TRACED_TECHNIQUES)
     return activation_checkpointing.checkpoint(model, train, [i for i, ac in enumerate(kinds) if ac]), source, info
 
 

@@ -55,6 +55,8 @@ DESCRIPTIONS = {
     "flops_per_token": "Model FLOPs per processed token, forward and backward (docs/metrics.md).",
     "loss_first": "Training loss of the first step, averaged over ranks.",
     "loss_final": "Training loss of the last step, averaged over ranks.",
+    "loss_by_step": ("Training loss of every step, warm-up included, averaged over ranks (null where a user's stack "
+                     "reported none): `raybench losses` compares points of one axis step by step."),
     "peak_rss_gib": ("Peak resident host memory of a rank during training (max over ranks), net of host_held_gib "
                      "and of library code first run in the window (docs/metrics.md)."),
     "peak_alloc_gib": ("Peak CUDA memory allocated by tensors (max over ranks), net of tensors still allocated "
@@ -96,6 +98,28 @@ DESCRIPTIONS = {
                              "and what is either side of it is fused apart. When train.compile is on."),
     "compile_graph_break_reasons_json": ("JSON: each graph break's reason (dynamo's heading and explanation) -> its "
                                          "count, the five most frequent; null without breaks."),
+    "fp8_linears": ("Linear layers that ran their matmuls in FP8 (train.fp8, torchao's Float8Linear), counted over the "
+                    "whole model; null when train.fp8 is off."),
+    "fp8_linear_kinds_json": ("JSON: which linears ran in FP8, by name inside a decoder block (\"mlp.up_proj\"; under "
+                              "LoRA \"mlp.up_proj.base_layer\"); the head and the adapters stay in bf16."),
+    "fp8_flops_frac": ("Share of flops_per_token in the FP8 linears' matmuls. MFU stays on the bf16 peak. A frozen "
+                       "LoRA base counts 4 FLOPs a weight a token, as flops_per_token does, though torchao also runs "
+                       "its discarded weight gradient."),
+    **{f"profile_{category}_s": (f"Step profile (train.profile_steps; rank 0, after the timed steps): {what} per "
+                                 "profiled step; on CUDA the device's kernel time, on CPU the ops' self time. Null "
+                                 "when train.profile_steps is 0 (docs/metrics.md, Step profile).")
+       for category, what in (
+           ("matmul", "mm, addmm, bmm, baddbmm, _scaled_mm, linear and their backward, GEMM kernels"),
+           ("attention", "scaled-dot-product attention (flash, efficient, math) and its backward"),
+           ("elementwise", "every other op or kernel: norms, activations, casts, copies, the loss"),
+           ("optimizer", "everything inside torch.optim's optimizer step and zero_grad"),
+           ("comm", "collectives (c10d, NCCL, gloo) and their waits"))},
+    "profile_idle_s": ("Step profile: a profiled step's wall time the device left idle (CUDA: no kernel, memcpy or "
+                       "memset running) or, on CPU, the step's thread spent outside any op (Python, the profiler's "
+                       "own recording). Null when train.profile_steps is 0."),
+    "profile_step_s": ("Step profile: wall time of a profiled step, the profiler's overhead included. On CPU the "
+                       "profile_* categories and profile_idle_s add up to it; on CUDA to more, by the time kernels "
+                       "overlapped (communication beside compute)."),
     "worker_wall_s": "Wall time of the benchmark in the rank-0 worker.",
     **{f"phase_{phase}_{stat}_s": f"{stat_text} per timed step of the {phase} phase ({what}), averaged over ranks."
        for phase, what in (("data", "waiting for the next batch and its copy to the device"),
@@ -181,9 +205,10 @@ UNITS = {
     "sample_tokens_max": "tokens", "data_samples": "samples", "packing_efficiency": "fraction (0–1)",
     "steps_timed": "steps", "projected_steps": "steps", "projected_hours": "h",
     "projected_device_hours": "device-hours", "phase_sum_over_step": "ratio", "est_peak_error": "fraction",
-    "loss_first": "nats", "loss_final": "nats", "train_seq_len": "tokens", "train_micro_batch": "sequences",
+    "loss_first": "nats", "loss_final": "nats", "loss_by_step": "nats",
+    "train_seq_len": "tokens", "train_micro_batch": "sequences",
     "train_steps": "steps", "train_warmup_steps": "steps", "resources_cpus_per_worker": "CPUs",
-    "compile_graphs": "graphs", "compile_graph_breaks": "breaks",
+    "compile_graphs": "graphs", "compile_graph_breaks": "breaks", "fp8_linears": "linears",
 }
 _SUFFIX_UNITS = (("_gib_by_rank", "GiB"), ("_gib", "GiB"), ("_mhz", "MHz"), ("_pct", "%"), ("_gbps", "GB/s"),
                  ("_frac", "fraction"), ("_w", "W"), ("_s", "s"))

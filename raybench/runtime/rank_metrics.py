@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,8 @@ from raybench.spec.schema import TrialMetrics
 from raybench.spec.sweep_spec import TrainSpec
 
 SAMPLED = ("cpu_util_pct", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz")
+# The step profile's columns (runtime.step_profile fills them on the ranks; null when train.profile_steps is 0).
+PROFILE_COLUMNS = tuple(f.name for f in dataclasses.fields(TrialMetrics) if f.name.startswith("profile_"))
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ class TrialFacts:
     worker_wall_s: float
     process_trial_index: int  # trials the worker processes ran before this one (0: fresh processes)
     compiled: dict  # dynamo's graph and graph-break columns over the timed loop (techniques.compile); nulls eager
+    fp8: dict = field(default_factory=dict)  # train.fp8's columns (techniques.fp8.columns); empty: nulls
+    profile: dict = field(default_factory=dict)  # train.profile_steps' columns (step_profile); empty: nulls
 
 
 def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
@@ -223,6 +227,7 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         flops_per_token=flops,
         loss_first=_known(r.losses[0]),
         loss_final=_known(r.losses[-1]),
+        loss_by_step=[_known(x) for x in r.losses] if any(not math.isnan(x) for x in r.losses) else None,
         peak_rss_gib=max(r.peak_rss_gib_by_rank),
         peak_alloc_gib=_max(r.peak_alloc_gib_by_rank),
         peak_reserved_gib=_max(r.peak_reserved_gib_by_rank),
@@ -248,6 +253,10 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         # Compilation happens inside the first step; its excess over a typical step is the compile cost.
         compile_s=r.step_times_s[0] - step_p50 if train.compile else None,
         **facts.compiled,
+        fp8_linears=facts.fp8.get("fp8_linears"),
+        fp8_linear_kinds_json=facts.fp8.get("fp8_linear_kinds_json"),
+        fp8_flops_frac=facts.fp8.get("fp8_flops_frac"),
+        **{column: facts.profile.get(column) for column in PROFILE_COLUMNS},
         worker_wall_s=facts.worker_wall_s,
         process_trial_index=facts.process_trial_index,
         **r.sampled,

@@ -27,8 +27,8 @@ from torch import nn  # noqa: E402
 
 from raybench.planning.payload import TrialPayload  # noqa: E402
 from raybench.runtime import (  # noqa: E402
-    bench, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics, stacks, strategies,
-    warm_up)
+    bench, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics, stacks, step_profile,
+    strategies, warm_up)
 from raybench.runtime.model import build_meta, count_params, fill  # noqa: E402
 from raybench.runtime.probe import LoopRecord  # noqa: E402
 from raybench.runtime.rank_metrics import Peaks, RankMeasurement, TrialFacts  # noqa: E402
@@ -55,9 +55,10 @@ LOCAL_STEPS = 3
 TECHNIQUES = (liger, qlora, lora, fp8, activation_checkpointing, compile)
 
 
-def prepare_model(model: nn.Module, train: TrainSpec) -> nn.Module:
-    """Apply every technique the trial asks for, in TECHNIQUES order (each: wanted(train), apply(model, train))."""
-    for technique in TECHNIQUES:
+def prepare_model(model: nn.Module, train: TrainSpec, techniques: tuple = TECHNIQUES) -> nn.Module:
+    """Apply every technique the trial asks for, in TECHNIQUES order (each: wanted(train), apply(model, train));
+    the rehearsal passes its own list, in the same order."""
+    for technique in techniques:
         if technique.wanted(train):
             model = technique.apply(model, train)
     return model
@@ -115,6 +116,7 @@ class Built:
     weights_info: dict  # weights_cache, weights_copy_s
     model_build_s: float  # meta build, techniques and giving the model its values
     wrap_s: float  # the strategy's own setup
+    fp8_linears: dict[str, int]  # train.fp8: the linears converted (fp8.converted); empty when off
 
 
 def build_and_wrap(payload: TrialPayload, ctx: RankContext, shape: ModelShape | None = None) -> Built:
@@ -131,6 +133,7 @@ def build_and_wrap(payload: TrialPayload, ctx: RankContext, shape: ModelShape | 
         torch.manual_seed(train.seed)  # PEFT's adapter init then draws the same numbers on every rank
     model = prepare_model(model, train)
     params_total, params_trainable = count_params(model)
+    fp8_linears = fp8.converted(model) if fp8.wanted(train) else {}
     materialize_s = []
 
     def materialize(whole: bool) -> None:
@@ -142,7 +145,8 @@ def build_and_wrap(payload: TrialPayload, ctx: RankContext, shape: ModelShape | 
     t_wrap = time.perf_counter()
     trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
     wrap_s = time.perf_counter() - t_wrap - sum(materialize_s)
-    return Built(trainable, params_total, params_trainable, weights_info, t_wrap - t0 + sum(materialize_s), wrap_s)
+    return Built(trainable, params_total, params_trainable, weights_info, t_wrap - t0 + sum(materialize_s), wrap_s,
+                 fp8_linears)
 
 
 @dataclass
@@ -188,11 +192,13 @@ class _Trained:
     compiled: dict  # compile.COLUMNS
     comm_exposed_p50_s: float | None
     dp_size: int
+    profile: dict  # step_profile.COLUMNS; empty when train.profile_steps is 0
 
 
 def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, built: Built, build_peaks: Peaks,
                     baseline: _MemoryBaseline, t_start: float) -> _Trained:
-    """The timed loop, then the exposed-communication steps; this rank's measurements."""
+    """The timed loop, then the exposed-communication steps, then the profiled steps; this rank's
+    measurements."""
     config, train = payload.config, payload.config.train
     # Ranks of one tensor-parallel group share a batch: data is drawn per data-parallel rank.
     dp_rank, dp_size = strategies.data_parallel_rank(train, ctx)
@@ -210,7 +216,9 @@ def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, 
         rss_before_build_gib=baseline.rss_before_build_gib, host_held_gib=baseline.held_gib,
         model_build_s=built.model_build_s, wrap_s=built.wrap_s,
         time_to_first_step_s=t_loop - t_start + record.step_times_s[0])
-    return _Trained(measured, compiled, comm_exposed_p50_s, dp_size)
+    # Last, after the peaks are read: the profiled steps change no timing or memory figure of the row.
+    profile = step_profile.profile_training(built.trainable, batches, train, ctx.device, reduce=ctx.rank == 0)
+    return _Trained(measured, compiled, comm_exposed_p50_s, dp_size, profile)
 
 
 def _trial_facts(payload: TrialPayload, ctx: RankContext, shape: ModelShape, built: Built, trained: _Trained,
@@ -225,7 +233,9 @@ def _trial_facts(payload: TrialPayload, ctx: RankContext, shape: ModelShape, bui
         params_trainable=built.params_trainable, flops_per_token=flops_tok,
         peak_tflops=peak_tflops(hardware["gpu_name"], train.precision), comm_exposed_p50_s=trained.comm_exposed_p50_s,
         worker_wall_s=time.perf_counter() - t_start, process_trial_index=payload.process_trial_index,
-        compiled=trained.compiled, **built.weights_info)
+        compiled=trained.compiled, **built.weights_info,
+        fp8=fp8.columns(built.fp8_linears, train.finetune == "full", flops_tok) if fp8.wanted(train) else {},
+        profile=trained.profile)
 
 
 def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:

@@ -54,6 +54,7 @@ class TrialMetrics:
     flops_per_token: float | None
     loss_first: float | None
     loss_final: float | None
+    loss_by_step: list[float | None] | None  # every step's loss, warm-up included (results.losses compares them)
     peak_rss_gib: float
     peak_alloc_gib: float | None
     peak_reserved_gib: float | None
@@ -80,6 +81,17 @@ class TrialMetrics:
     compile_graphs: int | None
     compile_graph_breaks: int | None
     compile_graph_break_reasons_json: str | None
+    fp8_linears: int | None  # train.fp8: linears that ran in FP8 (null when off)
+    fp8_linear_kinds_json: str | None
+    fp8_flops_frac: float | None  # their share of flops_per_token
+    # train.profile_steps: rank 0's profiled steps, seconds per step by category (null when off)
+    profile_matmul_s: float | None
+    profile_attention_s: float | None
+    profile_elementwise_s: float | None
+    profile_optimizer_s: float | None
+    profile_comm_s: float | None
+    profile_idle_s: float | None
+    profile_step_s: float | None
     worker_wall_s: float
     process_trial_index: int
     phase_data_p50_s: float | None

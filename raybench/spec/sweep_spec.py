@@ -182,7 +182,8 @@ class TrainSpec(_Spec):
         "FP8 matmuls in the decoder's linear layers (torchao float8 training; its recipe names): tensorwise (one "
         "scale per tensor; with fsdp2 the weights are all-gathered in FP8) or rowwise (one scale per row). CUDA "
         "GPUs with FP8 tensor cores (H100, H200, B200, GB200, L40S), strategies ddp and fsdp2, with LoRA the "
-        "frozen base linears only. MFU stays on the bf16 peak. Result rows hold null for off."))
+        "frozen base linears only. MFU stays on the bf16 peak; the row's fp8_linears, fp8_linear_kinds_json and "
+        "fp8_flops_frac say which matmuls ran in FP8. Result rows hold null for off."))
     optimizer: Literal["adamw", "adamw_foreach", "adamw_fused", "adafactor", "sgd"] = Field("adamw", description=(
         "adamw picks fused on CUDA and foreach elsewhere; adamw_foreach/adamw_fused force one; adafactor "
         "(torch.optim.Adafactor); sgd with momentum 0.9."))
@@ -195,6 +196,10 @@ class TrainSpec(_Spec):
         "Environment variables of this trial's worker processes, set when they start (warm pool: a group of "
         "actors per distinct environment), e.g. {NCCL_SOCKET_NTHREADS: '4'}; names must start with one of "
         f"{', '.join(ENV_PREFIXES)}."))
+    profile_steps: int = Field(0, ge=0, le=20, description=(
+        "Training steps each rank runs under torch.profiler after the timed ones (0: none): the row's profile_* "
+        "columns say where a step's time goes (matmul, attention, elementwise, optimizer, communication, idle). "
+        "Never inside the timed window; raybench's own loop only (docs/metrics.md, Step profile)."))
 
     @model_serializer(mode="wrap")
     def _dump_for_trial_ids(self, handler) -> dict:
@@ -205,6 +210,8 @@ class TrainSpec(_Spec):
             data.pop("ac_saved_ops", None)
         if self.fp8 == "off":  # likewise for fp8, off
             data.pop("fp8", None)
+        if self.profile_steps == 0:  # and for profile_steps, 0
+            data.pop("profile_steps", None)
         _dump_lora_base_dtype(data.get("lora"), self.lora_base_dtype)
         return data
 

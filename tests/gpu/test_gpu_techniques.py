@@ -4,6 +4,8 @@ tests/unit/test_strategy_rules.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -59,7 +61,10 @@ def test_fp8_trains(data, recipe, train):
     pytest.importorskip("torchao")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs FP8 tensor cores (compute capability 8.9 or above)")
-    assert_learns(run_gpu_trial(data, {"fp8": recipe, **train}))
+    result = run_gpu_trial(data, {"fp8": recipe, **train})
+    assert_learns(result)
+    kinds = json.loads(result["fp8_linear_kinds_json"])  # the row names the FP8 matmuls: the tiny model's 7 kinds
+    assert len(kinds) == 7 and result["fp8_linears"] == 7 * 4 and 0 < result["fp8_flops_frac"] < 1
 
 
 def test_fp16_with_grad_scaler(data):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,18 @@ def test_smoke_sweep_all_ok(smoke_run):
     # Same seed, same data, same math: DDP and FSDP2 start from the same loss.
     first = rows.groupby("train_strategy").loss_first.first()
     assert first["ddp"] == pytest.approx(first["fsdp2"], rel=1e-4)
+
+
+def test_checkpointing_trains_with_the_same_loss_at_every_step(smoke_run, capsys):
+    """sAC recomputes the same forward in fp32: `raybench losses` finds each step's loss equal to the same
+    strategy's without checkpointing (within DDP and FSDP2's own start-loss bound above), and exits 0. An axis the
+    sweep lacks exits 2."""
+    _, store_path = smoke_run
+    assert cli.main(["losses", str(store_path), "--axis", "train.ac_ratio", "--baseline", "0", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert {c["group"] for c in found} == {"strategy=ddp", "strategy=fsdp2"}
+    assert all(c["steps"] == 8 and c["within"] and c["max_rel_diff"] <= 1e-4 for c in found), found
+    assert cli.main(["losses", str(store_path), "--axis", "train.fp8", "--baseline", "off"]) == 2
 
 
 def test_rows_read_back_unchanged_by_duckdb(smoke_run):

@@ -16,7 +16,8 @@ def test_trial_on_local_model_and_json_data(tmp_path, model_dir, alpaca_file, ca
 name: local
 model: {{path: {model_dir}}}
 data: {{source: json, path: {alpaca_file}, packing: true}}
-train: {{steps: 6, warmup_steps: 1, seq_len: 32, micro_batch: 2, precision: fp32, lr: 1.0e-3, strategy: fsdp2}}
+train: {{steps: 6, warmup_steps: 1, seq_len: 32, micro_batch: 2, precision: fp32, lr: 1.0e-3, strategy: fsdp2,
+         profile_steps: 2}}
 resources: {{workers: 2}}
 store: {tmp_path / 'store'}
 """)
@@ -29,6 +30,12 @@ store: {tmp_path / 'store'}
     assert row.nonpad_tok_per_s == pytest.approx(row.tok_per_s, rel=1e-6)  # packed: no padding
     assert row.loss_final < row.loss_first  # a real training run on real text
     assert row.mfu is None or row.mfu != row.mfu  # CPU: no peak, no MFU
+    # The step profile (two more steps after the timed ones): where a step's time went on rank 0.
+    categories = [row[f"profile_{c}_s"] for c in ("matmul", "attention", "elementwise", "optimizer", "comm", "idle")]
+    assert row.train_profile_steps == 2 and min(categories) >= 0
+    assert row.profile_matmul_s > 0 and row.profile_attention_s > 0 and row.profile_optimizer_s > 0
+    assert row.profile_comm_s > 0  # FSDP2 gathers and reduce-scatters across the two ranks
+    assert sum(categories) == pytest.approx(row.profile_step_s, rel=1e-6)  # CPU: one thread, no overlap
 
 
 def test_failed_trial_becomes_a_row(tmp_path, capsys):

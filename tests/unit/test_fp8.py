@@ -5,6 +5,7 @@ tests/gpu/test_gpu_techniques.py::test_fp8_trains; the refusals are in test_stra
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -77,3 +78,29 @@ def test_lora_adapters_train_over_an_fp8_base():
     adapters = [p for name, p in model.named_parameters() if "lora_B" in name]
     assert adapters and all(p.grad is not None and p.grad.abs().sum() > 0 for p in adapters)
     assert all(model.get_submodule(name).weight.grad is None for name in fp8.converted(model))
+
+
+def test_the_row_names_the_fp8_matmuls_and_their_share_of_the_model_flops():
+    """fp8.columns: the converted linears by kind, and their matmuls' share of spec.metrics' FLOPs per token,
+    counted here from the model's own block linears (6 FLOPs a weight a token trained, 4 for a frozen base)."""
+    from raybench.spec import metrics
+
+    model = tiny_model()
+    config = model.config
+    block_weights = sum(m.weight.numel() for name, m in model.named_modules()
+                        if isinstance(m, torch.nn.Linear) and ".layers." in name)
+    params = sum(p.numel() for p in model.parameters())
+    matmul = metrics.matmul_params(params, config.vocab_size, config.hidden_size, False)
+    for finetune, per_weight in (("full", 6), ("lora", 4)):
+        train = TrainSpec(fp8="tensorwise", finetune=finetune, lora={"targets": "attention_mlp", "rank": 8})
+        built = fp8.convert(lora.apply(copy.deepcopy(model), train) if finetune == "lora" else copy.deepcopy(model),
+                            train, emulate=True)
+        flops = metrics.flops_per_token(matmul, params, finetune == "full", config.num_hidden_layers, 32,
+                                        config.hidden_size)
+        row = fp8.columns(fp8.converted(built), finetune == "full", flops)
+        suffix = ".base_layer" if finetune == "lora" else ""
+        assert json.loads(row["fp8_linear_kinds_json"]) == sorted(
+            f"{'self_attn' if kind.endswith(('q_proj', 'k_proj', 'v_proj', 'o_proj')) else 'mlp'}.{kind}{suffix}"
+            for kind in BLOCK_LINEARS)
+        assert row["fp8_linears"] == 2 * len(BLOCK_LINEARS)
+        assert row["fp8_flops_frac"] == pytest.approx(per_weight * block_weights / flops, rel=1e-12)

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
+import re
 import shutil
 import sys
 from datetime import timedelta
@@ -24,6 +25,7 @@ from raybench.rehearse import compiled, fake_world, fitted, policy, rehearsal, r
 from raybench.rehearse.choice import predicted_best
 from raybench.runtime import limits
 from raybench.runtime.strategies import RankContext
+from raybench.runtime.techniques import fp8
 from raybench.spec.load import load_sweep, parse_sweep
 from raybench.spec.presets import PRESETS
 from raybench.spec.schema import GIB
@@ -36,21 +38,28 @@ TINY_TRAIN = {"steps": 2, "warmup_steps": 1, "seq_len": 64, "micro_batch": 2, "p
 MEMORY_TOLERANCE = 0.10
 
 
-def tiny_trial(workers: int, gpus: int = 0, liger: bool = False, **train):
+# Techniques a sweep refuses on CPU, set after planning: trace and real ranks both run them on CPU (Liger's
+# reference operators; torchao's Float8Linear through CPU's own _scaled_mm).
+REFUSED_ON_CPU = ("liger", "fp8")
+
+
+def tiny_trial(workers: int, gpus: int = 0, **train):
+    after_plan = {name: train.pop(name) for name in REFUSED_ON_CPU if name in train}
     spec = parse_sweep({"name": "rehearse", "model": {"preset": "tiny"}, "train": {**TINY_TRAIN, **train},
                         "resources": {"workers": workers, "gpus_per_worker": gpus}, "estimate": {"gpu": "H100 SXM"}})
     (trial,) = plan(spec)
-    if liger:  # a sweep refuses Liger on CPU; here trace and real ranks both run its reference operators on CPU
-        config = trial.config.model_copy(update={"train": trial.config.train.model_copy(update={"liger": True})})
+    if after_plan:
+        config = trial.config.model_copy(update={"train": trial.config.train.model_copy(update=after_plan)})
         trial = dataclasses.replace(trial, payload=trial.payload.replace(config=config))
     return trial
 
 
-def fake_trace(trial, skip_propagation: bool = True) -> trace.StepTrace:
+def fake_trace(trial, skip_propagation: bool = True, gpu: str | None = None) -> trace.StepTrace:
     fake_world.init_fake_world(0, trial.world_size)
     try:
         ctx = RankContext(0, trial.world_size, 0, torch.device("cpu"))
-        return trace.trace_step(trial.config, trial.shape, ctx, fake=True, skip_propagation=skip_propagation)
+        return trace.trace_step(trial.config, trial.shape, ctx, fake=True, skip_propagation=skip_propagation,
+                                gpu=gpu)
     finally:
         dist.destroy_process_group()
 
@@ -66,6 +75,10 @@ REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size"
               "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256},
               "ddp-liger": {"strategy": "ddp", "liger": True, "seq_len": 256},
               "tp-liger": {"strategy": "tp", "tp_size": 2, "liger": True, "seq_len": 256},
+              # FP8 linears: casts and scales as temporaries, weights all-gathered in FP8 (tensorwise), and under
+              # LoRA the base's input kept for a weight gradient torchao computes even for frozen weights.
+              "fsdp2-fp8": {"strategy": "fsdp2", "fp8": "tensorwise"},
+              "ddp-lora-fp8": {"strategy": "ddp", "finetune": "lora", "fp8": "rowwise"},
               # Two micro-batches per step: the first without gradient sync, the last with it
               # (test_rehearse_accumulation.py).
               "fsdp2-accum": {"strategy": "fsdp2", "grad_accum": 2},
@@ -74,16 +87,14 @@ REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size"
               "tp-accum": {"strategy": "tp", "tp_size": 2, "grad_accum": 2}}
 
 
-def _real_rank(rank: int, world: int, init_file: str, out) -> None:
-    """One real gloo rank running every case of REAL_CASES; rank 0 reports its figures."""
+def _real_rank(rank: int, world: int, init_file: str, out, cases: list[str]) -> None:
+    """One real gloo rank running the named cases of REAL_CASES; rank 0 reports its figures."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     results = {}
-    for name, train in REAL_CASES.items():
-        if world % train.get("tp_size", 1):
-            continue
-        trial = tiny_trial(world, **train)
+    for name in cases:
+        trial = tiny_trial(world, **REAL_CASES[name])
         step = trace.trace_step(trial.config, trial.shape, RankContext(rank, world, 0, torch.device("cpu")),
                                 fake=False)
         results[name] = {"memory_gib": step.memory_gib, "resident_gib": step.resident_gib}
@@ -94,13 +105,15 @@ def _real_rank(rank: int, world: int, init_file: str, out) -> None:
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory) -> dict:
-    """The same steps, for real, on 1 and on 2 gloo processes with real tensors: {world: {case: rank 0's}}."""
+    """The same steps, for real, on 1 and on 2 gloo processes with real tensors: {world: {case: rank 0's}}.
+
+    Every case on 2 ranks; on 1 rank only fsdp2, the one case the tests read at both world sizes."""
     ctx = mp.get_context("spawn")
     results = {}
-    for world in (1, 2):
+    for world, cases in ((1, ["fsdp2"]), (2, list(REAL_CASES))):
         out = ctx.Queue()
         init = tmp_path_factory.mktemp(f"gloo{world}") / "init"
-        procs = [ctx.Process(target=_real_rank, args=(r, world, str(init), out)) for r in range(world)]
+        procs = [ctx.Process(target=_real_rank, args=(r, world, str(init), out, cases)) for r in range(world)]
         for p in procs:
             p.start()
         results[world] = out.get(timeout=300)
@@ -271,6 +284,49 @@ def test_collectives_are_counted_per_step():
     assert step.comm_bytes["allgather_base"] == 2 * 4 * params
     assert set(step.overlapped_comm) == {"allgather_base", "reduce_scatter_base"}
     assert step.flops > 0
+
+
+def _block_linear_weights(trial) -> int:
+    """Weight elements of the tiny model's decoder-block linears: what train.fp8 converts (its dimensions are
+    multiples of 16)."""
+    shape = trial.shape
+    head_dim = shape.hidden_size // shape.num_attention_heads
+    attention = 2 * shape.hidden_size ** 2 + 2 * shape.hidden_size * shape.num_key_value_heads * head_dim
+    return shape.num_hidden_layers * (attention + 3 * shape.hidden_size * shape.intermediate_size)
+
+
+def test_fp8_matmuls_run_at_the_fp8_peak_and_tensorwise_gathers_weights_in_fp8():
+    """FSDP2, full fine-tune, bf16 vs FP8 (tensorwise) on an H100 row: the same FLOPs; each block linear's three
+    matmuls a token (forward, input and weight gradients: 6 FLOPs a weight) run at the FP8 peak instead of bf16's;
+    its weights are all-gathered in FP8, one byte an element instead of two, in forward and again in backward."""
+    trials = {recipe: tiny_trial(2, gpus=1, strategy="fsdp2", fp8=recipe) for recipe in ("off", "tensorwise")}
+    steps = {recipe: fake_trace(trial, gpu="H100 SXM") for recipe, trial in trials.items()}
+    weights, tokens = _block_linear_weights(trials["off"]), TINY_TRAIN["micro_batch"] * TINY_TRAIN["seq_len"]
+    bf16, fp8 = steps["off"], steps["tensorwise"]
+    assert fp8.flops == bf16.flops
+    block_matmul_flops = 6 * weights * tokens
+    faster_s = block_matmul_flops * (1 / 989e12 - 1 / 1979e12)  # the H100 SXM's dense bf16 and FP8 peaks
+    assert bf16.compute_s - fp8.compute_s == pytest.approx(faster_s, rel=1e-9)
+    assert bf16.comm_bytes["allgather_base"] - fp8.comm_bytes["allgather_base"] == 2 * weights
+    assert fp8.op_s["abs"] > bf16.op_s.get("abs", 0)  # the scales' amax: memory-bound work FP8 adds
+
+
+def test_an_fp8_lora_base_runs_the_weight_gradient_it_throws_away():
+    """torchao 0.18's Float8Linear computes the weight gradient of a frozen LoRA base too (and keeps its input
+    for it) wherever its backward runs: 2 FLOPs a weight a token more than the bf16 base, which skips it. Its
+    backward does not run for the first block's q, k and v, whose input (frozen embeddings, frozen norm) carries
+    no gradient. If torchao stops doing so, this fails, and fp8.columns and docs/rehearse.md should say so."""
+    trials = {recipe: tiny_trial(2, gpus=1, strategy="ddp", finetune="lora", fp8=recipe)
+              for recipe in ("off", "rowwise")}
+    steps = {recipe: fake_trace(trial, gpu="H100 SXM") for recipe, trial in trials.items()}
+    tokens = TINY_TRAIN["micro_batch"] * TINY_TRAIN["seq_len"]
+    model, _ = trace.unwrapped_model(trials["rowwise"].config)  # the LoRA targets' base linears, converted
+    with_backward = {name: weights for name, weights in fp8.converted(model).items()
+                     if not re.search(r"\.layers\.0\.self_attn\.[qkv]_proj\.", name)}
+    extra = 2 * sum(with_backward.values()) * tokens
+    assert steps["rowwise"].flops - steps["off"].flops == extra
+    assert steps["rowwise"].memory_gib["activations"] > steps["off"].memory_gib["activations"]
+    assert rehearsal.why_not_traceable(trials["rowwise"].config) is None
 
 
 @pytest.mark.slow  # ~30 s: building 80 decoder blocks dominates

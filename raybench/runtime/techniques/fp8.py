@@ -10,11 +10,16 @@ bytes of bf16; not for a frozen LoRA base, whose weights torchao's FP8 all-gathe
 
 torchao is an optional extra (`raybench[gpu]`), imported only on a worker that asked for it. The technique runs
 before activation checkpointing and compile (worker.TECHNIQUES): both see the Float8Linear modules.
+
+Under LoRA, torchao 0.18's Float8Linear computes the frozen base's weight gradient too (and keeps its input for
+it), then drops it: the rehearsal counts that work (docs/rehearse.md, FP8), the row's FLOPs do not (`columns`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 
 import torch
 from torch import nn
@@ -31,6 +36,12 @@ def wanted(train: TrainSpec) -> bool:
 
 
 def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
+    check_device(train)
+    return convert(model, train)
+
+
+def check_device(train: TrainSpec) -> None:
+    """Refuse a rank whose GPU has no FP8 tensor cores (the plan refuses CPU trials; it cannot see the GPU)."""
     # The model is still on the meta device (worker.build_and_wrap materializes it after the techniques): ask the
     # device, not the parameters.
     if not torch.cuda.is_available():
@@ -40,7 +51,6 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
         raise ValueError(f"train.fp8={train.fp8} needs FP8 tensor cores (compute capability 8.9 or above: L40S, "
                          f"H100, H200, B200); {torch.cuda.get_device_name()} is {capability[0]}.{capability[1]}: "
                          "set train.fp8: off")
-    return convert(model, train)
 
 
 def convert(model: nn.Module, train: TrainSpec, emulate: bool = False) -> nn.Module:
@@ -67,8 +77,20 @@ def eligible(module: nn.Module, fqn: str, lora: bool) -> bool:
     return fqn.endswith("base_layer") if lora else True
 
 
-def converted(model: nn.Module) -> list[str]:
-    """The names of the model's linears that run in FP8."""
+def converted(model: nn.Module) -> dict[str, int]:
+    """The model's linears that run in FP8: name -> weight elements (in_features x out_features)."""
     from torchao.float8.float8_linear import Float8Linear
 
-    return [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+    return {name: module.in_features * module.out_features for name, module in model.named_modules()
+            if isinstance(module, Float8Linear)}
+
+
+def columns(linears: dict[str, int], full: bool, flops_per_token: float) -> dict:
+    """The row's FP8 columns: how many linears ran in FP8, which (block index dropped: "mlp.up_proj", under LoRA
+    "mlp.up_proj.base_layer"), and their share of the row's model FLOPs per token (flops_per_token: 6 per weight
+    a token for a trained linear, 4 for a frozen LoRA base, whose weight gradient torchao 0.18 computes anyway and
+    throws away: run, not counted). MFU stays on the bf16 peak (spec.metrics.mfu)."""
+    per_token = (6 if full else 4) * sum(linears.values())
+    kinds = sorted({re.sub(r"^.*\.layers\.\d+\.", "", name) for name in linears})
+    return {"fp8_linears": len(linears), "fp8_linear_kinds_json": json.dumps(kinds),
+            "fp8_flops_frac": per_token / flops_per_token}

@@ -1,0 +1,98 @@
+"""Loss trajectories side by side: does a faster configuration still train the same?
+
+A speed-up that breaks the step (FP8 casts that overflow, a fused kernel with a wrong gradient) shows in the loss
+before it shows anywhere else. Rows of one sweep that differ only in one axis (train.fp8: off vs tensorwise; liger:
+false vs true) ran the same steps on the same data (the same seed draws the same synthetic tokens; real data is
+the same tokenized cache), so their per-step losses (`loss_by_step`) must agree within a tolerance. Each point is
+compared with the baseline point of its group, step by step: the largest relative difference, and where.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from raybench.results import frames
+from raybench.spec.errors import ConfigError, Problem
+
+# A run in a lower precision may differ from its baseline by its rounding, not more: 2% of the loss at any step
+# (torchao's FP8 recipes are published matching bf16's loss curves to well under that on Llama pretraining).
+DEFAULT_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class LossComparison:
+    group: str  # the other axis values, shared by the point and its baseline
+    value: str  # the point's value of the axis
+    trial_id: str
+    baseline_trial_id: str
+    steps: int  # steps compared: those both rows have a loss for
+    max_rel_diff: float  # max over steps of |loss - baseline| / |baseline|
+    step_of_max: int  # 0-based, warm-up steps included
+    final_rel_diff: float
+    within: bool  # max_rel_diff <= the tolerance
+
+
+def axis_text(value) -> str:
+    """An axis value as the command line names it: strings as they are, others as JSON (true, 0.5, null)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def compare_losses(df: pd.DataFrame, axis: str, baseline: str, tolerance: float = DEFAULT_TOLERANCE
+                   ) -> list[LossComparison]:
+    """Every ok row whose `axis` value is not `baseline`, against the ok row of the same other axis values
+    whose value is. Raises ConfigError (exit 2) when the rows have no such axis or no baseline point."""
+    rows = frames.ok_rows(df)
+    rows = rows[rows["loss_by_step"].map(_has_losses)] if "loss_by_step" in rows else rows.iloc[0:0]
+    axes = rows["axis_values_json"].map(lambda text: json.loads(text) if isinstance(text, str) else {})
+    names = sorted({name for values in axes for name in values})
+    if axis not in names:
+        raise ConfigError("raybench losses", [Problem("--axis", axis, (
+            f"is not an axis of these rows' sweep; use one of {names}" if names else
+            "no ok row with per-step losses is there: run the sweep first (rows before loss_by_step have none)"))])
+    values = axes.map(lambda v: axis_text(v.get(axis)))
+    if baseline not in set(values):
+        raise ConfigError("raybench losses", [Problem("--baseline", baseline, (
+            f"no ok row has {axis}={baseline}; its values here are {sorted(set(values))}"))])
+    groups = axes.map(lambda v: " ".join(f"{k.split('.')[-1]}={axis_text(x)}" for k, x in v.items() if k != axis))
+    table = pd.DataFrame({"group": groups, "value": values, "trial_id": rows["trial_id"],
+                          "losses": rows["loss_by_step"]}, index=rows.index)
+    out = []
+    for group, members in table.groupby("group", sort=True):
+        reference = members[members["value"] == baseline]
+        if reference.empty:
+            continue
+        base = reference.iloc[0]
+        for _, point in members[members["value"] != baseline].iterrows():
+            out.append(_compare(group or "base", point, base, tolerance))
+    return out
+
+
+def _has_losses(losses) -> bool:
+    return losses is not None and len(losses) > 0 and any(_known(x) for x in losses)
+
+
+def _known(x) -> bool:
+    return x is not None and not math.isnan(x)
+
+
+def _compare(group: str, point, base, tolerance: float) -> LossComparison:
+    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(point["losses"], base["losses"])) if _known(a) and _known(b)]
+    diffs = [(float(abs(a - b) / abs(b) if b else abs(a - b)), i) for i, a, b in pairs]
+    worst, step = max(diffs)
+    return LossComparison(group, point["value"], str(point["trial_id"]), str(base["trial_id"]), len(pairs), worst,
+                          step, diffs[-1][0], bool(worst <= tolerance))
+
+
+def comparison_text(comparisons: list[LossComparison], axis: str, baseline: str, tolerance: float) -> str:
+    lines = [f"loss by step against {axis}={baseline} (tolerance {tolerance:.1%} of the baseline's loss at any step)"]
+    for c in comparisons:
+        verdict = "within" if c.within else "BEYOND"
+        lines.append(f"  {c.group}: {axis}={c.value} vs {baseline}: max {c.max_rel_diff:.2%} at step {c.step_of_max} "
+                     f"of {c.steps}, final {c.final_rel_diff:.2%}: {verdict} ({c.trial_id} vs {c.baseline_trial_id})")
+    if not comparisons:
+        lines.append("  no point has a baseline of the same other axis values")
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""`raybench losses`: each point's loss by step against its axis's baseline point (results/losses.py). The real
+rows' check is tests/integration/test_ray_sweep.py (sAC against none, on the smoke sweep's store)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from raybench.results import losses
+from raybench.spec.errors import ConfigError
+
+
+def rows(*points: tuple[dict, list | None, str]) -> pd.DataFrame:
+    return pd.DataFrame([{"trial_id": f"t{i}", "status": status, "axis_values_json": json.dumps(axes),
+                          "loss_by_step": by_step} for i, (axes, by_step, status) in enumerate(points)])
+
+
+BASE = [6.0, 5.0, 4.0, 3.0]
+
+
+def test_each_point_is_compared_with_the_baseline_of_its_own_group():
+    df = rows(({"train.fp8": "off", "train.micro_batch": 4}, BASE, "ok"),
+              ({"train.fp8": "tensorwise", "train.micro_batch": 4}, [6.0, 5.05, 4.0, 3.0], "ok"),
+              ({"train.fp8": "off", "train.micro_batch": 8}, [7.0, 6.0, 5.0, 4.0], "ok"),
+              ({"train.fp8": "rowwise", "train.micro_batch": 8}, [7.0, 6.0, 5.0, 4.4], "ok"),
+              ({"train.fp8": "rowwise", "train.micro_batch": 4}, None, "oom"))  # failed: not compared
+    found = {(c.group, c.value): c for c in losses.compare_losses(df, "train.fp8", "off")}
+    assert set(found) == {("micro_batch=4", "tensorwise"), ("micro_batch=8", "rowwise")}
+    close, far = found["micro_batch=4", "tensorwise"], found["micro_batch=8", "rowwise"]
+    assert close.max_rel_diff == pytest.approx(0.01) and close.step_of_max == 1 and close.within
+    assert close.final_rel_diff == 0 and close.baseline_trial_id == "t0" and close.steps == 4
+    assert far.max_rel_diff == pytest.approx(0.1) and far.step_of_max == 3 and not far.within
+    assert "BEYOND" in losses.comparison_text(list(found.values()), "train.fp8", "off", 0.02)
+
+
+def test_steps_without_a_loss_on_either_side_are_left_out():
+    nan = float("nan")
+    df = rows(({"train.liger": False}, [6.0, nan, 4.0], "ok"), ({"train.liger": True}, [6.0, 9.0, nan], "ok"))
+    (only,) = losses.compare_losses(df, "train.liger", "false")
+    assert only.steps == 1 and only.max_rel_diff == 0 and only.group == "base"
+
+
+def test_an_axis_or_baseline_the_rows_lack_is_refused_naming_the_option():
+    df = rows(({"train.fp8": "off"}, BASE, "ok"), ({"train.fp8": "rowwise"}, BASE, "ok"))
+    with pytest.raises(ConfigError, match="--axis.*train.liger.*train.fp8"):
+        losses.compare_losses(df, "train.liger", "false")
+    with pytest.raises(ConfigError, match="--baseline.*tensorwise.*'off', 'rowwise'"):
+        losses.compare_losses(df, "train.fp8", "tensorwise")
