@@ -177,6 +177,10 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         problems.append(("train.liger", "Liger kernels need CUDA (Triton; resources.gpus_per_worker: 1); "
                          "set train.liger: false on CPU"))
     problems += _fp8_problems(train, gpus)
+    if train.reduce_dtype == "bf16" and (train.strategy not in ("fsdp2", "tp_fsdp2") or train.precision != "bf16"):
+        problems.append(("train.reduce_dtype", f"bf16 gradient reduction is FSDP2's mixed precision: it needs "
+                         f"strategy fsdp2 or tp_fsdp2 with precision bf16 (here {train.strategy}, "
+                         f"{train.precision}); set train.reduce_dtype: fp32"))
     if config.model.attn_implementation == "flash_attention_2" and gpus == 0:
         problems.append(("model.attn_implementation", "flash_attention_2 needs CUDA; use sdpa on CPU"))
     if train.ac_saved_ops is not None and train.ac_mode != "op":

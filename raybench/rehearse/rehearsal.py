@@ -104,12 +104,15 @@ def zero_twin(config: TrialConfig) -> TrialConfig | None:
     whole 16-bit weights gathered from shards, reduce-scatters its gradients, and steps the optimizer on its shard
     of fp32 weights and states. ZeRO-3 frees the gathered weights after forward and gathers them again for
     backward (FSDP2's reshard_after_forward); ZeRO-1/2 keep them whole and gather the updated shards once a step,
-    which moves the bytes of FSDP2 gathering once and keeping them through backward. None where DeepSpeed does
-    what FSDP2 does not: offload (the optimizer runs on the host) and qlora."""
+    which moves the bytes of FSDP2 gathering once and keeping them through backward. With bf16 both reduce the
+    gradients in bf16 (DeepSpeed's communication dtype is the model's). None where DeepSpeed does what FSDP2 does
+    not: offload (the optimizer runs on the host) and qlora."""
     train = config.train
     if train.strategy != "deepspeed" or train.offload != "none" or train.finetune == "qlora":
         return None
-    twin = train.model_copy(update={"strategy": "fsdp2", "reshard_after_forward": train.zero_stage == 3})
+    reduce_dtype = "bf16" if train.precision == "bf16" else "fp32"
+    twin = train.model_copy(update={"strategy": "fsdp2", "reshard_after_forward": train.zero_stage == 3,
+                                    "reduce_dtype": reduce_dtype})
     return config.model_copy(update={"train": twin})
 
 

@@ -191,6 +191,10 @@ class TrainSpec(_Spec):
     weight_decay: float = Field(0.0, ge=0, le=1, description="Decoupled weight decay.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm; null disables clipping.")
     reshard_after_forward: bool = Field(True, description="FSDP2: free gathered weights after forward.")
+    reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description=(
+        "FSDP2 and TP+FSDP2 with precision bf16: the dtype gradients are reduce-scattered in. fp32 sums exactly; "
+        "bf16 moves half the bytes and rounds the sum (torchtitan's mixed_precision_reduce; DeepSpeed's bf16 "
+        "reduces so too)."))
     seed: int = Field(0, ge=0, description="Seed for weights and synthetic data.")
     env: Annotated[dict[str, str], BeforeValidator(check_env)] = Field(default_factory=dict, description=(
         "Environment variables of this trial's worker processes, set when they start (warm pool: a group of "
@@ -212,6 +216,8 @@ class TrainSpec(_Spec):
             data.pop("fp8", None)
         if self.profile_steps == 0:  # and for profile_steps, 0
             data.pop("profile_steps", None)
+        if self.reduce_dtype == "fp32":  # and for reduce_dtype, fp32
+            data.pop("reduce_dtype", None)
         _dump_lora_base_dtype(data.get("lora"), self.lora_base_dtype)
         return data
 

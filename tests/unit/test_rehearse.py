@@ -79,6 +79,7 @@ REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size"
               # LoRA the base's input kept for a weight gradient torchao computes even for frozen weights.
               "fsdp2-fp8": {"strategy": "fsdp2", "fp8": "tensorwise"},
               "ddp-lora-fp8": {"strategy": "ddp", "finetune": "lora", "fp8": "rowwise"},
+              "fsdp2-bf16-reduce": {"strategy": "fsdp2", "reduce_dtype": "bf16"},
               # Two micro-batches per step: the first without gradient sync, the last with it
               # (test_rehearse_accumulation.py).
               "fsdp2-accum": {"strategy": "fsdp2", "grad_accum": 2},
@@ -687,7 +688,7 @@ def test_a_zero_trial_takes_the_step_time_of_its_fsdp2_twin_and_keeps_its_analyt
     """DeepSpeed is not traced; ZeRO's ranks run the operators and move the bytes of an FSDP2 twin that gathers
     once a step (stage 2) or again for backward (stage 3). Offload runs the optimizer on the host: no twin."""
     zero = tiny_trial(4, gpus=1, strategy="deepspeed", zero_stage=stage)
-    twin = tiny_trial(4, gpus=1, strategy="fsdp2", reshard_after_forward=stage == 3)
+    twin = tiny_trial(4, gpus=1, strategy="fsdp2", reshard_after_forward=stage == 3, reduce_dtype="bf16")
     rehearsed = rehearsal.rehearse(zero.config, zero.shape, "H100 SXM", analytic=zero.assessment.analytic)
     fsdp2 = rehearsal.rehearse(twin.config, twin.shape, "H100 SXM")
     assert rehearsed.method == "analytic" and rehearsal.ZERO_TWIN_NOTE in rehearsed.notes
@@ -695,6 +696,10 @@ def test_a_zero_trial_takes_the_step_time_of_its_fsdp2_twin_and_keeps_its_analyt
     assert rehearsed.step_time_s == fsdp2.step_time_s and rehearsed.comm_bytes == fsdp2.comm_bytes
     gathers = fsdp2.comm_calls["allgather_base"]
     assert gathers == (2 if stage == 3 else 1) * fsdp2.comm_calls["reduce_scatter_base"]
+    # DeepSpeed's bf16 reduces gradients in bf16: half the bytes of FSDP2's default fp32 reduction.
+    fp32 = tiny_trial(4, gpus=1, strategy="fsdp2", reshard_after_forward=stage == 3)
+    fp32_bytes = rehearsal.rehearse(fp32.config, fp32.shape, "H100 SXM").comm_bytes["reduce_scatter_base"]
+    assert rehearsed.comm_bytes["reduce_scatter_base"] * 2 == fp32_bytes
     offloaded = tiny_trial(4, gpus=1, strategy="deepspeed", zero_stage=stage, offload="optimizer")
     host = rehearsal.rehearse(offloaded.config, offloaded.shape, "H100 SXM", analytic=offloaded.assessment.analytic)
     assert rehearsal.ZERO_TWIN_NOTE not in host.notes

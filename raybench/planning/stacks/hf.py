@@ -56,6 +56,7 @@ OWN_KEYS = {
     "liger": "use_liger_kernel",
     "optimizer": "optim (adamw_torch, adamw_torch_fused, adafactor, sgd, ...)",
     "reshard_after_forward": "fsdp_config",
+    "reduce_dtype": "fsdp_config (accelerate's FSDP2 mixed_precision_policy)",
     "fp8": "torchao's convert_to_float8_training on the model in the entry function",
 }
 

@@ -58,6 +58,7 @@ OWN_KEYS = {
     "ac_mode": "the config function's activation_checkpoint: FullAC.Config() or SelectiveAC.Config()",
     "ac_saved_ops": "the config function's activation_checkpoint (SelectiveAC.Config)",
     "reshard_after_forward": "stack.overrides parallelism.fsdp_reshard_after_forward (default, always, never)",
+    "reduce_dtype": "stack.overrides training.mixed_precision_reduce (torchtitan 0.3.0 takes float32 only)",
     "fp8": "the config function's model converters (torchtitan's float8 converter and its recipe)",
     "tp_size": "stack.overrides parallelism.tensor_parallel_degree",
     "offload": "stack.overrides training.enable_cpu_offload",

@@ -2,7 +2,7 @@
 
 Each decoder block is its own FSDP unit (all-gathered just before it runs, freed after if
 reshard_after_forward), then the root takes the embeddings and head. bf16 uses a MixedPrecisionPolicy with
-fp32 gradient reduction, so no autocast is needed. A LoRA base stored in bf16 (train.lora.base_dtype) shares its
+gradients reduced in train.reduce_dtype (fp32 by default), so no autocast is needed. A LoRA base stored in bf16 (train.lora.base_dtype) shares its
 units with the fp32 adapters: FSDP2 asks one dtype of a unit's trainable parameters only, and gathers the bf16
 base without a cast.
 """
@@ -27,7 +27,8 @@ def shard(model: nn.Module, train: TrainSpec, mesh: DeviceMesh) -> Callable[[], 
     """fully_shard each decoder block, then the root, over a 1D mesh; returns the no-gradient-sync context."""
     mp = MixedPrecisionPolicy()
     if train.precision == "bf16":
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        reduce_dtype = torch.bfloat16 if train.reduce_dtype == "bf16" else torch.float32
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
     kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=train.reshard_after_forward)
     for block in decoder_blocks(model):
         fully_shard(block, **kwargs)
