@@ -56,7 +56,8 @@ def test_deepspeed_offload(data, offload, stage):
 
 
 @pytest.mark.parametrize("recipe, train", [("tensorwise", {"strategy": "fsdp2"}), ("rowwise", {}),
-                                           ("tensorwise", {"finetune": "lora"})])
+                                           ("tensorwise", {"finetune": "lora"}),
+                                           ("tensorwise", {"strategy": "fsdp2", "compile": True, "ac_ratio": "1/2"})])
 def test_fp8_trains(data, recipe, train):
     pytest.importorskip("torchao")
     if torch.cuda.get_device_capability() < (8, 9):
