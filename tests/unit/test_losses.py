@@ -40,6 +40,8 @@ def test_steps_without_a_loss_on_either_side_are_left_out():
     df = rows(({"train.liger": False}, [6.0, nan, 4.0], "ok"), ({"train.liger": True}, [6.0, 9.0, nan], "ok"))
     (only,) = losses.compare_losses(df, "train.liger", "false")
     assert only.steps == 1 and only.max_rel_diff == 0 and only.group == "base"
+    disjoint = rows(({"train.liger": False}, [6.0, nan], "ok"), ({"train.liger": True}, [nan, 5.0], "ok"))
+    assert losses.compare_losses(disjoint, "train.liger", "false") == []  # no step to compare: no verdict
 
 
 def test_an_axis_or_baseline_the_rows_lack_is_refused_naming_the_option():
