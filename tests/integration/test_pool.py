@@ -52,11 +52,14 @@ def ray_worker_overhead_gib() -> float:
     actor is such a process, so the warm rows keep it by design (docs/executors.md); a torchrun rank has none."""
     class Probe:  # defined here: shipped to the worker by value
         def rss_gib(self) -> float:
+            import peft  # noqa: F401  (a pool actor imports it when it starts)
+
             from raybench.runtime import rank_memory, worker  # noqa: F401  (a pool actor's start-up imports)
 
             return rank_memory.current_host_memory_gib()
 
-    script = "from raybench.runtime import rank_memory, worker; print(rank_memory.current_host_memory_gib())"
+    script = ("import peft; from raybench.runtime import rank_memory, worker; "
+              "print(rank_memory.current_host_memory_gib())")
     plain = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     probe = ray.remote(num_cpus=0)(Probe).options(runtime_env={"env_vars": RAY_WORKER_ENV}).remote()
     try:
@@ -187,17 +190,6 @@ def test_deepspeed_zero3_after_zero2_in_one_warm_group(deepspeed_rows):
     assert list(rows.process_trial_index) == [rows.process_trial_index.iloc[0], rows.process_trial_index.iloc[0] + 1]
 
 
-def test_train_env_starts_its_own_group(cluster, tmp_path):
-    # NCCL reads NCCL_* once per process: such a variable takes effect only in actors started with it.
-    spec = pool_sweep("pool-env", {"train.env": [{}, {"NCCL_BUFFSIZE": "4194304"}]})
-    rows = run(spec, tmp_path)
-    assert list(rows.status) == ["ok", "ok"]
-    envs = [json.loads(e) for e in rows.env_json]
-    assert "NCCL_BUFFSIZE" not in envs[0] and envs[1]["NCCL_BUFFSIZE"] == "4194304"  # what was in effect
-    shapes = [g["shape"] for g in groups()]
-    assert any(dict(shape[-1]).get("NCCL_BUFFSIZE") == "4194304" for shape in shapes)
-
-
 def test_compiled_and_eager_trials_share_a_group(cluster, tmp_path):
     setups = [{"train.compile": True}, {"train.compile": False}, {"train.compile": True, "train.lr": 1e-4}]
     rows = run(pool_sweep("pool-compile", {"setup": setups}), tmp_path)
@@ -309,3 +301,16 @@ def test_real_chat_data_tokenized_once_packed_and_padded(cluster, tmp_path, mode
     again = store.read_results(tmp_path, "chat-cpu-again").iloc[0]
     assert again.status == "ok" and again.data_cache == "hit" and again.data_build_s != again.data_build_s
     assert again.data_cache_key == rows.data_cache_key.iloc[0]
+
+
+# Last: its first trial runs in the group the test before left (the tiny preset on 2 workers); its second starts
+# a group of its own, which no later test can use (a group's start is most of a short trial's time).
+def test_train_env_starts_its_own_group(cluster, tmp_path):
+    # NCCL reads NCCL_* once per process: such a variable takes effect only in actors started with it.
+    spec = pool_sweep("pool-env", {"train.env": [{}, {"NCCL_BUFFSIZE": "4194304"}]})
+    rows = run(spec, tmp_path)
+    assert list(rows.status) == ["ok", "ok"]
+    envs = [json.loads(e) for e in rows.env_json]
+    assert "NCCL_BUFFSIZE" not in envs[0] and envs[1]["NCCL_BUFFSIZE"] == "4194304"  # what was in effect
+    shapes = [g["shape"] for g in groups()]
+    assert any(dict(shape[-1]).get("NCCL_BUFFSIZE") == "4194304" for shape in shapes)

@@ -25,7 +25,9 @@ ZERO3_MEMORY_SCRIPT = Path(__file__).with_name("zero3_build_memory.py")
 GIB = 2**30
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+# World size 2 runs with -m slow: the 4-rank run checks every case the 2-rank one does, at another world size,
+# and tp_fsdp2 (which needs 4 ranks) besides.
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.slow), 4])
 def test_every_rank_materializes_its_part_of_the_whole_build(world_size):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           f"--nproc-per-node={world_size}", str(VALUES_SCRIPT)],

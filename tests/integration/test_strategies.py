@@ -83,13 +83,17 @@ def run_case(name: str, model_dir, alpaca_file) -> dict:
     return _results[name]
 
 
-def _slow_if_4_ranks(name: str):
-    # The 4-rank comparisons repeat the 2-rank ones at another world size (tests/integration/sharded_values.py
-    # checks the 4-rank values directly, faster): they run with -m slow.
-    return pytest.param(name, marks=pytest.mark.slow) if name.endswith("-4ranks") else name
+# The partitioned strategies at 1 and 4 ranks repeat the 2-rank cases (fsdp2, zero3 against ddp) at another world
+# size: they run with -m slow. tests/integration/sharded_values.py checks the sharded build's values at 4 ranks
+# directly, faster. ddp-1rank stays: tensor parallelism is compared with it.
+OTHER_WORLD_SIZES = ("fsdp2-1rank", "zero3-1rank", "ddp-4ranks", "fsdp2-4ranks", "zero3-4ranks")
 
 
-@pytest.mark.parametrize("name", [_slow_if_4_ranks(name) for name in CASES])
+def _slow_if_other_world_size(name: str):
+    return pytest.param(name, marks=pytest.mark.slow) if name in OTHER_WORLD_SIZES else name
+
+
+@pytest.mark.parametrize("name", [_slow_if_other_world_size(name) for name in CASES])
 def test_loss_goes_down(name, model_dir, alpaca_file):
     result = run_case(name, model_dir, alpaca_file)
     assert result["loss_final"] < result["loss_first"] - LEARNING_DROP, result
@@ -119,7 +123,9 @@ def test_compiled_blocks_report_their_graphs(model_dir, alpaca_file):
 
 
 @pytest.mark.parametrize("ddp_name, name", [
-    ("ddp", "zero3"), ("ddp", "tp-fsdp2"), ("ddp", "fsdp2"), ("ddp-1rank", "fsdp2-1rank"), ("ddp-1rank", "zero3-1rank"),
+    ("ddp", "zero3"), ("ddp", "tp-fsdp2"), ("ddp", "fsdp2"),
+    pytest.param("ddp-1rank", "fsdp2-1rank", marks=pytest.mark.slow),
+    pytest.param("ddp-1rank", "zero3-1rank", marks=pytest.mark.slow),
     pytest.param("ddp-4ranks", "fsdp2-4ranks", marks=pytest.mark.slow),
     pytest.param("ddp-4ranks", "zero3-4ranks", marks=pytest.mark.slow)])
 def test_partitioned_strategies_match_ddp(ddp_name, name, model_dir, alpaca_file):

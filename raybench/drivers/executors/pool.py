@@ -66,7 +66,11 @@ class PoolWorker:
     def __init__(self, store_host: str | None = None, store_port: int | None = None):
         import torch.distributed as dist
 
-        from raybench.runtime import worker  # noqa: F401  (imports torch, transformers, peft once, up front)
+        # peft up front too (the worker imports it on a LoRA trial's first use): what a first import inside an
+        # earlier trial leaves resident would count as held, and a later LoRA row would read 0.08 GiB low.
+        import peft  # noqa: F401
+
+        from raybench.runtime import worker  # noqa: F401  (imports torch and transformers once, up front)
 
         os.environ["LOCAL_RANK"] = "0"  # Ray gives each GPU actor exactly one visible device
         self.trials_run = 0  # trials this process ran: the row's process_trial_index (0 = a fresh process)

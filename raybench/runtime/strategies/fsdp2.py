@@ -2,9 +2,9 @@
 
 Each decoder block is its own FSDP unit (all-gathered just before it runs, freed after if
 reshard_after_forward), then the root takes the embeddings and head. bf16 uses a MixedPrecisionPolicy with
-gradients reduced in train.reduce_dtype (fp32 by default), so no autocast is needed. A LoRA base stored in bf16 (train.lora.base_dtype) shares its
-units with the fp32 adapters: FSDP2 asks one dtype of a unit's trainable parameters only, and gathers the bf16
-base without a cast.
+gradients reduced in train.reduce_dtype (fp32 by default), so no autocast is needed. A LoRA base stored in bf16
+(train.lora.base_dtype) shares its units with the fp32 adapters: FSDP2 asks one dtype of a unit's trainable
+parameters only, and gathers the bf16 base without a cast.
 """
 
 from __future__ import annotations
