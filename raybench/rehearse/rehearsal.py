@@ -67,6 +67,7 @@ class Rehearsal:
     launches: int | None = None  # kernels the step launches (collectives apart)
     host_s: float | None = None  # launches x the profile's launch cost (compute_s is the longer of it and the GPU's)
     comm_latency_s: float | None = None  # the collectives' latency per call, part of comm_s
+    comm_algorithms: dict[str, str] | None = None  # per collective, the algorithm NCCL's model runs it with
     layout: dict | None = None  # GPUs and NICs per node the collectives were priced on
     timeline: list | None = None  # StepTrace.timeline, kept where op_policy may start from this trial (block_ops)
 
@@ -124,7 +125,7 @@ def _with_twins_time(memory: Rehearsal, timed: Rehearsal) -> Rehearsal:
     time_fields = ("comm_bytes", "comm_calls", "flops", "compute_s", "comm_s", "exposed_comm_s", "step_time_s",
                    "busbw_gbps", "busbw_source", "overlap", "roofline_s", "block_memory_bound_s",
                    "compiled_traffic", "trace_s", "overlapped_comm", "calibration", "launches", "host_s",
-                   "comm_latency_s", "layout")
+                   "comm_latency_s", "comm_algorithms", "layout")
     notes = memory.notes + [ZERO_TWIN_NOTE] + [n for n in timed.notes if n not in memory.notes]
     return dataclasses.replace(memory, notes=notes, **{name: getattr(timed, name) for name in time_fields})
 
@@ -202,6 +203,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         overlapped_comm=list(trace.overlapped_comm), block_ops=trace.block_ops if has_time else None,
         grad_accum=trace.grad_accum, calibration=calibration.as_dict(), launches=trace.launches,
         host_s=timing.host_s if has_time else None, comm_latency_s=timing.comm_latency_s if busbw else None,
+        comm_algorithms=timing.comm_algorithms if busbw else None,
         layout=dataclasses.asdict(layout) if layout else None,
         timeline=trace.timeline if has_time and trace.block_ops else None)
 

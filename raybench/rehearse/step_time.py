@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from raybench.rehearse import nccl
 from raybench.rehearse.fitted import COMPILED_BYTE_COST, ROOFLINE_EFFICIENCY
 from raybench.rehearse.trace import StepTrace
 from raybench.spec.hardware import nominal_link
@@ -49,41 +50,6 @@ def link_busbw_gbps(gpu: str | None, world_size: int, layout: Layout | None = No
     return min(link.nvlink_gbps, layout.nics_per_node * link.nic_gbps)
 
 
-# A collective's latency as NCCL's own tuning model prices it (src/graph/tuning.cc, ring algorithm, Simple
-# protocol: what messages of FSDP's and DDP's sizes use): a base latency, plus one hop per ring step, over NVLink
-# inside a node and over the network between nodes. Microseconds.
-NCCL_BASE_LATENCY_US = 8.4
-NCCL_HOP_LATENCY_US = {"nvlink": 3.4, "network": 9.6}
-
-
-def collective_latency_s(collective: str, world_size: int, layout: Layout) -> float:
-    """Seconds one call of `collective` waits besides moving its bytes: 2(n-1) ring steps for an all-reduce,
-    n-1 for an all-gather or a reduce-scatter, n otherwise; of which those that cross nodes go over the network."""
-    n, nodes = world_size, layout.nodes(world_size)
-    if n == 1:
-        return 0.0
-    if _is_all_reduce(collective):
-        steps, network_steps = 2 * (n - 1), 2 * (nodes - 1)
-    elif "gather" in collective or "scatter" in collective:
-        steps, network_steps = n - 1, nodes - 1
-    else:
-        steps, network_steps = n, nodes
-    hops = (steps - network_steps) * NCCL_HOP_LATENCY_US["nvlink"] + network_steps * NCCL_HOP_LATENCY_US["network"]
-    return (NCCL_BASE_LATENCY_US + hops) * 1e-6
-
-
-def _is_all_reduce(collective: str) -> bool:
-    return "allreduce" in collective or "all_reduce" in collective
-
-
-# nccl-tests' bus-bandwidth factors: the share of a collective's buffer that crosses each link of the ring.
-def _bus_factor(collective: str, world_size: int) -> float:
-    n = world_size
-    if n == 1:
-        return 0.0
-    return 2 * (n - 1) / n if _is_all_reduce(collective) else (n - 1) / n
-
-
 @dataclass(frozen=True)
 class StepTime:
     compute_s: float  # roofline of every operator (or the host's launches, where those take longer: host_s)
@@ -96,6 +62,7 @@ class StepTime:
     overlap: str  # the assumption, in words
     host_s: float | None = None  # launches x the calibrated launch cost; None where no profile measured it
     comm_latency_s: float = 0.0  # the latency part of comm_s
+    comm_algorithms: dict[str, str] | None = None  # per collective, the algorithm NCCL's model picks for its calls
 
 
 OVERLAP = ("collectives on one stream beside compute, in the trace's order: an FSDP all-gather starts once the one "
@@ -148,7 +115,7 @@ def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | Non
     launch_s (a calibration profile's launch cost): the host launches each kernel while the GPU runs the ones
     before, so a step takes the longer of the two; small shapes are host-bound. Compiled trials launch inductor's
     fused kernels, which the eager trace does not count: not priced for them.
-    layout: where the ranks sit, for each call's latency (`collective_latency_s`); None prices bytes only.
+    layout: where the ranks sit, for each call's latency and algorithm (`nccl.call`); None prices bytes only.
     """
     fused_s = 0.0
     if compiled_traffic is not None:
@@ -160,8 +127,14 @@ def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | Non
         return StepTime(compute_s=compute_s, comm_s=0.0, exposed_comm_s=0.0, step_time_s=compute_s,
                         busbw_gbps=busbw_gbps, busbw_source=busbw_source, overlap=OVERLAP, host_s=host_s)
     call_s = _call_price(world_size, busbw_gbps, layout)
-    comm_s = sum(call_s(name, nbytes, trace.comm_calls.get(name, 0)) for name, nbytes in trace.comm_bytes.items())
-    latency = sum(call_s(name, 0, trace.comm_calls.get(name, 0)) for name in trace.comm_bytes)
+    calls = trace.comm_calls
+    comm_s = sum(call_s(name, nbytes, calls.get(name, 0)) for name, nbytes in trace.comm_bytes.items())
+    latency = algorithms = None
+    if layout:
+        priced = {name: _average_call(name, nbytes, calls.get(name, 0), world_size, busbw_gbps, layout)
+                  for name, nbytes in trace.comm_bytes.items()}
+        latency = sum(calls.get(name, 0) * call.latency_s for name, call in priced.items())
+        algorithms = {name: call.algorithm for name, call in priced.items()}
     if trace.timeline:
         scale = compute_s / trace.roofline_s if trace.roofline_s else 0.0
         exposed = max(0.0, sum(weight * exposed_s(events, scale, call_s) for weight, events in trace.timeline))
@@ -170,15 +143,22 @@ def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | Non
         exposed, overlap = _edges_exposed_s(trace, call_s, compute_s), EDGES_OVERLAP
     return StepTime(compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed,
                     step_time_s=compute_s + exposed, busbw_gbps=busbw_gbps, busbw_source=busbw_source,
-                    overlap=overlap, host_s=host_s, comm_latency_s=latency)
+                    overlap=overlap, host_s=host_s, comm_latency_s=latency or 0.0, comm_algorithms=algorithms)
+
+
+def _average_call(name: str, nbytes: int, calls: int, world_size: int, busbw_gbps: float,
+                  layout: Layout) -> nccl.Call:
+    return nccl.call(name, nbytes / max(calls, 1), world_size, layout.nodes(world_size), busbw_gbps)
 
 
 def _call_price(world_size: int, busbw_gbps: float, layout: Layout | None):
-    """Seconds `calls` calls of a collective take to move `nbytes` in all: bytes at the bus bandwidth, plus each
-    call's latency where the layout is known."""
+    """Seconds `calls` calls of a collective take to move `nbytes` in all: where the layout is known, each call as
+    NCCL's tuning model prices it (latency, and the algorithm it picks: `nccl.call`); else the bytes alone at the
+    bus bandwidth of a ring (and so for a step stored without its calls)."""
     def call_s(name: str, nbytes: int, calls: int = 1) -> float:
-        waits = calls * collective_latency_s(name, world_size, layout) if layout else 0.0
-        return nbytes * _bus_factor(name, world_size) / (busbw_gbps * 1e9) + waits
+        if layout is None or not calls:
+            return nbytes * nccl.bus_factor(name, world_size) / (busbw_gbps * 1e9)
+        return calls * _average_call(name, nbytes, calls, world_size, busbw_gbps, layout).seconds
 
     return call_s
 

@@ -398,18 +398,6 @@ def test_a_sweeps_node_layout_places_the_rings():
     assert step_time.layout_of("Some GPU") is None and step_time.layout_of("Some GPU", 4) == step_time.Layout(4, 4)
 
 
-def test_collective_latency_is_nccls_ring_model():
-    """NCCL's tuning model: 8.4 us, plus 3.4 us per ring step over NVLink and 9.6 us per step between nodes."""
-    one_node, eight_nodes = step_time.Layout(8, 8), step_time.Layout(8, 8)
-    assert step_time.collective_latency_s("allreduce_", 8, one_node) == pytest.approx((8.4 + 14 * 3.4) * 1e-6)
-    assert step_time.collective_latency_s("all_gather_into_tensor", 8, one_node) == pytest.approx(
-        (8.4 + 7 * 3.4) * 1e-6)
-    # 64 ranks on 8 nodes: an all-reduce's 126 ring steps, 14 of them between nodes.
-    assert step_time.collective_latency_s("allreduce_", 64, eight_nodes) == pytest.approx(
-        (8.4 + 112 * 3.4 + 14 * 9.6) * 1e-6)
-    assert step_time.collective_latency_s("allreduce_", 1, one_node) == 0.0
-
-
 def test_step_time_pays_the_edge_collectives_latency_and_the_hosts_launches():
     """The first all-gather and the last reduce-scatter have no compute beside them; each call waits its latency;
     a step whose kernels take less than the host's launches is host-bound."""
@@ -421,11 +409,13 @@ def test_step_time_pays_the_edge_collectives_latency_and_the_hosts_launches():
     layout = step_time.Layout(8, 8)
     t = step_time.predict_step_time(step, world_size=8, busbw_gbps=100.0, busbw_source="set", efficiency=1.0,
                                     layout=layout)
-    gather_s = 10e9 * 7 / 8 / 100e9 + 10 * step_time.collective_latency_s("all_gather_into_tensor", 8, layout)
-    scatter_s = 20e9 * 7 / 8 / 100e9 + 5 * step_time.collective_latency_s("reduce_scatter_tensor", 8, layout)
+    ring_s = (8.4 + 7 * 3.4) * 1e-6  # NCCL's latency of a ring all-gather or reduce-scatter on 8 NVLink ranks
+    gather_s = 10e9 * 7 / 8 / 100e9 + 10 * ring_s
+    scatter_s = 20e9 * 7 / 8 / 100e9 + 5 * ring_s
     edges_s = gather_s / 10 + scatter_s / 5
     assert t.comm_s == pytest.approx(gather_s + scatter_s) and t.host_s is None
-    assert t.comm_latency_s == pytest.approx(15 * (8.4 + 7 * 3.4) * 1e-6)
+    assert t.comm_latency_s == pytest.approx(15 * ring_s)
+    assert t.comm_algorithms == {"all_gather_into_tensor": "ring", "reduce_scatter_tensor": "ring"}
     assert t.step_time_s == pytest.approx(1.0 + edges_s)  # the rest hides behind 1 s of compute
     host_bound = step_time.predict_step_time(step, world_size=8, busbw_gbps=100.0, busbw_source="set",
                                              efficiency=1.0, launch_s=2e-3, layout=layout)
