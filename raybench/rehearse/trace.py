@@ -15,9 +15,11 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import wraps
+from functools import partial, wraps
+from unittest import mock
 
 import torch
+import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
 
@@ -522,6 +524,29 @@ def liger_rope(config: TrialConfig, shape: ModelShape):
     return liger_reference.rope_patched(shape.model_type)
 
 
+# DDP all-reduces its gradients in buckets of at most 25 MiB (the first 1 MiB) as backward makes them, from its
+# second iteration on; its first, the one the trace runs, all-reduces every gradient at once after backward: torch
+# starts with one bucket and rebuilds the buckets in the order the first backward made the gradients.
+DDP_BUCKET_CAP_BYTES = 25 * 2**20
+
+
+def steady_state_ddp_buckets(model: nn.Module):
+    """Build DDP with the buckets it rebuilds to: torch's own assignment (`_compute_bucket_assignment_by_size`,
+    the rebuild's) over the trainable parameters in reverse order of definition, the order backward makes their
+    gradients in (a norm's weight may land in the neighbouring bucket), handed to DDP as per-bucket limits in
+    definition order, the order DDP packs its first buckets in."""
+    from raybench.runtime.strategies import ddp
+
+    ready = [p for p in model.parameters() if p.requires_grad][::-1]
+    buckets, _ = dist._compute_bucket_assignment_by_size(
+        ready, [dist._DEFAULT_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES], [False] * len(ready))
+    sizes = [sum(ready[i].numel() * ready[i].element_size() for i in bucket) for bucket in buckets]
+    # DDP closes a bucket once it holds its limit: a limit half a byte under each size closes it on its last tensor.
+    limits_mib = [(size - 0.5) / 2**20 for size in reversed(sizes)]
+    return mock.patch.object(ddp, "DistributedDataParallel",
+                             partial(ddp.DistributedDataParallel, bucket_cap_mb_list=limits_mib))
+
+
 def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
                gpu: str | None = None, skip_propagation: bool = True, every_micro_batch: bool = False,
                calibration: Calibration = SHIPPED_CALIBRATION, kinds: tuple[bool, ...] | None = None) -> StepTrace:
@@ -552,7 +577,8 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
 
             fill(model, ctx.device, source, info, whole)
 
-    trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
+    with steady_state_ddp_buckets(model) if train.strategy == "ddp" else contextlib.nullcontext():
+        trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
     if train.strategy == "ddp" and fake:
         trainable.model.register_comm_hook(None, fake_allreduce_hook)
     fsdp = train.fsdp2_sharded
