@@ -37,10 +37,10 @@ TREE_CORRECTION = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .
 class Call:
     seconds: float  # the call's time: latency plus its bytes at the algorithm's bandwidth
     latency_s: float
-    algorithm: str  # "ring" or "tree"
+    algorithm: str  # "ring" or "tree"; "none" on one rank
 
 
-def is_all_reduce(collective: str) -> bool:
+def _is_all_reduce(collective: str) -> bool:
     return "allreduce" in collective or "all_reduce" in collective
 
 
@@ -48,10 +48,10 @@ def _is_gather_or_scatter(collective: str) -> bool:
     return "gather" in collective or "scatter" in collective
 
 
-def ring_steps(collective: str, ranks: int, nodes: int) -> tuple[int, int]:
+def _ring_steps(collective: str, ranks: int, nodes: int) -> tuple[int, int]:
     """The ring's steps for one call, and those of them that cross nodes: 2(n-1) for an all-reduce, n-1 for an
     all-gather or a reduce-scatter, n otherwise."""
-    if is_all_reduce(collective):
+    if _is_all_reduce(collective):
         return 2 * (ranks - 1), 2 * (nodes - 1)
     if _is_gather_or_scatter(collective):
         return ranks - 1, nodes - 1
@@ -62,16 +62,16 @@ def bus_factor(collective: str, ranks: int) -> float:
     """nccl-tests' bus-bandwidth factor: the share of a call's buffer that crosses each link of the ring."""
     if ranks == 1:
         return 0.0
-    return 2 * (ranks - 1) / ranks if is_all_reduce(collective) else (ranks - 1) / ranks
+    return 2 * (ranks - 1) / ranks if _is_all_reduce(collective) else (ranks - 1) / ranks
 
 
 def ring_call(collective: str, nbytes: float, ranks: int, nodes: int, busbw_gbps: float) -> Call:
-    steps, network_steps = ring_steps(collective, ranks, nodes)
+    steps, network_steps = _ring_steps(collective, ranks, nodes)
     hop = RING_HOP_US["nvlink"]
     if nodes > 1:
         hop = max(hop, 3 * NET_OVERHEAD_US)
     latency_us = BASE_LATENCY_US + (steps - network_steps) * hop + network_steps * RING_HOP_US["network"]
-    if nodes > 1 and is_all_reduce(collective) and nbytes / (PLATEAU_CHANNELS * ranks) >= 64:
+    if nodes > 1 and _is_all_reduce(collective) and nbytes / (PLATEAU_CHANNELS * ranks) >= 64:
         latency_us *= RING_PLATEAU
     latency_s = latency_us * 1e-6
     return Call(latency_s + nbytes * bus_factor(collective, ranks) / (busbw_gbps * 1e9), latency_s, "ring")
@@ -95,7 +95,7 @@ def call(collective: str, nbytes: float, ranks: int, nodes: int, busbw_gbps: flo
     if ranks == 1:
         return Call(0.0, 0.0, "none")
     ring = ring_call(collective, nbytes, ranks, nodes, busbw_gbps)
-    if not is_all_reduce(collective):
+    if not _is_all_reduce(collective):
         return ring
     return min(ring, tree_all_reduce(nbytes, ranks, nodes, busbw_gbps), key=lambda c: c.seconds)
 

@@ -129,7 +129,7 @@ def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | Non
     call_s = _call_price(world_size, busbw_gbps, layout)
     calls = trace.comm_calls
     comm_s = sum(call_s(name, nbytes, calls.get(name, 0)) for name, nbytes in trace.comm_bytes.items())
-    latency = algorithms = None
+    latency, algorithms = 0.0, None
     if layout:
         priced = {name: _average_call(name, nbytes, calls.get(name, 0), world_size, busbw_gbps, layout)
                   for name, nbytes in trace.comm_bytes.items()}
@@ -143,7 +143,7 @@ def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | Non
         exposed, overlap = _edges_exposed_s(trace, call_s, compute_s), EDGES_OVERLAP
     return StepTime(compute_s=compute_s, comm_s=comm_s, exposed_comm_s=exposed,
                     step_time_s=compute_s + exposed, busbw_gbps=busbw_gbps, busbw_source=busbw_source,
-                    overlap=overlap, host_s=host_s, comm_latency_s=latency or 0.0, comm_algorithms=algorithms)
+                    overlap=overlap, host_s=host_s, comm_latency_s=latency, comm_algorithms=algorithms)
 
 
 def _average_call(name: str, nbytes: int, calls: int, world_size: int, busbw_gbps: float,
