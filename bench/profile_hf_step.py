@@ -71,10 +71,12 @@ HF_PARTS = ("flops_count", "train_mode")
 # ---------------------------------------------------------------------------------------------- driver side
 
 def payload_file(variant: str, steps: int, warmup: int, model: Path, data: Path, root: Path) -> Path:
-    """The variant's one-trial sweep, planned as `raybench run` plans it, as torchrun's payload file."""
+    """The variant's one-trial sweep, planned and tokenized as `raybench run` does it, as torchrun's payload
+    file (a rank opens the tokenized data; it never tokenizes)."""
     import yaml
     from same_shape_hf import sweep
 
+    from raybench.drivers.api import tokenize_once
     from raybench.planning.plan import plan
     from raybench.spec.load import load_sweep
 
@@ -83,7 +85,8 @@ def payload_file(variant: str, steps: int, warmup: int, model: Path, data: Path,
     spec["train"]["warmup_steps"] = warmup
     path = root / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    (trial,) = plan(load_sweep(path), source=str(path))
+    (trial,) = tokenize_once(plan(load_sweep(path), source=str(path)), str(root / "store"),
+                             progress=lambda line: None, source=str(path))
     out = root / f"{variant}.payload.json"
     out.write_text(json.dumps(trial.payload.to_dict()))
     return out
@@ -424,7 +427,7 @@ def hook_lora_init(clocks: Clocks) -> None:
 def worker(variant: str, payload_path: str, out: str) -> None:
     import torch.distributed as dist
 
-    from raybench.planning.payload import TrialPayload
+    from raybench.spec.payload import TrialPayload
     import torch
 
     from raybench.runtime import worker as rank_worker

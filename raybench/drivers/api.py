@@ -9,10 +9,12 @@ from raybench.drivers import sweep
 from raybench.planning import calibration, tokenized
 from raybench.planning.plan import PlannedTrial, plan
 from raybench.results import compaction, store
-from raybench.runtime import cuda_snapshot
+from raybench.runtime import cuda_snapshot, packing
+from raybench.spec import tokenized_data
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
 from raybench.spec.sweep_spec import SweepSpec
+from raybench.spec.tokenized_data import TokenizedData
 
 # A sweep partition holding more result files than this is compacted at the end of a run: one file per trial
 # attempt keeps writers independent, but readers pay per file (docs/results/store-scale-2026-11-22.md).
@@ -54,7 +56,7 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
     every trial and rank memory-maps it. A build that fails is bad input: nothing has been launched or written."""
     cache_root = Path(store_path).resolve() / "_cache" / "data"
     prepared: dict[str, tuple] = {}  # data spec and tokenizer -> (TokenizedData, tokens per sample)
-    laid_out: dict[tuple, tokenized.TokenizedData] = {}  # and the trial's layout -> its TokenizedData
+    laid_out: dict[tuple, TokenizedData] = {}  # and the trial's layout -> its TokenizedData
     out = []
     for t in trials:
         data = t.config.data
@@ -72,12 +74,12 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
                                                    f"{type(err).__name__}: {err}")]) from None
             took = f" in {ref.build_s:.1f} s" if ref.build_s is not None else ""
             progress(f"data {ref.name}: {ref.samples} samples, cache {ref.cache}{took} ({ref.key})")
-            prepared[key] = ref, tokenized.lengths(tokenized.load(ref.path))
+            prepared[key] = ref, tokenized_data.lengths(tokenized_data.load(ref.path))
         # A sweep's trials share a few layouts: each one's rows are laid out once (best fit over 10^6 samples: ~1 s).
         layout = (key, t.config.train.seq_len, data.packing, data.overflow, data.pack_order)
         if layout not in laid_out:
             ref, counts = prepared[key]
-            laid_out[layout] = tokenized.for_trial(ref, t.config.train.seq_len, data, counts)
+            laid_out[layout] = packing.for_trial(ref, t.config.train.seq_len, data, counts)
         out.append(dataclasses.replace(t, payload=t.payload.replace(tokenized=laid_out[layout])))
     return out
 

@@ -26,9 +26,9 @@ from raybench.drivers.progress import SweepProgress, as_progress, peak_gib
 from raybench.drivers.ray_cluster import DRIVER_RESOURCE, ray_cluster, terminate_on_sigterm, use_token_auth
 from raybench.drivers.search import ANSWERED, FINISHED, PlannedSearch, SearchSpace, make_sampler, stored_rows
 from raybench.drivers.trial import build_row, run_trial, summary
-from raybench.planning.payload import TrialPayload
 from raybench.planning.plan import PlannedTrial
 from raybench.results import store
+from raybench.spec.payload import TrialPayload
 from raybench.spec.sweep_spec import SweepSpec
 
 GRID_CHUNK_TRIALS = 200  # planned trials per Ray Tune experiment (see run_planned)

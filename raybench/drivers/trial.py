@@ -13,12 +13,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from raybench.planning import assessment
-from raybench.planning.payload import TrialPayload
 from raybench.results import store
 from raybench.results.store import SCHEMA, flatten_config, json_column
 from raybench.runtime import fingerprint
 from raybench.runtime.probe import RAYBENCH_DATA
 from raybench.spec.metrics import projection as metrics_projection
+from raybench.spec.payload import TrialPayload
 from raybench.spec.redact import ANSI_ESCAPE, without_secrets
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")

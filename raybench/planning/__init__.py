@@ -1,8 +1,9 @@
 """Layer 3, planning: from a sweep spec to planned trials, before anything starts.
 
-`plan` (grid expansion, cross-field rules, content-hash trial ids, pruning), `payload` (the `TrialPayload`
-every driver, executor and rank receive), `estimate` (analytic memory and step-time), `assessment` (the
-estimate judged against the device memory: the `Assessment` a payload carries and a row stores), `calibration`
-(what the store tells the plan: measured peaks, rehearsals), `tables` (the plan, estimate and rehearsal
-tables). Imports `spec` and `results` (stored rows calibrate the plan); no torch, no Ray.
+`plan` (grid expansion, cross-field rules, content-hash trial ids, pruning; each trial's `spec.payload.TrialPayload`),
+`estimate` (analytic memory and step-time), `assessment` (the estimate judged against the device memory: the
+`Assessment` a payload carries as plain data and a row stores), `calibration` (what the store tells the plan:
+measured peaks, rehearsals), `tokenized` (hf data checked and tokenized once into the store's cache), `tables`
+(the plan, estimate and rehearsal tables). Imports `spec` and `results` (stored rows calibrate the plan); no
+torch, no Ray.
 """

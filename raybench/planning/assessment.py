@@ -1,10 +1,11 @@
 """A trial's analytic estimate judged against its device: calibrated by measured peaks, replaced by a traced
 rehearsal where one is stored, compared with the device memory less a margin, and pruned when it cannot fit.
 
-The `Assessment` is what the plan attaches to every valid trial: payloads carry it (as plain data through Ray
-Tune's trial config and torchrun's payload file), the estimate and plan tables show it, result rows store its
-columns (`row_fields`). estimate.py stays pure arithmetic on the model; this module is where stored evidence and
-the sweep's memory limit come in.
+The `Assessment` is what the plan attaches to every valid trial: payloads carry it as plain data
+(`spec.payload.AssessmentData`: `to_data`, `from_data`) through Ray Tune's trial config and torchrun's payload
+file, the estimate and plan tables show it, result rows store its columns (`row_fields`, from the plain data).
+estimate.py stays pure arithmetic on the model; this module is where stored evidence and the sweep's memory
+limit come in.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from raybench.planning import uncertainty
 from raybench.planning.estimate import Estimate
 from raybench.spec.hardware import gpu_memory_gib
+from raybench.spec.payload import AssessmentData
 from raybench.spec.sweep_spec import EstimateSpec
 
 DEFAULT_MARGIN_FRACTION = 0.10
@@ -78,6 +80,14 @@ class Assessment:
         judged = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name != "analytic"}
         return cls(analytic=analytic, **judged)
 
+    def to_data(self) -> AssessmentData:
+        """The plain data a payload carries."""
+        return AssessmentData(self.as_dict())
+
+    @classmethod
+    def from_data(cls, data: AssessmentData) -> Assessment:
+        return cls.from_dict(data.values)
+
 
 def device_memory_gib(spec: EstimateSpec, device: str) -> float | None:
     """The memory one rank may use: estimate.device_memory_gib, else (GPU trials) the GPU table's entry."""
@@ -130,19 +140,20 @@ def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | N
                         "ZeRO-3), or set estimate.prune: false to run it anyway")
 
 
-def row_fields(assessment: Assessment | None, row: dict) -> dict:
-    """Estimate columns of a result row; for an ok row also the error: measured peak / estimate - 1.
+def row_fields(assessment: AssessmentData | None, row: dict) -> dict:
+    """Estimate columns of a result row, from the assessment its payload carried; for an ok row also the error:
+    measured peak / estimate - 1.
 
     The measured peak is peak_reserved_gib on GPUs and peak_rss_gib on CPU (what `raybench report` shows); it
     is compared with the part of the raw estimate it covers (Estimate.measured_part_gib).
     """
     if assessment is None:
         return {}
-    analytic = assessment.analytic
-    fields = {"est_peak_gib": analytic.peak_gib, "est_peak_calibrated_gib": assessment.peak_calibrated_gib,
-              "est_step_time_s": analytic.step_time_s}
+    fields = {"est_peak_gib": assessment.analytic_peak_gib,
+              "est_peak_calibrated_gib": assessment.peak_calibrated_gib,
+              "est_step_time_s": assessment.analytic_step_time_s}
     measured = row.get("peak_reserved_gib") if row.get("device_type") == "cuda" else row.get("peak_rss_gib")
-    if row.get("status") == "ok" and measured is not None and analytic.measured_part_gib > 0:
-        error = measured / analytic.measured_part_gib - 1
+    if row.get("status") == "ok" and measured is not None and assessment.measured_part_gib > 0:
+        error = measured / assessment.measured_part_gib - 1
         fields["est_peak_error"] = error if math.isfinite(error) else None
     return fields

@@ -12,9 +12,9 @@ from typing import Any
 
 from raybench.planning import calibration, estimate, stacks, tokenized
 from raybench.planning.assessment import Assessment, assess
-from raybench.planning.payload import TrialPayload
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem
+from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
 from raybench.spec.sweep_spec import SweepSpec, TrainSpec, TrialConfig
@@ -30,8 +30,10 @@ class PlannedTrial:
     shape: ModelShape
     status: str = "planned"  # or "invalid", or "skipped" (estimated not to fit in device memory)
     reasons: tuple[str, ...] = field(default=())
+    # The plan's judgement, typed, for tables and the rehearsal; the payload carries it as plain data.
+    assessment: Assessment | None = None
 
-    # The payload's identity, config and assessment, which tables, drivers and searches read on every trial.
+    # The payload's identity and config, which tables, drivers and searches read on every trial.
     @property
     def trial_id(self) -> str:
         return self.payload.trial_id
@@ -55,10 +57,6 @@ class PlannedTrial:
     @property
     def ac_blocks(self) -> tuple[int, ...]:
         return self.payload.ac_blocks
-
-    @property
-    def assessment(self) -> Assessment | None:
-        return self.payload.assessment
 
     @property
     def world_size(self) -> int:
@@ -309,13 +307,14 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
             judged, skip = assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)), rehearsed.get(cid))
             if skip:
                 status, why_not = "skipped", (skip,)
+        carried = judged.to_data() if judged else None
         for repeat in range(spec.repeats):
             payload = TrialPayload(
                 trial_id=f"{cid}-r{repeat}", config_id=cid, repeat=repeat, config=config, axis_values=values,
                 ac_blocks=blocks, num_layers=shape.num_hidden_layers, projection=spec.projection, pool=spec.pool,
-                caches=spec.caches, assessment=judged)
+                caches=spec.caches, assessment=carried)
             trials.append(PlannedTrial(index=len(trials), payload=payload, shape=shape, status=status,
-                                       reasons=why_not))
+                                       reasons=why_not, assessment=judged))
     if problems:
         raise ConfigError(source, problems)
     return trials

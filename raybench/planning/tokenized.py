@@ -3,10 +3,9 @@
 Records are read with the `datasets` library from local files or a saved dataset, rendered (plain text, the
 tokenizer's own chat template, or the Alpaca prompt), tokenized whole, and saved in the store's cache as Arrow
 (save_to_disk) under a key that hashes the data files, the tokenizer files and the options. Every trial and rank,
-of this sweep and of later ones, memory-maps those files (load_from_disk): nothing is tokenized or copied again.
-Truncating or splitting to seq_len, padding or packing (in order or best fit) are per trial: `layout_rows` assigns
-the samples to rows and the loader (runtime.data) builds the batches, so one cache serves every seq_len and
-layout.
+of this sweep and of later ones, memory-maps those files (spec.tokenized_data.load): nothing is tokenized or
+copied again. Truncating or splitting to seq_len, padding or packing are per trial (runtime.packing lays out the
+rows, runtime.data builds the batches), so one cache serves every seq_len and layout.
 
 `problems` checks a data spec's content before anything starts (plan calls it), `prepare` builds or finds the
 cache (the driver calls it before the first trial), `dataset` hands the tokenized `datasets.Dataset` to any
@@ -15,77 +14,27 @@ other training stack. datasets, transformers and numpy load on first use: planni
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from raybench.spec.errors import Problem
 from raybench.spec.sweep_spec import DataSpec
-
-if TYPE_CHECKING:
-    import numpy as np
+from raybench.spec.tokenized_data import TokenizedData, alpaca_prompt, format_record, lengths, load, offline_datasets
 
 # Bump when what a cache directory holds changes: older entries are then never read.
 CACHE_VERSION = 1
 META_FILE = "raybench.json"  # what a cache entry is, written into it before it becomes visible
-PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
 # Tokenizer files whose content decides the token ids (chat_template.jinja: the template of messages).
 TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template")
 # The data fields that decide the token ids (packing, seq_len and the loader's fields are per trial).
 CONTENT_FIELDS = ("format", "field", "loss_on", "split", "max_samples")
 # Above this many records the build tokenizes in several processes (below, starting them costs more).
 PARALLEL_RECORDS = 50_000
-
-
-@dataclass(frozen=True)
-class TokenizedData:
-    """A tokenized dataset in the store's cache, as a trial's payload carries it to every rank."""
-
-    key: str  # hash of the data files, the tokenizer files and the options
-    path: str  # the save_to_disk directory
-    cache: str  # "hit" (found in the store) or "build" (tokenized by this sweep)
-    build_s: float | None  # seconds the build took; None on a hit
-    name: str  # the data path's last component
-    data_hash: str  # hash of the data files alone
-    samples: int
-    tokens_mean: float  # tokens per sample, before truncation to seq_len
-    tokens_max: int
-    pad_id: int
-    packing_efficiency: float | None = None  # per trial (seq_len and data layout): real tokens / row positions
-
-    def row_fields(self) -> dict:
-        """The row's data columns (docs/schema.md)."""
-        return {"dataset_name": self.name, "dataset_hash": self.data_hash, "data_cache_key": self.key,
-                "data_cache": self.cache, "data_build_s": self.build_s, "data_samples": self.samples,
-                "sample_tokens_mean": self.tokens_mean, "sample_tokens_max": self.tokens_max,
-                "packing_efficiency": self.packing_efficiency}
-
-
-def format_record(rec: dict) -> str:
-    """An Alpaca record as one text: the prompt, then the response."""
-    return _alpaca_prompt(rec) + (rec.get("output") or "")
-
-
-def _alpaca_prompt(rec: dict) -> str:
-    input_block = f"### Input:\n{rec['input']}\n\n" if rec.get("input") else ""
-    return PROMPT.format(instruction=rec.get("instruction") or "", input_block=input_block)
-
-
-def _datasets():
-    # Local files only: never reach for a hub, in the driver or in a rank (datasets reads this at its import; a
-    # rank's worker module has set it already, so a warm actor's environment is left as it was).
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import datasets
-
-    datasets.disable_progress_bars()  # the sweep's own progress view owns the terminal
-    return datasets
 
 
 def load_tokenizer(directory: str):
@@ -101,7 +50,7 @@ def _is_saved_dataset(path: Path) -> bool:
 def read_split(data: DataSpec, streaming: bool, cache_dir: str):
     """The records of data.split: a saved dataset is memory-mapped as it is; files are read by the builder
     their suffix names (or, for a directory, the one datasets infers), converted to Arrow in cache_dir."""
-    datasets = _datasets()
+    datasets = offline_datasets()
     path = Path(data.path)
     if _is_saved_dataset(path):
         saved = datasets.load_from_disk(str(path))
@@ -127,7 +76,7 @@ def _render(rec: dict, data: DataSpec, tokenizer) -> tuple[str, list[tuple[int, 
     if data.format == "text":
         return rec[_field(data)], []
     if data.format == "alpaca":
-        prompt, text = _alpaca_prompt(rec), format_record(rec)
+        prompt, text = alpaca_prompt(rec), format_record(rec)
         return text, [(len(prompt), len(text))]
     messages = rec[_field(data)]
     text = tokenizer.apply_chat_template(messages, tokenize=False)
@@ -187,7 +136,7 @@ def encoder(data: DataSpec, tokenizer):
 
 
 def _features(data: DataSpec):
-    datasets = _datasets()
+    datasets = offline_datasets()
     columns = {"input_ids": datasets.List(datasets.Value("int32"))}
     if data.loss_on == "assistant":
         columns["assistant_masks"] = datasets.List(datasets.Value("int8"))
@@ -349,183 +298,6 @@ def _build(data: DataSpec, tokenizer_dir: str, key: str, hashed: str, final: Pat
             "pad_id": int(pad or 0)}
     (work / "out" / META_FILE).write_text(json.dumps(meta, sort_keys=True))
     return meta
-
-
-def load(path: str):
-    """The cached tokenized dataset, memory-mapped."""
-    return _datasets().load_from_disk(path)
-
-
-def lengths(tokenized):
-    """Tokens per sample of a tokenized dataset, from the Arrow list offsets (no token is read)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    column = tokenized.data.column("input_ids")
-    return np.asarray(pc.list_value_length(column).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def row_bounds(counts, seq_len: int, packing: bool):
-    """Which samples each row of seq_len tokens holds, as boundaries: row r is samples [b[r], b[r+1]).
-
-    Every sample is truncated to seq_len. Padding: one sample per row. Packing: samples in order, a new row
-    whenever the next one would not fit whole (the row's tail is padding), so no sample is split across rows.
-    layout_rows hands it the pieces of split samples the same way (pack_order in_order: next fit)."""
-    import numpy as np
-
-    counts = np.minimum(np.asarray(counts), seq_len)
-    if not packing:
-        return np.arange(len(counts) + 1)
-    bounds, used = [0], 0
-    for i, n in enumerate(counts.tolist()):
-        if used + n > seq_len:
-            bounds.append(i)
-            used = 0
-        used += n
-    bounds.append(len(counts))
-    return np.asarray(bounds)
-
-
-@dataclass(frozen=True)
-class Rows:
-    """A trial's rows over the cached samples: row r holds pieces [bounds[r], bounds[r+1]), piece p being tokens
-    [start[p], start[p] + length[p]) of sample `sample[p]` (a whole sample truncated to seq_len, or one
-    seq_len-long piece of a longer one with data.overflow split). All are numpy int64 arrays."""
-
-    bounds: np.ndarray
-    sample: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.bounds) - 1
-
-
-def pieces(counts, seq_len: int, overflow: str = "truncate"):
-    """(sample, start, length) of every piece, in sample order: truncate keeps each sample's first seq_len tokens;
-    split cuts a longer sample into seq_len-long pieces, the last one shorter (an empty sample stays one piece)."""
-    import numpy as np
-
-    counts = np.asarray(counts, dtype=np.int64)
-    if overflow == "truncate":
-        return np.arange(len(counts)), np.zeros(len(counts), dtype=np.int64), np.minimum(counts, seq_len)
-    per_sample = np.maximum(1, -(-counts // seq_len))
-    sample = np.repeat(np.arange(len(counts)), per_sample)
-    first_piece = np.cumsum(per_sample) - per_sample
-    start = (np.arange(len(sample)) - np.repeat(first_piece, per_sample)) * seq_len
-    return sample, start, np.minimum(counts[sample] - start, seq_len)
-
-
-def layout_rows(counts, seq_len: int, packing: bool, overflow: str = "truncate",
-                pack_order: str = "in_order") -> Rows:
-    """The rows of a trial's layout (data.packing, overflow, pack_order at train.seq_len). A pure function of the
-    sample lengths: every rank computes the same rows from the cache, with no communication."""
-    import numpy as np
-
-    sample, start, length = pieces(counts, seq_len, overflow)
-    if packing and pack_order == "best_fit":
-        order, bounds = best_fit_decreasing(length, seq_len)
-        sample, start, length = sample[order], start[order], length[order]
-    else:
-        bounds = row_bounds(length, seq_len, packing)
-    return Rows(np.asarray(bounds, dtype=np.int64), sample, start, length)
-
-
-class _OpenRows:
-    """Open rows by the room they have left, for best-fit: which row has the least room that still holds n tokens,
-    in O(log seq_len). A segment tree over room 0..seq_len: each node holds the largest room with an open row
-    below it (-1: none), so the smallest such room >= n is found by going left wherever the left half has one."""
-
-    def __init__(self, seq_len: int):
-        self.leaves = 1 << (seq_len + 1).bit_length()
-        self.tree = [-1] * (2 * self.leaves)
-        self.rows: list[list[int]] = [[] for _ in range(seq_len + 1)]  # open rows per room left
-
-    def least_room_for(self, n: int) -> int | None:
-        if self.tree[1] < n:
-            return None
-        node = 1
-        while node < self.leaves:
-            node *= 2
-            if self.tree[node] < n:
-                node += 1
-        return node - self.leaves
-
-    def take(self, room: int) -> int:
-        """One open row with exactly this room left (the latest put there), no longer listed."""
-        row = self.rows[room].pop()
-        if not self.rows[room]:
-            self._mark(room, -1)
-        return row
-
-    def put(self, rows, room: int) -> None:
-        if not rows:
-            return
-        if not self.rows[room]:
-            self._mark(room, room)
-        self.rows[room].extend(rows)
-
-    def _mark(self, room: int, value: int) -> None:
-        node = room + self.leaves
-        self.tree[node] = value
-        node //= 2
-        while node:
-            self.tree[node] = max(self.tree[2 * node], self.tree[2 * node + 1])
-            node //= 2
-
-
-def best_fit_decreasing(lengths, seq_len: int):
-    """(order, bounds): pieces sorted by length, longest first, each into the open row with the least room that
-    still holds it, else into a new row (best-fit decreasing; TRL's "bfd"). Row r holds pieces
-    order[bounds[r]:bounds[r+1]], longest first; ties go in data order, so the rows are deterministic.
-
-    Pieces of one length are placed together: the row that takes one of them has less room left, which is then the
-    least room that holds the next one if any, so it takes as many as fit at once; a new row likewise. That is the
-    piece-by-piece result with one tree search per row touched instead of per piece."""
-    import numpy as np
-
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if len(lengths) == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    by_length = np.argsort(-lengths, kind="stable")
-    ordered = lengths[by_length]
-    row_of = np.empty(len(lengths), dtype=np.int64)  # the row of each piece, in by_length order
-    open_rows, rows = _OpenRows(seq_len), 0
-    group_starts = np.flatnonzero(np.diff(ordered)) + 1
-    for lo, hi in zip([0, *group_starts.tolist()], [*group_starts.tolist(), len(ordered)]):
-        size, at = int(ordered[lo]), lo
-        while at < hi and (room := open_rows.least_room_for(size)) is not None:
-            row = open_rows.take(room)
-            fit = min(hi - at, room // size) if size else hi - at
-            row_of[at:at + fit] = row
-            open_rows.put([row], room - fit * size)
-            at += fit
-        if at < hi:  # no open row holds another one: new rows, each filled with as many as fit
-            per_row = seq_len // size if size else hi - at
-            left = hi - at
-            row_of[at:hi] = rows + np.arange(left) // per_row
-            full, rest = divmod(left, per_row)
-            open_rows.put(range(rows, rows + full), seq_len - per_row * size)
-            if rest:
-                open_rows.put([rows + full], seq_len - rest * size)
-            rows += full + int(rest > 0)
-    order = by_length[np.argsort(row_of, kind="stable")]
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(row_of, minlength=rows))])
-    return order, bounds
-
-
-def packing_efficiency(counts, seq_len: int, packing: bool, overflow: str = "truncate",
-                       pack_order: str = "in_order") -> float:
-    """Real tokens over the positions of the layout's rows, each counted seq_len wide (1: no padding at all).
-    data.pad_to longest narrows the batches, not this measure: it is the layout's, not the batches' widths."""
-    rows = layout_rows(counts, seq_len, packing, overflow, pack_order)
-    return float(rows.length.sum() / (len(rows) * seq_len))
-
-
-def for_trial(ref: TokenizedData, seq_len: int, data: DataSpec, counts) -> TokenizedData:
-    """The trial's TokenizedData: its packing efficiency at its seq_len and data layout."""
-    efficiency = packing_efficiency(counts, seq_len, data.packing, data.overflow, data.pack_order)
-    return dataclasses.replace(ref, packing_efficiency=efficiency)
 
 
 def dataset(data: DataSpec, cache_root: str | Path, tokenizer_dir: str | None = None):

@@ -1,5 +1,5 @@
 """Training batches: synthetic tokens, alpaca-style JSON/JSONL tokenized with a local tokenizer, or real data
-tokenized once per sweep (data.source hf: planning.tokenized) and laid out per batch here.
+tokenized once per sweep (data.source hf: planning.tokenized, before launch) and laid out per batch here.
 
 Every batch is a dict of input_ids and labels of shape [micro_batch, seq_len], plus an attention_mask when
 the data has padding. Packed and synthetic data fill every position, so they carry no mask: every token counts
@@ -25,7 +25,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,10 +32,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from raybench.planning import tokenized
-from raybench.planning.tokenized import TokenizedData, format_record
+from raybench.runtime.packing import layout_rows
+from raybench.spec import tokenized_data
 from raybench.spec.presets import ModelShape
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
+from raybench.spec.tokenized_data import TokenizedData, format_record
 
 IGNORE_INDEX = -100
 SYNTHETIC_POOL_BATCHES = 16  # distinct synthetic micro-batches per rank; cycled after that
@@ -182,17 +182,17 @@ class _ListColumn:
 
 
 class TokenRows(Dataset):
-    """The rows of a trial over cached tokenized data: row r holds the pieces tokenized.layout_rows assigns it
+    """The rows of a trial over cached tokenized data: row r holds the pieces packing.layout_rows assigns it
     (whole samples truncated to seq_len, or with overflow split seq_len-long pieces of longer ones), as views of
     the memory-mapped cache (every rank and loader worker shares it)."""
 
     def __init__(self, path: str, seq_len: int, packing: bool, overflow: str = "truncate",
                  pack_order: str = "in_order"):
-        cached = tokenized.load(path)
+        cached = tokenized_data.load(path)
         self.ids = _ListColumn(cached.data.column("input_ids"))
         masked = "assistant_masks" in cached.column_names
         self.masks = _ListColumn(cached.data.column("assistant_masks")) if masked else None
-        self.rows = tokenized.layout_rows(tokenized.lengths(cached), seq_len, packing, overflow, pack_order)
+        self.rows = layout_rows(tokenized_data.lengths(cached), seq_len, packing, overflow, pack_order)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -253,18 +253,20 @@ def collate_rows(rows: list, seq_len: int, pad_id: int, packing: bool, varlen: b
     return batch
 
 
-def tokenized_ref(config: TrialConfig, cache_dir: str | None) -> TokenizedData:
-    """The trial's tokenized data where no driver tokenized it before launch (a bare worker run): tokenized here,
-    into the store's cache when the trial has one."""
-    root = Path(cache_dir, "data") if cache_dir else Path(tempfile.gettempdir(), "raybench-data")
-    return tokenized.prepare(config.data, config.data.tokenizer or config.model.path, root)
+def require_tokenized(ref: TokenizedData | None) -> TokenizedData:
+    """The hf data the sweep's driver tokenized before launch (drivers.api.tokenize_once puts it in the payload).
+    A rank only opens it: tokenizing is the plan's job (planning.tokenized), once per sweep."""
+    if ref is None:
+        raise ValueError("data.source hf: the trial's payload carries no tokenized data; the sweep's driver "
+                         "tokenizes it before launch (`raybench run`; a payload built by hand: "
+                         "raybench.drivers.api.tokenize_once)")
+    return ref
 
 
-def hf_rows(config: TrialConfig, ref: TokenizedData | None, cache_dir: str | None) -> tuple[TokenRows, object]:
-    """The trial's rows and collate function. The driver tokenized the data before launch (ref); a bare worker
-    run (no driver) tokenizes it here, into the store's cache when it has one."""
+def hf_rows(config: TrialConfig, ref: TokenizedData | None) -> tuple[TokenRows, object]:
+    """The trial's rows and collate function over the data the driver tokenized before launch (ref)."""
     data, train = config.data, config.train
-    ref = ref or tokenized_ref(config, cache_dir)
+    ref = require_tokenized(ref)
     collate = functools.partial(collate_rows, seq_len=train.seq_len, pad_id=ref.pad_id, packing=data.packing,
                                 varlen=config.model.attn_implementation == "flash_attention_2",
                                 pad_to=data.pad_to, pad_multiple=data.pad_multiple)
@@ -297,7 +299,7 @@ def batches(config: TrialConfig, shape: ModelShape, rank: int, world_size: int,
         sampler = None
     else:
         if data.source == "hf":
-            dataset, collate = hf_rows(config, ref, cache_dir)
+            dataset, collate = hf_rows(config, ref)
         else:
             dataset = cached_text_dataset(data, config.model.path, train.seq_len, cache_dir)
         if len(dataset) < world_size * train.micro_batch:

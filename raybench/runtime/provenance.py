@@ -8,9 +8,9 @@ import os
 
 import torch.distributed as dist
 
-from raybench.planning.payload import TrialPayload
 from raybench.runtime import allreduce, fingerprint
 from raybench.runtime.strategies import RankContext
+from raybench.spec.payload import TrialPayload
 from raybench.spec.sweep_spec import TrialConfig
 
 

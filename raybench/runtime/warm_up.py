@@ -16,9 +16,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from raybench.planning.payload import TrialPayload
 from raybench.runtime import bench
 from raybench.runtime.strategies import RankContext
+from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sweep_spec import TrialConfig
 

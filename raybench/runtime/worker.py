@@ -25,7 +25,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from raybench.planning.payload import TrialPayload  # noqa: E402
 from raybench.runtime import (  # noqa: E402
     bench, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics, stacks, step_profile,
     strategies, warm_up)
@@ -37,6 +36,7 @@ from raybench.runtime.strategies import RankContext  # noqa: E402
 from raybench.runtime.techniques import activation_checkpointing, compile, fp8, liger, lora, qlora  # noqa: E402
 from raybench.spec import metrics  # noqa: E402
 from raybench.spec.hardware import peak_tflops  # noqa: E402
+from raybench.spec.payload import TrialPayload  # noqa: E402
 from raybench.spec.presets import ModelShape, model_shape  # noqa: E402
 from raybench.spec.schema import GIB  # noqa: E402
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig  # noqa: E402

@@ -4,5 +4,7 @@ The typed spec (`sweep_spec`), its checks (`validate`), YAML loading (`load`) an
 raises (`errors`); value parsing (`values`: sAC ratios, env names), sAC placement (`sac`), axis semantics
 (`axes`); facts about hardware and models (`hardware`, `presets`); the result row's columns (`schema`) and the
 pure metric math (`metrics`, `stats`); secrets out of text (`redact`); the generated sweep reference
-(`reference`). Imports no other layer, and no torch, Ray or pyarrow.
+(`reference`); the contract between the plan and a trial's ranks: the `TrialPayload` (`payload`) and the
+tokenized data's handle (`tokenized_data`, which opens a cache entry with `datasets` on first use). Imports no
+other layer, and no torch or Ray; pyarrow only inside `tokenized_data`'s functions.
 """

@@ -129,7 +129,7 @@ PLAN_METRIC_COLUMNS = [
     ("est_peak_error", "float64"),
 ]
 # What the tokens were (data.source hf): the dataset, its tokenized cache, and the trial's layout of it. The sweep's
-# driver knows them before launch (planning.tokenized.TokenizedData.row_fields); null for other sources.
+# driver knows them before launch (spec.tokenized_data.TokenizedData.row_fields); null for other sources.
 DATA_COLUMNS = [
     ("dataset_name", "string"), ("dataset_hash", "string"), ("data_cache_key", "string"), ("data_cache", "string"),
     ("data_build_s", "float64"), ("data_samples", "int64"), ("sample_tokens_mean", "float64"),

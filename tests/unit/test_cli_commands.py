@@ -21,10 +21,10 @@ from planted_rows import SWEEP, plant_cpu_store, plant_gpu_store
 from raybench.cli.main import main
 from raybench.drivers.trial import build_row
 from raybench.planning import calibration
-from raybench.planning.payload import TrialPayload
 from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.spec.load import load_sweep
+from raybench.spec.payload import TrialPayload
 
 TINY_TRAIN = {"steps": 4, "warmup_steps": 1, "seq_len": 64, "micro_batch": 1, "precision": "fp32"}
 

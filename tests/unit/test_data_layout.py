@@ -11,16 +11,17 @@ import torch
 from raybench.cli import main as cli
 from raybench.planning import tokenized
 from raybench.planning.plan import config_id, plan
-from raybench.runtime import data
+from raybench.runtime import data, packing
 from raybench.spec.errors import ConfigError
 from raybench.spec.load import parse_sweep
 from raybench.spec.presets import model_shape
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
+from raybench.spec.tokenized_data import TokenizedData
 
 IGNORE = data.IGNORE_INDEX
 
 
-def row_pieces(rows: tokenized.Rows) -> list[list[tuple[int, int, int]]]:
+def row_pieces(rows: packing.Rows) -> list[list[tuple[int, int, int]]]:
     """Each row's pieces as (sample, start, length)."""
     return [[(int(rows.sample[p]), int(rows.start[p]), int(rows.length[p])) for p in range(a, b)]
             for a, b in zip(rows.bounds[:-1], rows.bounds[1:])]
@@ -45,27 +46,27 @@ COUNTS, SEQ_LEN = [5, 20, 3, 2], 8  # the second sample is longer than seq_len
 
 
 def test_truncate_keeps_each_samples_head_and_in_order_packs_in_data_order():
-    padded = tokenized.layout_rows(COUNTS, SEQ_LEN, packing=False)
+    padded = packing.layout_rows(COUNTS, SEQ_LEN, packing=False)
     assert row_pieces(padded) == [[(0, 0, 5)], [(1, 0, 8)], [(2, 0, 3)], [(3, 0, 2)]]
-    packed = tokenized.layout_rows(COUNTS, SEQ_LEN, packing=True)
+    packed = packing.layout_rows(COUNTS, SEQ_LEN, packing=True)
     assert row_pieces(packed) == [[(0, 0, 5)], [(1, 0, 8)], [(2, 0, 3), (3, 0, 2)]]
     # Today's boundaries, unchanged: rows of whole samples in order.
-    assert tokenized.row_bounds(COUNTS, SEQ_LEN, packing=True).tolist() == packed.bounds.tolist()
+    assert packing.row_bounds(COUNTS, SEQ_LEN, packing=True).tolist() == packed.bounds.tolist()
 
 
 def test_split_cuts_long_samples_into_seq_len_pieces_laid_out_as_samples():
-    padded = tokenized.layout_rows(COUNTS, SEQ_LEN, packing=False, overflow="split")
+    padded = packing.layout_rows(COUNTS, SEQ_LEN, packing=False, overflow="split")
     assert row_pieces(padded) == [[(0, 0, 5)], [(1, 0, 8)], [(1, 8, 8)], [(1, 16, 4)], [(2, 0, 3)], [(3, 0, 2)]]
-    packed = tokenized.layout_rows(COUNTS, SEQ_LEN, packing=True, overflow="split")
+    packed = packing.layout_rows(COUNTS, SEQ_LEN, packing=True, overflow="split")
     assert row_pieces(packed) == [[(0, 0, 5)], [(1, 0, 8)], [(1, 8, 8)], [(1, 16, 4), (2, 0, 3)], [(3, 0, 2)]]
 
 
 def test_best_fit_puts_each_piece_in_the_fullest_row_that_holds_it():
-    rows = tokenized.layout_rows(COUNTS, SEQ_LEN, packing=True, overflow="split", pack_order="best_fit")
+    rows = packing.layout_rows(COUNTS, SEQ_LEN, packing=True, overflow="split", pack_order="best_fit")
     # Longest first: 8, 8 fill two rows; 5 opens a third (room 3), 4 a fourth (room 4); 3 goes to the row with
     # room 3, not 4; 2 to the row with room 4.
     assert row_pieces(rows) == [[(1, 0, 8)], [(1, 8, 8)], [(0, 0, 5), (2, 0, 3)], [(1, 16, 4), (3, 0, 2)]]
-    truncated = tokenized.layout_rows([6, 5, 2, 3, 1], 8, packing=True, pack_order="best_fit")
+    truncated = packing.layout_rows([6, 5, 2, 3, 1], 8, packing=True, pack_order="best_fit")
     assert row_pieces(truncated) == [[(0, 0, 6), (2, 0, 2)], [(1, 0, 5), (3, 0, 3)], [(4, 0, 1)]]
 
 
@@ -75,15 +76,15 @@ def test_best_fit_places_every_piece_once_in_fewer_rows_than_in_order(seed, over
     rng = np.random.default_rng(seed)
     seq_len = 512
     counts = rng.integers(1, 700, size=3000)
-    best = tokenized.layout_rows(counts, seq_len, packing=True, overflow=overflow, pack_order="best_fit")
-    in_order = tokenized.layout_rows(counts, seq_len, packing=True, overflow=overflow)
+    best = packing.layout_rows(counts, seq_len, packing=True, overflow=overflow, pack_order="best_fit")
+    in_order = packing.layout_rows(counts, seq_len, packing=True, overflow=overflow)
     # The same pieces, each exactly once: best_fit only reorders them.
     assert sorted(zip(best.sample.tolist(), best.start.tolist(), best.length.tolist())) == \
         sorted(zip(in_order.sample.tolist(), in_order.start.tolist(), in_order.length.tolist()))
     filled = np.add.reduceat(best.length, best.bounds[:-1])
     assert filled.max() <= seq_len and (np.diff(best.bounds) > 0).all()
     assert len(best) <= len(in_order)
-    again = tokenized.layout_rows(counts, seq_len, packing=True, overflow=overflow, pack_order="best_fit")
+    again = packing.layout_rows(counts, seq_len, packing=True, overflow=overflow, pack_order="best_fit")
     assert again.bounds.tolist() == best.bounds.tolist() and again.sample.tolist() == best.sample.tolist()
 
 
@@ -94,27 +95,27 @@ def test_best_fit_is_exactly_best_fit_decreasing():
     for _ in range(500):
         seq_len = int(rng.integers(1, 40))
         lengths = rng.integers(0, seq_len + 1, size=int(rng.integers(0, 30)))
-        order, bounds = tokenized.best_fit_decreasing(lengths, seq_len)
+        order, bounds = packing.best_fit_decreasing(lengths, seq_len)
         assert sorted(order.tolist()) == list(range(len(lengths)))
         rooms = [seq_len - int(lengths[order[a:b]].sum()) for a, b in zip(bounds[:-1], bounds[1:])]
         assert sorted(rooms) == reference_best_fit_rooms(lengths.tolist(), seq_len)
     # Best-fit decreasing is not next fit's superior on every order: these pack in order into three full rows.
     adversarial = [16, 9, 8, 4, 13, 2, 8, 2, 9, 4]
-    assert len(tokenized.layout_rows(adversarial, 25, packing=True)) == 3
-    assert len(tokenized.layout_rows(adversarial, 25, packing=True, pack_order="best_fit")) == 4
+    assert len(packing.layout_rows(adversarial, 25, packing=True)) == 3
+    assert len(packing.layout_rows(adversarial, 25, packing=True, pack_order="best_fit")) == 4
 
 
 def test_packing_efficiency_follows_the_layout():
     total = sum(COUNTS)  # 30 tokens, 18 of them left after truncation
-    assert tokenized.packing_efficiency(COUNTS, SEQ_LEN, True) == pytest.approx(18 / (3 * 8))
-    assert tokenized.packing_efficiency(COUNTS, SEQ_LEN, True, overflow="split") == pytest.approx(total / (5 * 8))
-    assert tokenized.packing_efficiency(COUNTS, SEQ_LEN, True, "split", "best_fit") == pytest.approx(total / (4 * 8))
-    assert tokenized.packing_efficiency(COUNTS, SEQ_LEN, False, "split") == pytest.approx(total / (6 * 8))
-    ref = tokenized.TokenizedData(key="k", path="p", cache="hit", build_s=None, name="n", data_hash="h", samples=4,
-                                  tokens_mean=7.5, tokens_max=20, pad_id=0)
+    assert packing.packing_efficiency(COUNTS, SEQ_LEN, True) == pytest.approx(18 / (3 * 8))
+    assert packing.packing_efficiency(COUNTS, SEQ_LEN, True, overflow="split") == pytest.approx(total / (5 * 8))
+    assert packing.packing_efficiency(COUNTS, SEQ_LEN, True, "split", "best_fit") == pytest.approx(total / (4 * 8))
+    assert packing.packing_efficiency(COUNTS, SEQ_LEN, False, "split") == pytest.approx(total / (6 * 8))
+    ref = TokenizedData(key="k", path="p", cache="hit", build_s=None, name="n", data_hash="h", samples=4,
+                        tokens_mean=7.5, tokens_max=20, pad_id=0)
     spec = DataSpec(source="hf", path="p", overflow="split", pack_order="best_fit", pad_to="longest")
     # pad_to narrows the batches, not the measure: rows count seq_len wide.
-    assert tokenized.for_trial(ref, SEQ_LEN, spec, np.array(COUNTS)).packing_efficiency == pytest.approx(30 / 32)
+    assert packing.for_trial(ref, SEQ_LEN, spec, np.array(COUNTS)).packing_efficiency == pytest.approx(30 / 32)
 
 
 # ---- batches over a real cache ------------------------------------------------------------------------------
@@ -185,8 +186,8 @@ def test_the_loader_builds_batches_of_the_trials_layout(cache, packing):
         "model": {"preset": "tiny"}, "train": {"seq_len": SEQ_LEN, "micro_batch": 2},
         "data": {"source": "hf", "path": path, "packing": packing, "overflow": "split", "pad_to": "longest",
                  "pad_multiple": 2, "pack_order": "best_fit" if packing else "in_order"}})
-    ref = tokenized.TokenizedData(key="k", path=path, cache="hit", build_s=None, name="cache", data_hash="h",
-                                  samples=len(COUNTS), tokens_mean=7.5, tokens_max=20, pad_id=-1)
+    ref = TokenizedData(key="k", path=path, cache="hit", build_s=None, name="cache", data_hash="h",
+                        samples=len(COUNTS), tokens_mean=7.5, tokens_max=20, pad_id=-1)
     loader = data.batches(config, model_shape(config), rank=0, world_size=1, ref=ref)
     rows = 4 if packing else 6  # best fit: [8], [8], [5, 3], [4, 2]; padded: one piece each
     epoch = [next(loader) for _ in range(rows // 2)]

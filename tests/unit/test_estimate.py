@@ -16,10 +16,10 @@ from raybench.cli import main as cli
 from raybench.drivers.api import run_sweep
 from raybench.drivers.trial import build_row
 from raybench.planning import calibration, estimate, tables
-from raybench.planning.payload import TrialPayload
 from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.spec.load import parse_sweep
+from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import PRESETS, ModelShape
 from raybench.spec.sac import checkpointed_blocks
 from raybench.spec.sweep_spec import LoraSpec, TrainSpec, TrialConfig

@@ -12,7 +12,8 @@ import torch
 
 from raybench.cli import main as cli
 from raybench.planning import tokenized
-from raybench.runtime import data
+from raybench.runtime import data, packing
+from raybench.spec import tokenized_data
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
 
 
@@ -28,7 +29,7 @@ def test_chat_data_tokenized_once_and_matching_an_independent_count(tmp_path, ch
     assert (built.cache, again.cache, again.build_s) == ("build", "hit", None) and built.build_s > 0
     assert again.key == built.key and again.path == built.path
     expected = chat_tokens
-    cached = tokenized.load(built.path)
+    cached = tokenized_data.load(built.path)
     assert [list(r["input_ids"]) for r in cached] == [ids for ids, _ in expected]
     assert [list(r["assistant_masks"]) for r in cached] == [mask for _, mask in expected]
     lengths = [len(ids) for ids, _ in expected]
@@ -63,7 +64,7 @@ def test_files_directories_and_saved_datasets_read_alike(tmp_path, chat_file, ch
     records = datasets.load_dataset("json", data_files=str(chat_file), split="train", cache_dir=str(tmp_path / "c"))
     records.to_parquet(str(tmp_path / "repo" / "data" / "train-00000-of-00001.parquet"))
     datasets.DatasetDict({"train": records.select(range(5)), "test": records}).save_to_disk(str(tmp_path / "saved"))
-    reference = tokenized.load(tokenized.prepare(chat_spec(chat_file), str(chat_tokenizer), tmp_path / "a").path)
+    reference = tokenized_data.load(tokenized.prepare(chat_spec(chat_file), str(chat_tokenizer), tmp_path / "a").path)
     from_repo = tokenized.dataset(chat_spec(tmp_path / "repo"), tmp_path / "b", str(chat_tokenizer))
     from_saved = tokenized.dataset(chat_spec(tmp_path / "saved", split="test"), tmp_path / "b", str(chat_tokenizer))
     assert isinstance(from_repo, datasets.Dataset)  # what another training stack takes as it is
@@ -86,19 +87,19 @@ def test_text_and_alpaca_records_end_with_eos_and_alpaca_can_train_on_responses(
     alpaca = tokenized.dataset(spec, tmp_path, str(chat_tokenizer))
     record = json.loads(alpaca_file.read_text().splitlines()[0])
     ids, mask = alpaca[0]["input_ids"], alpaca[0]["assistant_masks"]
-    assert ids == tok(tokenized.format_record(record))["input_ids"] + [tok.eos_token_id]
+    assert ids == tok(tokenized_data.format_record(record))["input_ids"] + [tok.eos_token_id]
     response = tok(record["output"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert [t for t, m in zip(ids, mask) if m] == response
 
 
 def test_rows_pack_whole_samples_and_batches_carry_their_layout(tmp_path, chat_file, chat_tokenizer):
     ref = tokenized.prepare(chat_spec(chat_file), str(chat_tokenizer), tmp_path)
-    counts = tokenized.lengths(tokenized.load(ref.path))
+    counts = tokenized_data.lengths(tokenized_data.load(ref.path))
     seq_len = 48
-    bounds = tokenized.row_bounds(counts, seq_len, packing=True)
+    bounds = packing.row_bounds(counts, seq_len, packing=True)
     sizes = [int(np.minimum(counts, seq_len)[a:b].sum()) for a, b in itertools.pairwise(bounds)]
     assert bounds[0] == 0 and bounds[-1] == len(counts) and max(sizes) <= seq_len and len(sizes) < len(counts)
-    assert tokenized.packing_efficiency(counts, seq_len, True) == pytest.approx(sum(sizes) / (len(sizes) * seq_len))
+    assert packing.packing_efficiency(counts, seq_len, True) == pytest.approx(sum(sizes) / (len(sizes) * seq_len))
     rows = data.TokenRows(ref.path, seq_len, packing=True)
     batch = data.collate_rows([rows[0], rows[1]], seq_len, ref.pad_id, packing=True, varlen=True)
     assert batch[data.NONPAD_TOKENS] == sizes[0] + sizes[1] and "attention_mask" not in batch

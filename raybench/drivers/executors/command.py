@@ -29,11 +29,11 @@ import raybench
 from raybench.drivers.executors import RAY_WORKER_ENV
 from raybench.drivers.executors.torchrun import wait_or_kill
 from raybench.drivers.trial import EXCEPTION_LINE
-from raybench.planning.payload import TrialPayload
 from raybench.planning.stacks import command as planned_command
 from raybench.planning.stacks import torchtitan as planned_torchtitan
 from raybench.planning.stacks import torchtune as planned_torchtune
 from raybench.runtime.probe import RECORD_DIR_ENV
+from raybench.spec.payload import TrialPayload
 from raybench.spec.schema import GIB
 
 # The raybench package's directory: the command's PYTHONPATH exposes it (and nothing else of raybench's

@@ -29,8 +29,8 @@ from datetime import timedelta
 import ray
 
 from raybench.drivers.executors import RAY_WORKER_ENV
-from raybench.planning.payload import TrialPayload
 from raybench.runtime import fingerprint, limits
+from raybench.spec.payload import TrialPayload
 
 NAMESPACE = "raybench"
 MANAGER_NAME = "raybench-pool-manager"

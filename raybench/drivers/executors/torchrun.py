@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from raybench.drivers.trial import EXCEPTION_LINE, one_line_message
-from raybench.planning.payload import TrialPayload
+from raybench.spec.payload import TrialPayload
 
 # After SIGTERM, torchrun and its ranks get this long to exit before they are SIGKILLed.
 GRACE_S = 5

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from raybench.drivers.executors import RAY_WORKER_ENV
-from raybench.planning.payload import TrialPayload
+from raybench.spec.payload import TrialPayload
 
 # Seconds to wait for the cancelled fit task to be reported dead before giving up on it.
 CANCEL_WAIT_S = 30

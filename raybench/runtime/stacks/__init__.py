@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotation only: torchtune_recipe runs in a stack's own environment, without pydantic
-    from raybench.planning.payload import TrialPayload
+    from raybench.spec.payload import TrialPayload
 
 IN_PROCESS = ("hf", "lightning")
 

@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from raybench.planning.payload import TrialPayload
 from raybench.planning.stacks import hf as plan_hf
 from raybench.runtime.data import NONPAD_TOKENS
 from raybench.runtime.probe import StepProbe
 from raybench.runtime.stacks.measure import StackData, StackRun
 from raybench.runtime.strategies import RankContext
+from raybench.spec.payload import TrialPayload
 from raybench.spec.sweep_spec import TrialConfig
 
 

@@ -23,12 +23,12 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer, seed_everything
 from torch import nn
 
-from raybench.planning.payload import TrialPayload
 from raybench.planning.stacks.lightning import CONTEXT_PARAMETER, takes_context
 from raybench.runtime.data import NONPAD_TOKENS
 from raybench.runtime.probe import StepProbe
 from raybench.runtime.stacks.measure import StackData, StackRun
 from raybench.runtime.strategies import RankContext
+from raybench.spec.payload import TrialPayload
 from raybench.spec.sweep_spec import TrialConfig
 
 # raybench's train.precision as Lightning's precision flag: autocast over fp32 weights (DeepSpeed: its own bf16/fp16

@@ -22,17 +22,16 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
-from raybench.planning import tokenized
-from raybench.planning.payload import TrialPayload
-from raybench.planning.tokenized import TokenizedData
 from raybench.runtime import data, fingerprint, limits, provenance, rank_memory, rank_metrics, warm_up
 from raybench.runtime.probe import RAYBENCH_DATA, StepProbe
 from raybench.runtime.rank_metrics import RankMeasurement, TrialFacts
 from raybench.runtime.sampler import Sampler
 from raybench.runtime.strategies import RankContext
-from raybench.spec import metrics
+from raybench.spec import metrics, tokenized_data
 from raybench.spec.hardware import peak_tflops
+from raybench.spec.payload import TrialPayload
 from raybench.spec.schema import GIB
+from raybench.spec.tokenized_data import TokenizedData
 
 
 class StackData:
@@ -44,14 +43,13 @@ class StackData:
 
     def __init__(self, payload: TrialPayload):
         self.config = payload.config
-        self.ref = payload.tokenized  # None: a run without the sweep's driver tokenizes here (data.tokenized_ref)
-        self.cache_dir = payload.cache_dir
+        self.ref = payload.tokenized  # None: the sweep's driver did not tokenize it (data.require_tokenized)
         self.used: str | None = None
         self._rows = None
 
     def tokenized_dataset(self):
         """The cached per-sample dataset, memory-mapped: input_ids, and assistant_masks for loss_on assistant."""
-        dataset = tokenized.load(self._ref().path)  # imports datasets offline (tokenized._datasets)
+        dataset = tokenized_data.load(self._ref().path)  # imports datasets offline (tokenized_data.offline_datasets)
         import datasets
 
         self.used = self.used or "samples"
@@ -74,13 +72,11 @@ class StackData:
         if config.data.source != "hf":
             raise ValueError(f"raybench's tokenized data needs data.source: hf (this trial has "
                              f"{config.data.source!r}); set data.source: hf and data.path, or load your own data")
-        if self.ref is None:
-            self.ref = data.tokenized_ref(config, self.cache_dir)
-        return self.ref
+        return data.require_tokenized(self.ref)
 
     def _hf_rows(self):
         if self._rows is None:
-            self._rows = data.hf_rows(self.config, self._ref(), self.cache_dir)
+            self._rows = data.hf_rows(self.config, self._ref())
         self.used = "rows"
         return self._rows
 

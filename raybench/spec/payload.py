@@ -3,6 +3,10 @@
 One frozen type crosses every boundary below the plan: Ray pickles it to actors, and `to_dict`/`from_dict` carry
 it as plain JSON data through Ray Tune's trial config and torchrun's payload file. Runtime settings that change
 no measurement (the environment a launcher gives the ranks, cache directories) are derived here, once.
+
+It is the contract between the plan and what runs a trial, so it lives in the spec layer and holds plain data
+only: the plan's assessment travels as `AssessmentData` (planning.assessment converts), the tokenized data as its
+handle (spec.tokenized_data). A rank imports this module and never the plan.
 """
 
 from __future__ import annotations
@@ -12,12 +16,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raybench.planning.assessment import Assessment
-from raybench.planning.tokenized import TokenizedData
 from raybench.spec.sweep_spec import CacheSpec, PoolSpec, ProjectionSpec, TrialConfig
+from raybench.spec.tokenized_data import TokenizedData
 
 # glibc's default initial M_MMAP_THRESHOLD; set explicitly, glibc no longer raises it (mallopt(3)).
 MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+@dataclass(frozen=True)
+class AssessmentData:
+    """The plan's memory and step-time assessment of one trial (planning.assessment.Assessment) as plain data:
+    its JSON mapping whole, so `raybench plan --json` and every hop through Tune configs and payload files keep
+    all of it, and typed reads of what a result row takes (planning.assessment.row_fields)."""
+
+    values: dict[str, Any]  # Assessment.as_dict(): the analytic estimate's keys, the judgement's, the intervals
+
+    @property
+    def analytic_peak_gib(self) -> float:
+        """The analytic estimate's peak, uncalibrated."""
+        return self.values["peak_gib"]
+
+    @property
+    def measured_part_gib(self) -> float:
+        """The part of the analytic peak that a trial's measured peak covers."""
+        return self.values["measured_part_gib"]
+
+    @property
+    def peak_calibrated_gib(self) -> float:
+        return self.values["peak_calibrated_gib"]
+
+    @property
+    def analytic_step_time_s(self) -> float | None:
+        """The analytic step-time guess (the estimate's, not the rehearsal's)."""
+        return self.values["step_time_s"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +64,7 @@ class TrialPayload:
     pool: PoolSpec = field(default_factory=PoolSpec)  # warm-pool settings; not part of the id
     caches: CacheSpec = field(default_factory=CacheSpec)  # weights and compile caches; not part of the id
     # The plan's memory/step-time assessment (None for an invalid combination); not part of the id.
-    assessment: Assessment | None = None
+    assessment: AssessmentData | None = None
     # Set by the trial driver: the store's per-cluster cache directory (all-reduce probe, data, compile caches).
     cache_dir: str | None = None
     # Set by the sweep's driver before launch: the hf data it tokenized (or found) in the store; not part of the id.
@@ -54,7 +85,7 @@ class TrialPayload:
             data[name] = data[name].model_dump(mode="json")
         data["ac_blocks"] = list(self.ac_blocks)
         data["tokenized"] = dataclasses.asdict(self.tokenized) if self.tokenized else None
-        data["estimate"] = self.assessment.as_dict() if self.assessment else {}
+        data["estimate"] = dict(self.assessment.values) if self.assessment else {}
         return data
 
     @classmethod
@@ -66,7 +97,7 @@ class TrialPayload:
                       "caches": CacheSpec.model_validate(data["caches"]),
                       "ac_blocks": tuple(data["ac_blocks"]),
                       "tokenized": TokenizedData(**data["tokenized"]) if data.get("tokenized") else None,
-                      "assessment": Assessment.from_dict(data["estimate"]) if data.get("estimate") else None})
+                      "assessment": AssessmentData(dict(data["estimate"])) if data.get("estimate") else None})
 
     def compile_cache_dir(self) -> str | None:
         """Where a compiled trial caches its kernels: train.compile_cache_dir, else caches.compile_dir, else the

@@ -1,0 +1,74 @@
+"""Tokenized data (data.source hf) as the tokenizer writes it and every rank reads it.
+
+planning.tokenized tokenizes a data spec once into the store's cache; the sweep's driver puts the entry's handle
+(`TokenizedData`) in each trial's payload; every rank opens the entry from it (`load`, `lengths`) and lays out its
+rows (runtime.packing, runtime.data). The Alpaca prompt lives here too: the hf tokenizer and the JSON loader
+(runtime.data) render records with it, so both give the same token ids. datasets, pyarrow and numpy load on
+first use: the spec layer stays light.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
+
+
+@dataclass(frozen=True)
+class TokenizedData:
+    """A tokenized dataset in the store's cache, as a trial's payload carries it to every rank."""
+
+    key: str  # hash of the data files, the tokenizer files and the options
+    path: str  # the save_to_disk directory
+    cache: str  # "hit" (found in the store) or "build" (tokenized by this sweep)
+    build_s: float | None  # seconds the build took; None on a hit
+    name: str  # the data path's last component
+    data_hash: str  # hash of the data files alone
+    samples: int
+    tokens_mean: float  # tokens per sample, before truncation to seq_len
+    tokens_max: int
+    pad_id: int
+    packing_efficiency: float | None = None  # per trial (seq_len and data layout): real tokens / row positions
+
+    def row_fields(self) -> dict:
+        """The row's data columns (docs/schema.md)."""
+        return {"dataset_name": self.name, "dataset_hash": self.data_hash, "data_cache_key": self.key,
+                "data_cache": self.cache, "data_build_s": self.build_s, "data_samples": self.samples,
+                "sample_tokens_mean": self.tokens_mean, "sample_tokens_max": self.tokens_max,
+                "packing_efficiency": self.packing_efficiency}
+
+
+def format_record(rec: dict) -> str:
+    """An Alpaca record as one text: the prompt, then the response."""
+    return alpaca_prompt(rec) + (rec.get("output") or "")
+
+
+def alpaca_prompt(rec: dict) -> str:
+    input_block = f"### Input:\n{rec['input']}\n\n" if rec.get("input") else ""
+    return PROMPT.format(instruction=rec.get("instruction") or "", input_block=input_block)
+
+
+def offline_datasets():
+    """The `datasets` module, set to local files only."""
+    # Never reach for a hub, in the driver or in a rank (datasets reads this at its import; a rank's worker module
+    # has set it already, so a warm actor's environment is left as it was).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()  # the sweep's own progress view owns the terminal
+    return datasets
+
+
+def load(path: str):
+    """The cached tokenized dataset, memory-mapped."""
+    return offline_datasets().load_from_disk(path)
+
+
+def lengths(tokenized):
+    """Tokens per sample of a tokenized dataset, from the Arrow list offsets (no token is read)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    column = tokenized.data.column("input_ids")
+    return np.asarray(pc.list_value_length(column).to_numpy(zero_copy_only=False), dtype=np.int64)
