@@ -16,10 +16,11 @@ from raybench.cli import main as cli
 from raybench.drivers.api import run_sweep
 from raybench.drivers.trial import build_row
 from raybench.planning import calibration, estimate, tables
+from raybench.planning.assessment import Assessment
 from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.spec.load import parse_sweep
-from raybench.spec.payload import TrialPayload
+from raybench.spec.payload import AssessmentData, TrialPayload
 from raybench.spec.presets import PRESETS, ModelShape
 from raybench.spec.sac import checkpointed_blocks
 from raybench.spec.sweep_spec import LoraSpec, TrainSpec, TrialConfig
@@ -319,6 +320,19 @@ def test_the_assessment_travels_as_plain_data(tmp_path):
     assert big.assessment.limit_gib == pytest.approx(4 - 0.4)
     invalid = TrialPayload.from_dict({**small.payload.to_dict(), "estimate": {}})  # an invalid point's
     assert invalid.assessment is None and invalid.to_dict()["estimate"] == {}
+
+
+def test_the_plans_assessment_converts_to_and_from_the_payloads_plain_data(tmp_path):
+    """The payload (spec layer) holds the assessment as AssessmentData; planning's Assessment converts both ways,
+    and what a row reads of it comes from the plain data alone."""
+    _, big = plan(parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4})))
+    carried = big.payload.assessment
+    assert isinstance(carried, AssessmentData) and carried == big.assessment.to_data()
+    assert Assessment.from_data(carried) == big.assessment
+    analytic = big.assessment.analytic
+    assert (carried.analytic_peak_gib, carried.measured_part_gib, carried.analytic_step_time_s) == (
+        analytic.peak_gib, analytic.measured_part_gib, analytic.step_time_s)
+    assert carried.peak_calibrated_gib == big.assessment.peak_calibrated_gib
 
 
 def test_margin_in_gib_and_the_gpu_table(tmp_path):

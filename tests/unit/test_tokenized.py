@@ -151,6 +151,19 @@ def test_loader_workers_build_the_same_batches(tmp_path, model_dir, chat_file, c
                    for k in plain)
 
 
+def test_a_rank_opens_tokenized_data_and_never_tokenizes(model_dir, chat_file, chat_tokenizer):
+    """Tokenizing is the plan's job, done by the sweep's driver before launch: a rank whose payload carries no
+    tokenized data refuses the trial instead of tokenizing (the runtime imports nothing of the plan)."""
+    from raybench.spec.presets import model_shape
+
+    config = TrialConfig.model_validate({
+        "model": {"path": str(model_dir)},
+        "data": {**chat_spec(chat_file).model_dump(), "tokenizer": str(chat_tokenizer)},
+        "train": {"seq_len": 48, "micro_batch": 2}})
+    with pytest.raises(ValueError, match="carries no tokenized data.*tokenize_once"):
+        next(data.batches(config, model_shape(config), rank=0, world_size=1, ref=None))
+
+
 def _write(tmp_path, data_section: str, model_dir) -> str:
     sweep = tmp_path / "bad.yaml"
     sweep.write_text(f"name: bad\nmodel: {{path: {model_dir}}}\ndata: {data_section}\n"
