@@ -255,8 +255,8 @@ def cache_key(data: DataSpec, tokenizer_dir: str, hashed_data: str) -> str:
 
 
 def prepare(data: DataSpec, tokenizer_dir: str, cache_root: str | Path) -> TokenizedData:
-    """The tokenized data in cache_root: found there, or built now. Concurrent builders (ranks of a bare run,
-    two sweeps) each build into a temporary directory and the first rename wins."""
+    """The tokenized data in cache_root: found there, or built now. Concurrent builders (two sweeps on one store,
+    a stack's own `dataset` calls) each build into a temporary directory and the first rename wins."""
     hashed = data_hash(data.path)
     key = cache_key(data, tokenizer_dir, hashed)
     final = Path(cache_root) / f"hf-{key}"
