@@ -30,9 +30,7 @@ from raybench.drivers.executors import RAY_WORKER_ENV
 from raybench.drivers.executors.torchrun import wait_or_kill
 from raybench.drivers.trial import EXCEPTION_LINE
 from raybench.planning.payload import TrialPayload
-from raybench.planning.stacks import command as planned_command
-from raybench.planning.stacks import torchtitan as planned_torchtitan
-from raybench.planning.stacks import torchtune as planned_torchtune
+from raybench.planning.stacks import planning_module
 from raybench.runtime.probe import RECORD_DIR_ENV
 from raybench.spec.schema import GIB
 
@@ -204,12 +202,13 @@ def _model_facts(config) -> tuple[int, int, float | None]:
     from raybench.spec import metrics
     from raybench.spec.presets import model_shape
 
+    planned = planning_module(config.stack.kind)
     shape = model_shape(config)
     counts = param_counts(shape, config.train)
     base = counts.total - counts.adapters
-    adapters = planned_torchtune.adapter_params(config, shape) if config.stack.kind == "torchtune" else 0
+    adapters = planned.adapter_params(config, shape)
     total, trainable = base + adapters, adapters or base
-    if config.stack.kind == "command" and "seq_len" not in planned_command.mapped(config):
+    if "seq_len" not in planned.mapped(config):
         return total, trainable, None
     matmul = metrics.matmul_params(total, shape.vocab_size, shape.hidden_size, shape.tie_word_embeddings)
     flops = metrics.flops_per_token(matmul, trainable, trainable == total, shape.num_hidden_layers,
@@ -218,13 +217,9 @@ def _model_facts(config) -> tuple[int, int, float | None]:
 
 
 def _argv(config, python: str) -> list[str]:
-    """The trial's command: the user's own (placeholders filled), torchtune's launch of its recipe, or
-    torchtitan's of its trainer."""
-    if config.stack.kind == "torchtune":
-        return planned_torchtune.argv(config)
-    if config.stack.kind == "torchtitan":
-        return planned_torchtitan.argv(config)
-    return planned_command.argv(config, python)
+    """The trial's command, as its kind's planning module writes it: the user's own (placeholders filled),
+    torchtune's launch of its recipe, or torchtitan's of its trainer."""
+    return planning_module(config.stack.kind).argv(config, python)
 
 
 def _stack_versions(python: str, env: dict[str, str]) -> dict:
