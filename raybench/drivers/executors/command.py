@@ -196,8 +196,9 @@ def _row(payload: TrialPayload, records: list[dict], launched_wall: float, wall_
 
 def _model_facts(config) -> tuple[int, int, float | None]:
     """Parameters of the trial's model (model.preset or model.path's config.json: the model the command
-    trains, docs/stacks/command.md) with torchtune's adapters where its recipe adds them, and FLOPs per token
-    where the sequence length is the trial's (torchtune and torchtitan always; a command that takes {seq_len})."""
+    trains, docs/stacks/command.md) with the adapters its kind's config adds (torchtune's LoRA recipes), and FLOPs
+    per token where the sequence length is the trial's, a train field its kind takes (torchtune and torchtitan
+    always; a command that takes {seq_len})."""
     from raybench.planning.estimate import param_counts
     from raybench.spec import metrics
     from raybench.spec.presets import model_shape

@@ -1,7 +1,7 @@
 """A trial's stack section checked before launch (`plan`): the entry imports, the stack's own keys are its
 schema's, and raybench's own train fields are set only where they map exactly onto the stack (docs/stacks/).
 
-Each kind's descriptor (raybench.spec.stacks) gives its mapping table and OWN_KEYS (the stack's own key for a
+Each kind's descriptor (raybench.spec.stacks) gives its mapping table and own keys (the stack's own key for a
 raybench field it does not take, named in the refusal) and names its planning module (hf, lightning, torchtune,
 torchtitan, command), which gives `mapped(config)`, the train fields this trial takes, and `problems(config)`, its
 schema's check of the overrides.
