@@ -10,7 +10,7 @@ from raybench.planning import calibration, tokenized
 from raybench.planning.plan import PlannedTrial, plan
 from raybench.results import compaction, store
 from raybench.runtime import cuda_snapshot, packing
-from raybench.spec import tokenized_data
+from raybench.spec import stacks, tokenized_data
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
 from raybench.spec.sweep_spec import SweepSpec
@@ -19,8 +19,6 @@ from raybench.spec.tokenized_data import TokenizedData
 # A sweep partition holding more result files than this is compacted at the end of a run: one file per trial
 # attempt keeps writers independent, but readers pay per file (docs/results/store-scale-2026-11-22.md).
 AUTO_COMPACT_FILES = 100
-# The loops that can train on the data spec's tokenized data: raybench's own, and the in-process user stacks.
-TOKENIZED_STACKS = ("raybench", "hf", "lightning")
 
 
 def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | None = None,
@@ -61,8 +59,9 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
     for t in trials:
         data = t.config.data
         # The hf and lightning stacks take the same tokens as raybench's loop through their context; the other
-        # stacks read their own data, which raybench's tokenization would not describe.
-        if data.source != "hf" or t.status != "planned" or t.config.stack.kind not in TOKENIZED_STACKS:
+        # stacks read their own data, which raybench's tokenization would not describe (the registry's
+        # tokenized_data).
+        if data.source != "hf" or t.status != "planned" or not stacks.kind(t.config.stack.kind).tokenized_data:
             out.append(t)
             continue
         key, tokenizer = tokenized.spec_key(data, t.config.model.path)

@@ -15,7 +15,9 @@ once per optimizer step; the trial then reduces every rank's record into the sam
 
 Each `step` call ends the step that began at the previous call (or at `start`) and synchronizes the device first,
 so that a step's end is when its kernels finished, as raybench's own loop times it. That one synchronization per
-optimizer step is the probe's only cost inside the loop (bench/probe_overhead.py measures it).
+optimizer step is the probe's only cost inside the loop (bench/probe_overhead.py measures it). A stack whose loop
+raybench hooks (hf, lightning, torchtune, torchtitan) adds each micro-batch to a `StepCounter`, which ends the
+probe's step at each optimizer step.
 
 Imports torch lazily and nothing else outside the standard library, so a stack's own environment needs only
 raybench's source on its path (docs/stacks/command.md).
@@ -119,6 +121,51 @@ class StepProbe:
             import torch
 
             torch.cuda.synchronize(self.device)
+
+
+class StepCounter:
+    """One optimizer step's micro-batches, added up as a stack's loop goes through them, until the step ends: the
+    tokens (padding included), the real ones and the loss. Counts and losses may stay device tensors: the probe
+    reads them after its synchronization at the step's end, so counting adds none. Every stack that hooks the probe
+    into its own loop counts with it (hf, lightning, the torchtune and torchtitan launchers).
+
+    loss_per_token: each added loss is a sum over its micro-batch's real tokens (the micro-batch's mean loss times
+    its count), and the step's loss is their sum over the step's real tokens: the token-weighted mean torchtune and
+    torchtitan normalize by. Otherwise each added loss is already its part of the step's loss (the Trainer's and
+    Lightning's, divided over the accumulation steps), and the step's loss is their sum.
+    empty_step_error: a step that ends with no micro-batch counted raises this (a loop the stack's hooks do not
+    see); None: such a step is recorded as it is."""
+
+    def __init__(self, loss_per_token: bool = False, empty_step_error: str | None = None):
+        self.loss_per_token = loss_per_token
+        self.empty_step_error = empty_step_error
+        self._reset()
+
+    def _reset(self) -> None:
+        self.tokens = 0
+        self.nonpad_tokens = 0  # a tensor once counted: read after the probe's device sync
+        self.last_nonpad_tokens = 0  # the last micro-batch's, for a loss weighted by them
+        self.loss = None  # None: no loss seen this step (not known)
+
+    def add(self, tokens: int, nonpad_tokens) -> None:
+        """One micro-batch: its tokens, padding included, and the real ones among them (an int or a tensor)."""
+        self.tokens += tokens
+        self.nonpad_tokens = self.nonpad_tokens + nonpad_tokens
+        self.last_nonpad_tokens = nonpad_tokens
+
+    def add_loss(self, loss) -> None:
+        """One micro-batch's loss (see loss_per_token), a number or a detached tensor."""
+        self.loss = loss if self.loss is None else self.loss + loss
+
+    def end_step(self, probe: StepProbe) -> None:
+        """End the probe's step with what was counted since the last one, and start counting the next."""
+        if self.tokens == 0 and self.empty_step_error is not None:
+            raise RuntimeError(self.empty_step_error)
+        loss = self.loss
+        if loss is not None and self.loss_per_token:
+            loss = loss / self.nonpad_tokens  # no token with a label: nan, as the stacks' own division
+        probe.step(tokens=self.tokens, nonpad_tokens=self.nonpad_tokens, loss=loss)
+        self._reset()
 
 
 def _default_device():

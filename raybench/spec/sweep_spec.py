@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
 
+from raybench.spec import stacks
 from raybench.spec.presets import PRESETS
 from raybench.spec.values import ENV_PREFIXES, Ratio, check_env, check_saved_ops
 
@@ -273,18 +274,13 @@ class ResourcesSpec(_Spec):
         "the trial is recorded as oom. null: no cap."))
 
 
-STACK_KINDS = ("raybench", "hf", "lightning", "torchtune", "torchtitan", "command")
-
-
 class StackSpec(_Spec):
     """Who trains: raybench's own loop, or the user's own training stack measured by the same probe
     (docs/stacks/). Fields of `train` map onto a stack only where the mapping is exact (docs/stacks/)."""
 
-    kind: Literal[STACK_KINDS] = Field("raybench", description=(
-        "raybench: raybench's own training loop; hf: a transformers Trainer or TRL SFTTrainer; lightning: a "
-        "LightningModule and Lightning Trainer; torchtune: a torchtune recipe in its own environment (stack.python); "
-        "torchtitan: torchtitan's trainer in its own environment (stack.python); command: any command line, its "
-        "ranks timed by the probe."))
+    # The kinds and what each trains are the registry's (raybench.spec.stacks), in its order.
+    kind: Literal[tuple(stacks.KINDS)] = Field(stacks.RAYBENCH, description="; ".join(
+        f"{k.name}: {k.summary}" for k in stacks.KINDS.values()) + ".")
     entry: str | None = Field(None, description=(
         "hf: 'module:function' called as function(overrides, ctx) that returns the trial's Trainer or SFTTrainer; "
         "lightning: 'module:function' called with the overrides that are its parameters, returning a "

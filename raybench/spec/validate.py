@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from raybench.spec import stacks
 from raybench.spec.axes import axis_assignments, copy_trial, set_path, split_path
 from raybench.spec.errors import Problem
 from raybench.spec.hardware import gpu_labels, gpu_memory_gib, known_gpu
@@ -202,15 +203,17 @@ def sweep_problems(spec: SweepSpec) -> list[Problem]:
 
 
 def _check_pool_stacks(spec: SweepSpec) -> list[Problem]:
-    """A warm pool's actors run raybench's own loop only: a user's stack needs fresh processes per trial."""
+    """A warm pool's actors run raybench's own loop only (the registry's warm_pool): a user's stack needs fresh
+    processes per trial."""
     if spec.executor != "pool":
         return []
     kinds = {spec.stack.kind}
     for key, values in spec.axes.items():
         for value in values if isinstance(values, list) else []:
             assigned = axis_assignments(key, value) if "." in key or isinstance(value, dict) else {}
-            kinds.add(assigned.get("stack.kind", "raybench"))
-    others = sorted(kinds - {"raybench"})
+            kinds.add(assigned.get("stack.kind", stacks.RAYBENCH))
+    # A kind that is not the registry's is refused on its own (_check_axes); here it is not one the pool runs either.
+    others = sorted(k for k in kinds if not (k in stacks.KINDS and stacks.kind(k).warm_pool))
     if not others:
         return []
     return [Problem("executor", "pool", f"the warm pool runs raybench's own loop only, not stack.kind "

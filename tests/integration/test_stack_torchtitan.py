@@ -81,7 +81,7 @@ def _raw(python: str, assets: dict[str, Path], **overrides) -> dict:
 
 def _argv(python: str, assets: dict[str, Path], **overrides) -> list[str]:
     (trial,) = plan(parse_sweep(_raw(python, assets, **overrides), str(SWEEP), SWEEP.parent))
-    return torchtitan.argv(trial.config)
+    return torchtitan.argv(trial.config, python)
 
 
 def _run(argv: list[str], tmp: Path) -> subprocess.CompletedProcess:

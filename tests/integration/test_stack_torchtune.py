@@ -113,7 +113,7 @@ def run(python, assets, tmp_path_factory):
     """The planned command, run as the command executor runs it: in a scratch directory, the probe's records
     written to RAYBENCH_PROBE_DIR."""
     config = _trial(python, assets, packed=False)
-    argv = torchtune.argv(config)
+    argv = torchtune.argv(config, python)
     tmp = tmp_path_factory.mktemp("torchtune-run")
     done = subprocess.run(argv, cwd=tmp, env=_env(tmp), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

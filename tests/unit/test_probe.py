@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from raybench.runtime import rank_metrics
-from raybench.runtime.probe import RECORD_DIR_ENV, StepProbe
+from raybench.runtime.probe import RECORD_DIR_ENV, StepCounter, StepProbe
 from raybench.runtime.rank_metrics import TrialFacts
 from raybench.spec.sweep_spec import TrainSpec
 
@@ -78,3 +78,33 @@ def test_probe_writes_nothing_outside_a_command_trial(monkeypatch):
     probe.start()
     probe.step(tokens=4)
     assert probe.finish() is None
+
+
+def test_a_step_counter_adds_up_an_optimizer_steps_micro_batches():
+    """The Trainer's and Lightning's way: each micro-batch's loss is its part of the step's; counts may be tensors."""
+    probe = StepProbe(torch.device("cpu"))
+    probe.start()
+    counter = StepCounter()
+    counter.add(8, torch.tensor(6))
+    counter.add_loss(torch.tensor(0.5))
+    counter.add(8, 4)
+    counter.add_loss(torch.tensor(0.25))
+    counter.end_step(probe)
+    counter.end_step(probe)  # no micro-batch seen: recorded as it is, its loss not known
+    record = probe.record
+    assert record.tokens == [16, 0] and record.nonpad_tokens == [10, 0]
+    assert record.losses[0] == 0.75 and math.isnan(record.losses[1])
+
+
+def test_a_token_weighted_step_counter_refuses_an_empty_step():
+    """torchtune's and torchtitan's way: each loss added is a sum over its real tokens; the step's is their mean."""
+    probe = StepProbe(torch.device("cpu"))
+    probe.start()
+    counter = StepCounter(loss_per_token=True, empty_step_error="no micro-batch counted")
+    for nonpad, mean_loss in ((2, 1.0), (6, 3.0)):
+        counter.add(8, torch.tensor(nonpad))
+        counter.add_loss(torch.tensor(mean_loss) * counter.last_nonpad_tokens)
+    counter.end_step(probe)
+    assert probe.record.nonpad_tokens == [8] and probe.record.losses == [2.5]  # (1 x 2 + 3 x 6) / 8
+    with pytest.raises(RuntimeError, match="no micro-batch counted"):
+        counter.end_step(probe)

@@ -101,7 +101,7 @@ def test_entry_and_config_file_sweeps_plan(tmp_path, model_dir, text_file):
 @pytest.mark.parametrize("ratio, checkpointed", [("0", False), ("1", True)])
 def test_ac_ratio_decides_checkpointing_against_sftconfigs_own_default(tmp_path, model_dir, ratio, checkpointed):
     """SFTConfig checkpoints by default; a trial's row says ac_ratio 0, so its arguments must not checkpoint."""
-    from raybench.planning.stacks import hf
+    from raybench.spec.stacks import hf
 
     (trial,) = plan(load_sweep(_sweep(tmp_path, model_dir, train={"ac_ratio": ratio})))
     cls = hf.args_class()
@@ -130,7 +130,7 @@ def test_the_data_spec_plans_for_the_entry_and_the_config_path(tmp_path, model_d
 def test_raybench_loader_fields_are_the_trainers_dataloader_keys(tmp_path, model_dir, data, expected):
     """The same torch DataLoader arguments under both names: an axis over data.num_workers sweeps the Trainer's
     loader too. Persistent workers need workers (torch refuses them without), as in raybench's own loader."""
-    from raybench.planning.stacks import hf
+    from raybench.spec.stacks import hf
 
     (trial,) = plan(load_sweep(_sweep(tmp_path, model_dir, data={"source": "synthetic", **data})))
     cls = hf.args_class()

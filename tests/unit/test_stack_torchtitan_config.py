@@ -90,7 +90,7 @@ def test_a_good_section_gives_torchtitans_own_command_line(tmp_path):
     overrides = ("{hf_assets_path: /data/tokenizer, dataloader.dataset_path: /data/text, checkpoint.enable: false, "
                  "compile.components: [model, loss], dataloader.prefetch_factor: null, metrics.log_freq: 5}")
     trial = plan(load_sweep(write_sweep(tmp_path / "sweep.yaml", _sweep(overrides=overrides))))[0]
-    argv = torchtitan.argv(trial.config)
+    argv = torchtitan.argv(trial.config, trial.config.stack.python)
     assert argv[:10] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                          "-m", "raybench.runtime.stacks.torchtitan_train", str(CONFIG), "llama3_tiny_cpu"]
     rest = argv[10:]

@@ -83,7 +83,7 @@ def test_a_good_section_gives_torchtunes_own_command_line(tmp_path, model_dir):
                   "+custom_sharded_layers: [tok_embeddings, output]}")
     text = text.replace("{preset: tiny}", f"{{path: {model_dir}}}")
     trial = plan(load_sweep(write_sweep(tmp_path / "sweep.yaml", text)))[0]
-    argv = torchtune.argv(trial.config)
+    argv = torchtune.argv(trial.config, trial.config.stack.python)
     assert argv[:11] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                          "-m", "raybench.runtime.stacks.torchtune_recipe", "lora_finetune_distributed", "--config",
                          str(CONFIG)]
@@ -118,4 +118,4 @@ def test_an_axis_sweeps_a_dotted_torchtune_key(tmp_path, model_dir):
     text = text.replace("{preset: tiny}", f"{{path: {model_dir}}}")
     trials = plan(load_sweep(write_sweep(tmp_path / "sweep.yaml", text)))
     assert [t.config.stack.overrides["dataset.packed"] for t in trials] == [True, False]
-    assert "dataset.packed=false" in torchtune.argv(trials[1].config)
+    assert "dataset.packed=false" in torchtune.argv(trials[1].config, sys.executable)

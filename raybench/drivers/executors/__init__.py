@@ -2,14 +2,16 @@
 
 - train:    a Ray Train V2 TorchTrainer per trial (new worker processes every trial).
 - torchrun: plain `torchrun` on this machine, no Ray (for `raybench trial` and debugging).
-- command:  a `command`, `torchtune` or `torchtitan` stack's trial under either of them: its command line, out of
-            process.
+- command:  a command-line stack's trial (`command`, `torchtune`, `torchtitan`) under either of them: its command
+            line, out of process.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+
+from raybench.spec import stacks
 
 # Ray starts its worker processes at niceness 15, so that its own daemons win the CPU; a trial's ranks (pool
 # actors, Ray Train workers, and torchrun ranks, which inherit their trial driver's niceness) would then lose
@@ -18,18 +20,14 @@ from collections.abc import Callable
 RAY_WORKER_ENV = {"RAY_worker_niceness": "0"}
 
 
-# Stacks whose ranks a command line starts (executors/command.py), not raybench's workers.
-OUT_OF_PROCESS_STACKS = ("command", "torchtune", "torchtitan")
-
-
 def get(name: str) -> Callable[[dict], dict]:
-    """The executor's `execute`; a trial of a `command`, `torchtune` or `torchtitan` stack runs its command instead
-    (executors/command.py):
+    """The executor's `execute`; a trial of a kind whose ranks a command line starts (the registry's in_process:
+    false; `command`, `torchtune`, `torchtitan`) runs its command instead (executors/command.py):
     in a Ray task holding its resources under `train`, on this machine under `torchrun`."""
     execute = importlib.import_module(f"raybench.drivers.executors.{name}").execute
 
     def run(payload) -> dict:
-        if payload.config.stack.kind not in OUT_OF_PROCESS_STACKS:
+        if stacks.kind(payload.config.stack.kind).in_process:
             return execute(payload)
         command = importlib.import_module("raybench.drivers.executors.command")
         return command.execute(payload) if name == "torchrun" else command.execute_on_ray(payload)

@@ -29,9 +29,7 @@ import raybench
 from raybench.drivers.executors import RAY_WORKER_ENV
 from raybench.drivers.executors.torchrun import wait_or_kill
 from raybench.drivers.trial import EXCEPTION_LINE
-from raybench.planning.stacks import command as planned_command
-from raybench.planning.stacks import torchtitan as planned_torchtitan
-from raybench.planning.stacks import torchtune as planned_torchtune
+from raybench.planning.stacks import planning_module
 from raybench.runtime.probe import RECORD_DIR_ENV
 from raybench.spec.payload import TrialPayload
 from raybench.spec.schema import GIB
@@ -198,18 +196,20 @@ def _row(payload: TrialPayload, records: list[dict], launched_wall: float, wall_
 
 def _model_facts(config) -> tuple[int, int, float | None]:
     """Parameters of the trial's model (model.preset or model.path's config.json: the model the command
-    trains, docs/stacks/command.md) with torchtune's adapters where its recipe adds them, and FLOPs per token
-    where the sequence length is the trial's (torchtune and torchtitan always; a command that takes {seq_len})."""
+    trains, docs/stacks/command.md) with the adapters its kind's config adds (torchtune's LoRA recipes), and FLOPs
+    per token where the sequence length is the trial's, a train field its kind takes (torchtune and torchtitan
+    always; a command that takes {seq_len})."""
     from raybench.planning.estimate import param_counts
     from raybench.spec import metrics
     from raybench.spec.presets import model_shape
 
+    planned = planning_module(config.stack.kind)
     shape = model_shape(config)
     counts = param_counts(shape, config.train)
     base = counts.total - counts.adapters
-    adapters = planned_torchtune.adapter_params(config, shape) if config.stack.kind == "torchtune" else 0
+    adapters = planned.adapter_params(config, shape)
     total, trainable = base + adapters, adapters or base
-    if config.stack.kind == "command" and "seq_len" not in planned_command.mapped(config):
+    if "seq_len" not in planned.mapped(config):
         return total, trainable, None
     matmul = metrics.matmul_params(total, shape.vocab_size, shape.hidden_size, shape.tie_word_embeddings)
     flops = metrics.flops_per_token(matmul, trainable, trainable == total, shape.num_hidden_layers,
@@ -218,13 +218,9 @@ def _model_facts(config) -> tuple[int, int, float | None]:
 
 
 def _argv(config, python: str) -> list[str]:
-    """The trial's command: the user's own (placeholders filled), torchtune's launch of its recipe, or
-    torchtitan's of its trainer."""
-    if config.stack.kind == "torchtune":
-        return planned_torchtune.argv(config)
-    if config.stack.kind == "torchtitan":
-        return planned_torchtitan.argv(config)
-    return planned_command.argv(config, python)
+    """The trial's command, as its kind's planning module writes it: the user's own (placeholders filled),
+    torchtune's launch of its recipe, or torchtitan's of its trainer."""
+    return planning_module(config.stack.kind).argv(config, python)
 
 
 def _stack_versions(python: str, env: dict[str, str]) -> dict:

@@ -1,9 +1,10 @@
 """A trial's stack section checked before launch (`plan`): the entry imports, the stack's own keys are its
 schema's, and raybench's own train fields are set only where they map exactly onto the stack (docs/stacks/).
 
-Each stack's module (hf, lightning, torchtune, torchtitan, command) gives MAPPED, raybench's train fields it takes
-with the stack's key each becomes, OWN_KEYS, the stack's own key for a raybench field it does not take (named in
-the refusal), and `problems(config)`, its schema's check of the overrides.
+Each kind's descriptor (raybench.spec.stacks) gives its mapping table and own keys (the stack's own key for a
+raybench field it does not take, named in the refusal) and names its planning module (hf, lightning, torchtune,
+torchtitan, command), which gives `mapped(config)`, the train fields this trial takes, and `problems(config)`, its
+schema's check of the overrides.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 from types import ModuleType
 
+from raybench.spec import stacks
 from raybench.spec.errors import Problem
 from raybench.spec.load import PLACEHOLDER
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig
@@ -24,20 +26,21 @@ ALWAYS_MAPPED = ("warmup_steps", "env")
 _NESTED = {"lora"}
 
 
-def _stack_module(kind: str) -> ModuleType:
-    return importlib.import_module(f"raybench.planning.stacks.{kind}")
+def planning_module(kind: str) -> ModuleType:
+    """The kind's planning module (its descriptor names it): `problems`, `mapped`, and a command line's `argv`."""
+    return importlib.import_module(stacks.kind(kind).planning)
 
 
 def problems(config: TrialConfig) -> list[Problem]:
     """Everything wrong with a trial's stack section; [] for raybench's own loop."""
-    kind = config.stack.kind
-    if kind == "raybench":
+    stack = stacks.kind(config.stack.kind)
+    if stack.planning is None:
         return _own_fields_problems(config)
-    stack = _stack_module(kind)
-    # A stack whose mapping depends on the trial (command: the placeholders its argv uses) gives mapped(config).
-    mapped = stack.mapped(config) if hasattr(stack, "mapped") else stack.MAPPED
-    found = _unmapped_fields(config.train, kind, mapped, stack.OWN_KEYS)
-    return found + stack.problems(config)
+    module = planning_module(stack.name)
+    found = _unmapped_fields(config.train, stack.name, module.mapped(config), stack.own_keys)
+    if stack.own_python:
+        found += interpreter_problems(stack.name, config.stack.python)
+    return found + module.problems(config)
 
 
 def _own_fields_problems(config: TrialConfig) -> list[Problem]:
@@ -46,11 +49,13 @@ def _own_fields_problems(config: TrialConfig) -> list[Problem]:
     set_fields = [name for name in ("entry", "config", "recipe", "command", "python")
                   if getattr(stack, name) is not None]
     set_fields += [name for name in ("overrides", "pythonpath") if getattr(stack, name)]
-    return [Problem(f"stack.{name}", getattr(stack, name), "only a user's stack takes this; set stack.kind (hf, "
-                    "lightning, torchtune, torchtitan, command) or remove it") for name in set_fields]
+    kinds = ", ".join(stacks.user_kinds())
+    return [Problem(f"stack.{name}", getattr(stack, name), f"only a user's stack takes this; set stack.kind ({kinds}) "
+                    "or remove it") for name in set_fields]
 
 
-def _unmapped_fields(train: TrainSpec, kind: str, mapped: dict[str, str], own_keys: dict[str, str]) -> list[Problem]:
+def _unmapped_fields(train: TrainSpec, kind: str, mapped: dict[str, tuple[str, ...]],
+                     own_keys: dict[str, str]) -> list[Problem]:
     """raybench train fields set off their defaults that the stack does not take: refused, naming its own key."""
     defaults = TrainSpec()
     found = []

@@ -15,22 +15,26 @@ import string
 import sys
 
 from raybench.spec.errors import Problem
+from raybench.spec.stacks import kind
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig
 
-# raybench's train fields a command can take, each as the placeholder of the same name.
-TRAIN_PLACEHOLDERS = ("steps", "micro_batch", "seq_len", "grad_accum", "lr", "seed", "precision")
+COMMAND = kind("command")
+# raybench's train fields a command can take, each as the placeholder of the same name (the registry's table).
+TRAIN_PLACEHOLDERS = tuple(COMMAND.mapped)
 # What the trial runs on, always available.
 FIXED_PLACEHOLDERS = ("python", "workers", "model_path", "data_path")
 
-MAPPED = {name: f"{{{name}}} in stack.command" for name in TRAIN_PLACEHOLDERS}
-# A train field the command does not use: the fix is to use its placeholder.
-OWN_KEYS = {name: f"use {{{name}}} in stack.command" for name in TRAIN_PLACEHOLDERS}
 
-
-def mapped(config: TrialConfig) -> dict[str, str]:
+def mapped(config: TrialConfig) -> dict[str, tuple[str, ...]]:
     """The train fields this trial's command takes: those whose placeholder it uses."""
     used = used_placeholders(config.stack.command or [])
-    return {name: key for name, key in MAPPED.items() if name in used}
+    return {name: keys for name, keys in COMMAND.mapped.items() if name in used}
+
+
+def adapter_params(config: TrialConfig, shape) -> int:
+    """LoRA parameters the command adds to the model: none that raybench knows of (the model's own parameters are
+    model.preset's or model.path's)."""
+    return 0
 
 
 def used_placeholders(command: list[str]) -> set[str]:

@@ -19,47 +19,27 @@ import sys
 
 from raybench.planning.stacks import yaml_values
 from raybench.spec.errors import Problem
+from raybench.spec.stacks import kind
+from raybench.spec.stacks.lightning import CONTEXT_PARAMETER, takes_context
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
 
-# raybench's train fields that Lightning takes, with what each becomes (runtime/stacks/lightning.py).
-MAPPED = {
-    "steps": "max_steps",
-    "grad_accum": "accumulate_grad_batches",
-    "precision": "precision (fp32: 32-true, bf16: bf16-mixed, fp16: 16-mixed)",
-    "max_grad_norm": "gradient_clip_val (clipped by norm; null: no clipping)",
-    "seed": "seed_everything(seed, workers=True) before the function runs",
-}
-# With data.source hf, what the rows the function gets from ctx take besides (runtime.data.hf_rows).
-MAPPED_WITH_DATA = {"seq_len": "the length of ctx.train_rows()'s rows (samples truncated to it, padded or packed)"}
+LIGHTNING = kind("lightning")
+# With data.source hf, what the rows the function gets from ctx take besides (runtime.data.hf_rows): seq_len, the
+# length of ctx.train_rows()'s rows (samples truncated to it, padded or packed).
+MAPPED_WITH_DATA = {"seq_len": ()}
 
 
-def mapped(config: TrialConfig) -> dict[str, str]:
-    """The train fields this trial takes: MAPPED, and seq_len where the data spec's rows reach the function."""
-    return {**MAPPED, **MAPPED_WITH_DATA} if config.data.source == "hf" else MAPPED
+def mapped(config: TrialConfig) -> dict[str, tuple[str, ...]]:
+    """The train fields this trial takes: the registry's table, and seq_len where the data spec's rows reach the
+    function."""
+    return {**LIGHTNING.mapped, **MAPPED_WITH_DATA} if config.data.source == "hf" else LIGHTNING.mapped
 
 
-# raybench's train fields that Lightning does not take, with where the same setting goes instead.
-OWN_KEYS = {
-    "strategy": "stack.overrides.strategy: ddp, fsdp, deepspeed_stage_2 or deepspeed_stage_3",
-    "zero_stage": "stack.overrides.strategy: deepspeed_stage_2 or deepspeed_stage_3",
-    "micro_batch": "your function's DataLoader batch size, as one of its parameters (stack.overrides.batch_size)",
-    "seq_len": "your function's sequence length, as one of its parameters (stack.overrides.seq_len); with "
-               "data.source hf, ctx.train_rows() takes train.seq_len",
-    "lr": "your configure_optimizers, its rate one of your function's parameters (stack.overrides.lr)",
-    "optimizer": "your LightningModule's configure_optimizers",
-    "weight_decay": "your LightningModule's configure_optimizers",
-    "compile": "torch.compile inside your LightningModule",
-    "ac_ratio": "activation checkpointing inside your module (model.gradient_checkpointing_enable())",
-    "finetune": "adapters inside your module (peft.get_peft_model)",
-}
 # The strategies raybench runs under Lightning, each Lightning's own (StrategyRegistry names).
 STRATEGIES = ("ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 # Trainer arguments raybench sets from the trial: the field that sets each.
 FROM_TRIAL = {
-    "max_steps": "train.steps",
-    "accumulate_grad_batches": "train.grad_accum",
-    "precision": "train.precision",
-    "gradient_clip_val": "train.max_grad_norm",
+    **LIGHTNING.set_keys(),
     "gradient_clip_algorithm": "train.max_grad_norm (raybench clips by norm)",
     "accelerator": "resources.gpus_per_worker",
     "devices": "resources.workers",
@@ -85,9 +65,6 @@ FIXED = {
     "callbacks": "raybench adds its probe's callback; YAML cannot give callback objects",
     "plugins": "raybench adds the cluster environment that joins the trial's process group",
 }
-# The function's parameter raybench fills with the trial's context (runtime.stacks.lightning.LightningContext); no
-# override may take its name.
-CONTEXT_PARAMETER = "ctx"
 # data fields of the DataLoader, which the user's function builds: refused off their defaults (set them there).
 LOADER_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
@@ -112,13 +89,6 @@ def problems(config: TrialConfig) -> list[Problem]:
              for p in _key_problems(key, value, trainer, own, config)]
     return (found + _missing_arguments(own, config) + _strategy_problems(config)
             + _data_problems(config, with_context))
-
-
-def takes_context(parameters) -> bool:
-    """Whether a function with these parameters (inspect's) declares `ctx` by name (**kwargs alone does not)."""
-    param = parameters.get(CONTEXT_PARAMETER)
-    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                inspect.Parameter.KEYWORD_ONLY)
 
 
 def _key_problems(key: str, value, trainer: dict, own: dict, config: TrialConfig) -> list[Problem]:

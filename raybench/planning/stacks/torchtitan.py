@@ -6,8 +6,8 @@ FUNCTION --section.key=value ...` (`argv`): torchtitan 0.3.0's job config is a P
 Trainer.Config (as its model registries define them), which its command line then overrides key by key. raybench
 passes stack.overrides, then the train fields that map exactly (`mapped_values`), so a mapped key is refused in the
 overrides. Here the file is Python that defines stack.recipe, every override is a key of torchtitan 0.3.0's job
-config with a value of its type (torchtitan_schema.KEYS, written from torchtitan by scripts/torchtitan_schema.py),
-and the interpreter exists.
+config with a value of its type (torchtitan_schema.KEYS, written from torchtitan by scripts/torchtitan_schema.py);
+the interpreter (stack.python) is checked for every kind that runs in its own environment (planning.stacks.problems).
 
 The standard library only: torchtitan is not imported (it lives in stack.python's environment, not raybench's).
 """
@@ -21,57 +21,31 @@ import re
 from pathlib import Path
 from typing import Any
 
-from raybench.planning.stacks import interpreter_problems
 from raybench.planning.stacks.torchtitan_schema import KEYS, TORCHTITAN_VERSION
 from raybench.spec.errors import Problem
 from raybench.spec.load import PLACEHOLDER
+from raybench.spec.stacks import kind
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
 
-LAUNCHER = "raybench.runtime.stacks.torchtitan_train"
-
-# raybench's train field -> the torchtitan key it becomes (exact: the same quantity, the same units).
-MAPPED = {
-    "steps": "training.steps",
-    "micro_batch": "training.local_batch_size",
-    "grad_accum": "training.global_batch_size (micro_batch x grad_accum x data-parallel ranks)",
-    "seq_len": "training.seq_len",
-    "seed": "debug.seed",
-    "max_grad_norm": "training.max_norm",
-    "precision": "training.mixed_precision_param (fp32: float32, bf16: bfloat16)",
-    "compile": "compile.enable",
-    "strategy": "fsdp2 only: torchtitan shards with FSDP2",
-    "finetune": "full only: torchtitan's trainer trains every weight",
-}
-# The torchtitan keys raybench sets on every trial's command line (refused in stack.overrides).
-SET_KEYS = {
-    "training.steps": "train.steps", "training.local_batch_size": "train.micro_batch",
-    "training.global_batch_size": "train.grad_accum", "training.seq_len": "train.seq_len",
-    "debug.seed": "train.seed", "training.max_norm": "train.max_grad_norm",
-    "training.mixed_precision_param": "train.precision", "compile.enable": "train.compile",
-}
-# raybench's train field -> the torchtitan setting to use instead (named when the field is refused).
-OWN_KEYS = {
-    "lr": "the config function's optimizer, e.g. default_adamw(lr=3e-4) (its param_groups' optimizer_kwargs)",
-    "weight_decay": "the config function's optimizer, e.g. default_adamw(lr=..., weight_decay=0.1)",
-    "optimizer": "the config function's optimizer (param_groups' optimizer_name, optimizer.implementation)",
-    "ac_ratio": "the config function's activation_checkpoint: FullAC.Config(), SelectiveAC.Config() or None",
-    "ac_mode": "the config function's activation_checkpoint: FullAC.Config() or SelectiveAC.Config()",
-    "ac_saved_ops": "the config function's activation_checkpoint (SelectiveAC.Config)",
-    "reshard_after_forward": "stack.overrides parallelism.fsdp_reshard_after_forward (default, always, never)",
-    "reduce_dtype": "stack.overrides training.mixed_precision_reduce (torchtitan 0.3.0 takes float32 only)",
-    "fp8": "the config function's model converters (torchtitan's float8 converter and its recipe)",
-    "tp_size": "stack.overrides parallelism.tensor_parallel_degree",
-    "offload": "stack.overrides training.enable_cpu_offload",
-    "zero_stage": "none: FSDP2 shards parameters, gradients and optimizer state",
-    "grad_scaler": "none: torchtitan trains in fp32 or bf16",
-    "liger": "the config function's loss (ChunkedLossWrapper)",
-    "compile_cache_dir": "train.env TORCHINDUCTOR_CACHE_DIR",
-}
+TORCHTITAN = kind("torchtitan")
+# The torchtitan keys raybench sets on every trial's command line (refused in stack.overrides): the field that sets
+# each, from the registry's table.
+SET_KEYS = TORCHTITAN.set_keys()
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 # The model-parallel degrees the data-parallel ranks are the rest of (training.global_batch_size counts those).
 MODEL_PARALLEL_KEYS = ("parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
                        "parallelism.context_parallel_degree")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def mapped(config: TrialConfig) -> dict[str, tuple[str, ...]]:
+    """The train fields every torchtitan trial takes, with the torchtitan keys each becomes (the registry's table)."""
+    return TORCHTITAN.mapped
+
+
+def adapter_params(config: TrialConfig, shape) -> int:
+    """LoRA parameters the trial adds to the model: none (train.finetune is full only)."""
+    return 0
 
 
 def problems(config: TrialConfig) -> list[Problem]:
@@ -81,7 +55,6 @@ def problems(config: TrialConfig) -> list[Problem]:
     if stack.pythonpath:
         found.append(Problem("stack.pythonpath", stack.pythonpath, "stack torchtitan puts stack.config's directory "
                              "on the path itself: remove it"))
-    found += interpreter_problems("torchtitan", stack.python)
     found += _config_file_problems(stack.config, stack.recipe)
     found += _train_problems(config)
     found += _data_problems(config)
@@ -268,10 +241,11 @@ def cli_args(key: str, value: Any) -> list[str]:
     return [f"--{key}={'None' if value is None else value}"]
 
 
-def argv(config: TrialConfig) -> list[str]:
-    """The trial's command: torchrun over this machine's ranks, the launcher, torchtitan's own CLI arguments."""
+def argv(config: TrialConfig, python: str) -> list[str]:
+    """The trial's command: torchrun over this machine's ranks (python: stack.python, torchtitan's environment), the
+    launcher (the registry's runtime module), torchtitan's own CLI arguments."""
     stack = config.stack
     pairs = {**stack.overrides, **mapped_values(config)}
-    return [stack.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(config.resources.workers), "-m", LAUNCHER, stack.config, stack.recipe,
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(config.resources.workers), "-m", TORCHTITAN.runtime, stack.config, stack.recipe,
             *(arg for key, value in pairs.items() for arg in cli_args(key, value))]

@@ -5,7 +5,8 @@ A trial runs `stack.python -m torch.distributed.run ... -m raybench.runtime.stac
 stack.config key=value ...` (`argv`): torchtune parses the config file and the key=value overrides itself, in this
 order: the file, stack.overrides, then raybench's train fields that map exactly (`mapped_values`), so a mapped
 key is refused in the overrides. Here the recipe is one raybench measures, the config file is a readable mapping,
-every override names a key the file has (a new key is written `+key`), and the interpreter exists.
+and every override names a key the file has (a new key is written `+key`); the interpreter (stack.python) is
+checked for every kind that runs in its own environment (planning.stacks.problems).
 
 PyYAML only: torchtune is not imported (it lives in stack.python's environment, not raybench's).
 """
@@ -17,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from raybench.planning.stacks import interpreter_problems
 from raybench.spec.errors import Problem
 from raybench.spec.load import PLACEHOLDER
+from raybench.spec.stacks import kind
 from raybench.spec.sweep_spec import DataSpec, LoraSpec, TrialConfig
 
 # torchtune 0.6.1's recipes (`tune ls`), each with the train.finetune it is; None: a recipe raybench does not
@@ -46,35 +47,11 @@ RECIPES = {
     "eleuther_eval": None,
     "quantize": None,
 }
-LAUNCHER = "raybench.runtime.stacks.torchtune_recipe"
 
-# raybench's train field -> the torchtune config key it becomes (exact: the same quantity, the same units).
-MAPPED = {
-    "steps": "max_steps_per_epoch, with epochs=1",
-    "micro_batch": "batch_size",
-    "grad_accum": "gradient_accumulation_steps",
-    "seed": "seed",
-    "lr": "optimizer.lr",
-    "weight_decay": "optimizer.weight_decay",
-    "max_grad_norm": "clip_grad_norm",
-    "precision": "dtype (fp32 or bf16)",
-    "seq_len": "tokenizer.max_seq_len",
-    "compile": "compile",
-    "ac_ratio": "enable_activation_checkpointing ('0': false, '1': true)",
-    "reshard_after_forward": "fsdp_reshard_after_forward",
-    "strategy": "fsdp2 only: torchtune's distributed recipes shard with FSDP2",
-    "finetune": "the recipe: lora_finetune_distributed is lora, full_finetune_distributed full",
-    # nested: train.lora.rank, alpha, dropout -> model.lora_rank, lora_alpha, lora_dropout (LoRA recipes)
-}
-# The torchtune keys raybench sets on every trial's command line (refused in stack.overrides).
-SET_KEYS = {
-    "max_steps_per_epoch": "train.steps", "epochs": "train.steps (one epoch of train.steps steps)",
-    "batch_size": "train.micro_batch", "gradient_accumulation_steps": "train.grad_accum", "seed": "train.seed",
-    "optimizer.lr": "train.lr", "optimizer.weight_decay": "train.weight_decay",
-    "clip_grad_norm": "train.max_grad_norm", "dtype": "train.precision", "tokenizer.max_seq_len": "train.seq_len",
-    "compile": "train.compile", "enable_activation_checkpointing": "train.ac_ratio",
-    "fsdp_reshard_after_forward": "train.reshard_after_forward",
-}
+TORCHTUNE = kind("torchtune")
+# The torchtune keys raybench sets on every trial's command line (refused in stack.overrides): the field that sets
+# each, from the registry's table (epochs is 1: one epoch of train.steps steps).
+SET_KEYS = {**TORCHTUNE.set_keys(), "epochs": "train.steps (one epoch of train.steps steps)"}
 # LoRA recipes only: the adapters, from train.lora.
 # Which layers get adapters stays the config's (model.lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output):
 # torchtune picks attention projections one by one (its Llama configs adapt q, v and output_proj, not k), which
@@ -84,18 +61,10 @@ LORA_KEYS = {"model.lora_rank": "train.lora.rank", "model.lora_alpha": "train.lo
 # model.path, where set: the Hugging Face directory torchtune's checkpointer loads.
 MODEL_KEYS = {"checkpointer.checkpoint_dir": "model.path", "checkpointer.checkpoint_files": "model.path"}
 
-# raybench's train field -> the torchtune key to set instead (named when the field is refused).
-OWN_KEYS = {
-    "tp_size": "tensor_parallel_plan and tensor_parallel_dim (full_finetune_distributed)",
-    "zero_stage": "none: FSDP2 shards parameters, gradients and optimizer state",
-    "offload": "fsdp_cpu_offload",
-    "grad_scaler": "none: torchtune's distributed recipes refuse fp16",
-    "ac_mode": "ac_mode and ac_option (full_finetune_distributed)",
-    "ac_saved_ops": "none: torchtune checkpoints whole blocks",
-    "liger": "loss._component_ (torchtune's chunked cross-entropy)",
-    "optimizer": "optimizer._component_ (e.g. torch.optim.AdamW) and optimizer.fused",
-    "compile_cache_dir": "train.env TORCHINDUCTOR_CACHE_DIR",
-}
+
+def mapped(config: TrialConfig) -> dict[str, tuple[str, ...]]:
+    """The train fields every torchtune trial takes, with the torchtune keys each becomes (the registry's table)."""
+    return TORCHTUNE.mapped
 
 
 def problems(config: TrialConfig) -> list[Problem]:
@@ -105,7 +74,6 @@ def problems(config: TrialConfig) -> list[Problem]:
     if stack.pythonpath:
         found.append(Problem("stack.pythonpath", stack.pythonpath, "stack torchtune imports nothing of yours: "
                              "remove it (recipes are torchtune's own, installed in stack.python's environment)"))
-    found += interpreter_problems("torchtune", stack.python)
     found += _recipe_problems(config)
     found += _train_problems(config)
     found += _model_data_problems(config)
@@ -351,11 +319,12 @@ def lora_values(lora: LoraSpec) -> dict[str, Any]:
     return {"model.lora_rank": lora.rank, "model.lora_alpha": lora.alpha, "model.lora_dropout": lora.dropout}
 
 
-def argv(config: TrialConfig) -> list[str]:
-    """The trial's command: torchrun over this machine's ranks, the launcher, torchtune's own CLI arguments."""
+def argv(config: TrialConfig, python: str) -> list[str]:
+    """The trial's command: torchrun over this machine's ranks (python: stack.python, torchtune's environment), the
+    launcher (the registry's runtime module), torchtune's own CLI arguments."""
     stack = config.stack
     overrides = {key.lstrip("+"): value for key, value in stack.overrides.items()}
     pairs = {**overrides, **mapped_values(config)}
-    return [stack.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(config.resources.workers), "-m", LAUNCHER, stack.recipe, "--config", stack.config,
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(config.resources.workers), "-m", TORCHTUNE.runtime, stack.recipe, "--config", stack.config,
             *(f"{key}={cli_value(value)}" for key, value in pairs.items())]

@@ -1,7 +1,7 @@
 """The hf stack on one rank: a transformers Trainer or a TRL SFTTrainer with raybench's probe hooked in.
 
 The trial's arguments (SFTConfig, or TrainingArguments without TRL) are the stack's config file, its overrides
-and raybench's mapped train fields (planning.stacks.hf.trial_args), with a temporary output directory and the
+and raybench's mapped train fields (spec.stacks.hf.trial_args), with a temporary output directory and the
 trial's device. The trainer comes from the user's entry function, `function(overrides, ctx)` with ctx a
 `StackContext`, or, with a config file alone, raybench builds an SFTTrainer on model.path and the data spec's
 tokenized data. The context hands out raybench's tokenized data (data.source hf): the cached per-sample dataset
@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from raybench.planning.stacks import hf as plan_hf
 from raybench.runtime.data import NONPAD_TOKENS
-from raybench.runtime.probe import StepProbe
+from raybench.runtime.probe import StepCounter, StepProbe
 from raybench.runtime.stacks.measure import StackData, StackRun
 from raybench.runtime.strategies import RankContext
 from raybench.spec.payload import TrialPayload
+from raybench.spec.stacks import hf as hf_args
 from raybench.spec.sweep_spec import TrialConfig
 
 
@@ -105,17 +105,16 @@ class StackContext:
         return Dataset.from_list([{column: record[source]} for record in records])
 
 
-@dataclass
-class _StepCounter:
-    """The micro-batches of the current optimizer step, as the wrapped training_step sees them."""
+class _Batches:
+    """The micro-batches the wrapped training_step sees: each one's tokens into the step's counter, its length
+    checked and remembered."""
 
-    limit_seq_len: int | None  # refuse longer sequences (a plain Trainer: the user's collator sets the length)
-    tokens: int = 0
-    nonpad: Any = 0  # a device tensor until the step's end: no synchronization per micro-batch
-    loss: Any = None
-    seq_len: int | None = None  # the longest sequence seen (tokens per row of input_ids)
+    def __init__(self, limit_seq_len: int | None):
+        self.limit_seq_len = limit_seq_len  # refuse longer sequences (a plain Trainer: the user's collator sets it)
+        self.seq_len: int | None = None  # the longest sequence seen (tokens per row of input_ids)
+        self.counter = StepCounter()  # the Trainer's losses are already divided over the accumulation steps
 
-    def add_batch(self, inputs: dict) -> None:
+    def add(self, inputs: dict) -> None:
         # raybench's collator counts a batch's real tokens itself (a packed row has no attention_mask): taken out
         # here, in the dict the model is called with, so that it never reaches the model.
         nonpad = inputs.pop(NONPAD_TOKENS, None)
@@ -128,19 +127,10 @@ class _StepCounter:
             raise ValueError(f"a batch holds sequences of {length} tokens, longer than train.seq_len="
                              f"{self.limit_seq_len}: truncate to ctx.seq_len in the entry's data collator")
         self.seq_len = max(self.seq_len or 0, length)
-        self.tokens += input_ids.numel()
         mask = inputs.get("attention_mask")
         if nonpad is None:
             nonpad = mask.sum() if mask is not None else input_ids.numel()
-        self.nonpad = self.nonpad + nonpad
-
-    def add_loss(self, loss) -> None:
-        self.loss = loss if self.loss is None else self.loss + loss
-
-    def take(self) -> tuple[int, Any, Any]:
-        done = self.tokens, self.nonpad, self.loss
-        self.tokens, self.nonpad, self.loss = 0, 0, None
-        return done
+        self.counter.add(input_ids.numel(), nonpad)
 
 
 def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun:
@@ -154,8 +144,8 @@ def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun
     except BaseException:
         shutil.rmtree(output_dir, ignore_errors=True)
         raise
-    counter = _StepCounter(None if _is_sft(trainer) else config.train.seq_len)
-    _hook_probe(trainer, probe, counter)
+    batches = _Batches(None if _is_sft(trainer) else config.train.seq_len)
+    _hook_probe(trainer, probe, batches)
     run = StackRun(train=lambda: None, model=trainer.model, version=_version(trainer), data=context.data)
 
     def train() -> None:
@@ -168,7 +158,7 @@ def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun
             raise RuntimeError(f"the trainer ran {steps} optimizer step(s), not train.steps={config.train.steps}: "
                                "its data ran out or a callback stopped it early")
         # FLOPs per token take the sequence length: TRL keeps every sequence (packed or not) within max_length.
-        run.seq_len = min(counter.seq_len, config.train.seq_len) if counter.seq_len else None
+        run.seq_len = min(batches.seq_len, config.train.seq_len) if batches.seq_len else None
 
     run.train = train
     return run
@@ -187,9 +177,9 @@ def _distributed_env(ctx: RankContext) -> None:
 
 def _context(payload: TrialPayload, ctx: RankContext, output_dir: str) -> StackContext:
     config = payload.config
-    cls = plan_hf.args_class()
-    fields = set(plan_hf.field_types(cls))
-    args = cls(**plan_hf.trial_args(config, fields), output_dir=output_dir, use_cpu=ctx.device.type != "cuda")
+    cls = hf_args.args_class()
+    fields = set(hf_args.field_types(cls))
+    args = cls(**hf_args.trial_args(config, fields), output_dir=output_dir, use_cpu=ctx.device.type != "cuda")
     return StackContext(args=args, config=config, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device,
                         model_path=config.model.path, data_path=config.data.path, seq_len=config.train.seq_len,
                         data=StackData(payload))
@@ -219,7 +209,7 @@ def _check_args(trainer, config: TrialConfig, args) -> None:
     if trainer.args.world_size != config.resources.workers:
         raise RuntimeError(f"the Trainer sees {trainer.args.world_size} process(es), the trial has "
                            f"{config.resources.workers}: accelerate did not join the trial's process group")
-    keys = [*plan_hf.mapped_values(config, set(vars(args))), "save_strategy", "eval_strategy", "report_to"]
+    keys = [*hf_args.mapped_values(config, set(vars(args))), "save_strategy", "eval_strategy", "report_to"]
     for key in keys:
         if getattr(trainer.args, key, None) != getattr(args, key):
             raise ValueError(f"the entry's trainer has {key}={getattr(trainer.args, key, None)!r}, the trial "
@@ -231,7 +221,7 @@ def _is_sft(trainer) -> bool:
     return any(c.__module__.startswith("trl.") for c in type(trainer).__mro__)
 
 
-def _hook_probe(trainer, probe: StepProbe, counter: _StepCounter) -> None:
+def _hook_probe(trainer, probe: StepProbe, batches: _Batches) -> None:
     """Start the probe when training begins, end a step at each optimizer step, and count each micro-batch."""
     from transformers import TrainerCallback
 
@@ -240,15 +230,14 @@ def _hook_probe(trainer, probe: StepProbe, counter: _StepCounter) -> None:
             probe.start()  # the model wrapped, the optimizer built: the next thing is the first step's batches
 
         def on_step_end(self, args, state, control, **kwargs):
-            tokens, nonpad, loss = counter.take()
-            probe.step(tokens=tokens, nonpad_tokens=nonpad, loss=loss)
+            batches.counter.end_step(probe)
 
     original = trainer.training_step
 
     def training_step(*args, **kwargs):
-        counter.add_batch(args[1] if len(args) > 1 else kwargs["inputs"])
+        batches.add(args[1] if len(args) > 1 else kwargs["inputs"])
         loss = original(*args, **kwargs)
-        counter.add_loss(loss)
+        batches.counter.add_loss(loss)
         return loss
 
     trainer.training_step = training_step

@@ -23,12 +23,12 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer, seed_everything
 from torch import nn
 
-from raybench.planning.stacks.lightning import CONTEXT_PARAMETER, takes_context
 from raybench.runtime.data import NONPAD_TOKENS
-from raybench.runtime.probe import StepProbe
+from raybench.runtime.probe import StepCounter, StepProbe
 from raybench.runtime.stacks.measure import StackData, StackRun
 from raybench.runtime.strategies import RankContext
 from raybench.spec.payload import TrialPayload
+from raybench.spec.stacks.lightning import CONTEXT_PARAMETER, takes_context
 from raybench.spec.sweep_spec import TrialConfig
 
 # raybench's train.precision as Lightning's precision flag: autocast over fp32 weights (DeepSpeed: its own bf16/fp16
@@ -117,9 +117,9 @@ class _ProbeCallback(Callback):
         self.probe = probe
         self.run = run
         self._steps_seen = 0
-        self._tokens = 0
-        self._nonpad = 0
-        self._loss = None
+        # Lightning's outputs["loss"] is the micro-batch's loss divided by accumulate_grad_batches: their sum over
+        # the step is the step's mean loss, as raybench's loop records it.
+        self._counter = StepCounter()
         self._batch_nonpad = None  # the current batch's own NONPAD_TOKENS count
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -137,18 +137,14 @@ class _ProbeCallback(Callback):
         if self._batch_nonpad is not None:
             nonpad = self._batch_nonpad
         self.run.seq_len = seq_len
-        self._tokens += tokens
-        self._nonpad += nonpad
-        # Lightning's outputs["loss"] is the micro-batch's loss divided by accumulate_grad_batches: their sum over
-        # the step is the step's mean loss, as raybench's loop records it.
+        self._counter.add(tokens, nonpad)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
-            self._loss = loss.detach().float() if self._loss is None else self._loss + loss.detach().float()
+            self._counter.add_loss(loss.detach().float())
         if trainer.global_step == self._steps_seen:
             return  # a micro-batch whose gradients wait for the next
         self._steps_seen = trainer.global_step
-        self.probe.step(tokens=self._tokens, nonpad_tokens=self._nonpad, loss=self._loss)
-        self._tokens, self._nonpad, self._loss = 0, 0, None
+        self._counter.end_step(self.probe)
 
 
 def batch_tokens(batch) -> tuple[int, torch.Tensor | int, int]:

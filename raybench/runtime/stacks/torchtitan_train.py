@@ -37,7 +37,7 @@ import sys
 import types
 from pathlib import Path
 
-from raybench.runtime.probe import StepProbe
+from raybench.runtime.probe import StepCounter, StepProbe
 
 CONFIG_MODULE = "raybench_torchtitan_job"
 
@@ -134,31 +134,9 @@ def _gloo_sums() -> None:
     FSDPModule.set_gradient_divide_factor = set_gradient_divide_factor
 
 
-class StepCounter:
-    """This rank's tokens and loss sum since the last optimizer step: tensors until the probe's device sync."""
-
-    def __init__(self, ignore_index: int):
-        self.ignore_index = ignore_index
-        self._reset()
-
-    def _reset(self) -> None:
-        self.tokens, self.nonpad, self.loss_sum = 0, 0, None
-
-    def count(self, labels) -> None:
-        self.tokens += labels.numel()
-        self.nonpad = self.nonpad + (labels != self.ignore_index).sum()
-
-    def add_loss_sum(self, loss_sum) -> None:
-        self.loss_sum = loss_sum if self.loss_sum is None else self.loss_sum + loss_sum
-
-    def close(self, probe: StepProbe) -> None:
-        if self.tokens == 0:
-            raise RuntimeError("an optimizer step with no micro-batch counted: the trainer's loop is not the one "
-                               "this launcher measures (docs/stacks/torchtitan.md)")
-        # No loss seen (pipeline parallelism): not known. No token with a label: nan, as torchtitan's own division.
-        loss = None if self.loss_sum is None else self.loss_sum / self.nonpad
-        probe.step(tokens=self.tokens, nonpad_tokens=self.nonpad, loss=loss)
-        self._reset()
+# A step without a micro-batch counted: the optimizers stepped outside the loop the wrappers see.
+EMPTY_STEP = ("an optimizer step with no micro-batch counted: the trainer's loop is not the one this launcher "
+              "measures (docs/stacks/torchtitan.md)")
 
 
 def measure(trainer_class) -> None:
@@ -169,7 +147,9 @@ def measure(trainer_class) -> None:
     forward_backward_step = trainer_class.forward_backward_step
 
     def measured_train(self):
-        self._raybench_counter = counter = StepCounter(ignore_index=IGNORE_INDEX)
+        # The loss each micro-batch adds is its loss sum: the step's is their token-weighted mean (no loss seen,
+        # under pipeline parallelism: not known).
+        self._raybench_counter = counter = StepCounter(loss_per_token=True, empty_step_error=EMPTY_STEP)
         probe = StepProbe(device=self.device)
         _step_ends_probe_step(self.optimizers, counter, probe)
         _keep_device_peaks(self)
@@ -180,13 +160,13 @@ def measure(trainer_class) -> None:
 
     def counted_batches(self, data_iterable):
         for input_dict, labels in batch_generator(self, data_iterable):
-            self._raybench_counter.count(labels)
+            self._raybench_counter.add(labels.numel(), (labels != IGNORE_INDEX).sum())
             yield input_dict, labels
 
     def forward_backward_with_loss(self, **kwargs):
         loss = forward_backward_step(self, **kwargs)
         if not self.parallel_dims.pp_enabled:  # under PP, only the last stage's loss is one
-            self._raybench_counter.add_loss_sum(loss.detach().float() * kwargs["global_valid_tokens"])
+            self._raybench_counter.add_loss(loss.detach().float() * kwargs["global_valid_tokens"])
         return loss
 
     trainer_class.train = measured_train
@@ -200,7 +180,7 @@ def _step_ends_probe_step(optimizers, counter: StepCounter, probe: StepProbe) ->
 
     def step_and_record(*args, **kwargs):
         result = step(*args, **kwargs)
-        counter.close(probe)
+        counter.end_step(probe)
         return result
 
     optimizers.step = step_and_record

@@ -36,7 +36,7 @@ import inspect
 import sys
 import types
 
-from raybench.runtime.probe import StepProbe
+from raybench.runtime.probe import StepCounter, StepProbe
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,50 +127,24 @@ def _no_memory_stats_on_cpu(module) -> None:
     module.training = view
 
 
-class _StepCounter:
-    """This rank's tokens and token-weighted loss since the last optimizer step."""
-
-    def __init__(self, ignore_index: int):
-        self.ignore_index = ignore_index
-        self._reset()
-
-    def _reset(self) -> None:
-        self.tokens = 0
-        self.nonpad = 0  # a tensor once counted: read after the probe's device sync
-        self.weighted_loss = 0.0
-        self._last_nonpad = 0
-
-    def count(self, batch) -> None:
-        labels = batch["labels"]
-        self._last_nonpad = (labels != self.ignore_index).sum()
-        self.tokens += labels.numel()
-        self.nonpad = self.nonpad + self._last_nonpad
-
-    def on_loss(self, module, inputs, output) -> None:
-        # The recipe weights each micro-batch's mean loss by its own counted tokens before accumulating.
-        self.weighted_loss = self.weighted_loss + output.detach().float() * self._last_nonpad
-
-    def close(self, probe: StepProbe) -> None:
-        if self.tokens == 0:
-            raise RuntimeError("an optimizer step with no micro-batch counted: the recipe's loop is not the one "
-                               "this launcher measures (docs/stacks/torchtune.md)")
-        # No loss seen (a loss the recipe computes elsewhere): not known. No token with a label: nan, as torchtune.
-        loss = None if isinstance(self.weighted_loss, float) else self.weighted_loss / self.nonpad
-        probe.step(tokens=self.tokens, nonpad_tokens=self.nonpad, loss=loss)
-        self._reset()
+# A step without a micro-batch counted: the optimizer stepped outside the loop the hooks see.
+EMPTY_STEP = ("an optimizer step with no micro-batch counted: the recipe's loop is not the one this launcher "
+              "measures (docs/stacks/torchtune.md)")
 
 
 class _CountingLoader:
-    """The recipe's dataloader, counting each batch as the recipe receives it; everything else (sampler,
-    state_dict, len) is the dataloader's own."""
+    """The recipe's dataloader, counting each batch as the recipe receives it (its labels: every one, and those
+    that carry loss); everything else (sampler, state_dict, len) is the dataloader's own."""
 
-    def __init__(self, loader, counter: _StepCounter):
+    def __init__(self, loader, counter: StepCounter, ignore_index: int):
         self._loader = loader
         self._counter = counter
+        self._ignore_index = ignore_index
 
     def __iter__(self):
         for batch in self._loader:
-            self._counter.count(batch)
+            labels = batch["labels"]
+            self._counter.add(labels.numel(), (labels != self._ignore_index).sum())
             yield batch
 
     def __len__(self) -> int:
@@ -187,13 +161,15 @@ def measured(recipe_class):
         def train(self) -> None:
             self._check_steps()
             probe = StepProbe(device=self._device)
-            counter = _StepCounter(ignore_index=self._loss_fn.ignore_index)
-            self._dataloader = _CountingLoader(self._dataloader, counter)
-            self._loss_fn.register_forward_hook(counter.on_loss)
+            counter = StepCounter(loss_per_token=True, empty_step_error=EMPTY_STEP)
+            self._dataloader = _CountingLoader(self._dataloader, counter, self._loss_fn.ignore_index)
+            # The recipe weights each micro-batch's mean loss by its own counted tokens before accumulating.
+            self._loss_fn.register_forward_hook(
+                lambda module, inputs, output: counter.add_loss(output.detach().float() * counter.last_nonpad_tokens))
             if not hasattr(self._optimizer, "register_step_post_hook"):
                 raise RuntimeError("the recipe's optimizer has no step hook (optimizer_in_bwd: true?); raybench "
                                    "times torchtune recipes with optimizer_in_bwd: false")
-            self._optimizer.register_step_post_hook(lambda optimizer, args, kwargs: counter.close(probe))
+            self._optimizer.register_step_post_hook(lambda optimizer, args, kwargs: counter.end_step(probe))
             probe.start()
             super().train()
             probe.finish()
