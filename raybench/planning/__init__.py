@@ -3,6 +3,6 @@
 `plan` (grid expansion, cross-field rules, content-hash trial ids, pruning), `payload` (the `TrialPayload`
 every driver, executor and rank receive), `estimate` (analytic memory and step-time), `assessment` (the
 estimate judged against the device memory: the `Assessment` a payload carries and a row stores), `calibration`
-(what the store tells the plan: measured peaks, rehearsals), `tables` (the plan, estimate and rehearsal
-tables). Imports `spec` and `results` (stored rows calibrate the plan); no torch, no Ray.
+(what the store tells the plan: measured peaks, rehearsals). Imports `spec` and `results` (stored rows
+calibrate the plan); no torch, no Ray. The plan's tables are raybench.reports.tables.
 """
