@@ -22,7 +22,8 @@ from pathlib import Path
 
 from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
-from raybench.results import compare, export, frames, report_files, store
+from raybench.reports import compare, export, frames, report_files
+from raybench.results import store
 from raybench.spec.load import load_sweep
 
 GRID = Path(__file__).resolve().parent / "sweeps" / "grid-10k.yaml"

@@ -17,9 +17,9 @@ from raybench.cli import results as cli_results
 from raybench.cli import store as cli_store
 from raybench.drivers import slurm
 from raybench.drivers.slurm import SlurmError, SlurmOptions
-from raybench.planning.plan import plan
-from raybench.planning.tables import estimate_summary, estimate_table, plan_table, rehearsal_table
-from raybench.results.report import results_table
+from raybench.planning.plan import matching, plan
+from raybench.reports.report import results_table, run_report
+from raybench.reports.tables import estimate_summary, estimate_table, plan_table, rehearsal_report
 from raybench.runtime import cuda_snapshot
 from raybench.spec.errors import ConfigError
 from raybench.spec.load import load_sweep
@@ -70,14 +70,13 @@ def _estimate(args) -> int:
 
 
 def _rehearse(args) -> int:
-    from raybench.planning import calibration, uncertainty
-    from raybench.rehearse import rehearsal, step_time
+    from raybench.rehearse.trials import rehearse_trials
 
     spec = load_sweep(args.sweep)
     store_path = args.store or spec.store
     trials = plan(spec, source=args.sweep, store_path=store_path)
     if args.trial is not None:
-        trials = [t for t in trials if args.trial in (t.trial_id, t.config_id, str(t.index))]
+        trials = matching(trials, args.trial)
         if not trials:
             print(f"{args.sweep}: no trial with id or index {args.trial!r} (--trial); see `raybench plan "
                   f"{args.sweep}`", file=sys.stderr)
@@ -86,109 +85,35 @@ def _rehearse(args) -> int:
         print(f"--busbw {args.busbw}: a bus bandwidth in GB/s, above 0 and at most 100000 (e.g. nccl-tests' "
               "all_reduce busbw of the cluster)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    set_busbw = args.busbw or spec.estimate.busbw_gbps
-    layout = None
-    if spec.estimate.gpus_per_node or spec.estimate.nics_per_node:
-        layout = step_time.layout_of(args.gpu or spec.estimate.gpu, spec.estimate.gpus_per_node,
-                                     spec.estimate.nics_per_node)
-    seen, traced, rows, priced, used = set(), {}, [], {}, set()
-    for t in trials:
-        if t.config_id in seen:  # repeats of one configuration rehearse once
-            continue
-        seen.add(t.config_id)
-        on_gpu = t.config.resources.gpus_per_worker > 0
-        gpu = (args.gpu or spec.estimate.gpu) if on_gpu else None
-        busbw, source = set_busbw, "set"
-        if not busbw:
-            busbw, source = calibration.probe_busbw_gbps(store_path, t.world_size, gpu), "probe"
-        device = gpu if on_gpu else "cpu"
-        if device not in priced:  # the store's calibration profile of the device, else the shipped constants
-            priced[device] = _device_calibration(store_path, device)
-        # Configurations that trace the same step (compiled and eager twins: compile is traced eager) trace once.
-        result = rehearsal.rehearse(t.config, t.shape, gpu, busbw, source, analytic=t.assessment.analytic,
-                                   calibration=priced[device], traces=traced,
-                                   extrapolate_depth=not args.full_depth, layout=layout).as_dict()
-        if result["method"] == "traced" and (gpu or priced[device].profiled):
-            used.add(priced[device].source)
-        calibration.save_rehearsal(store_path, t.config_id, result)
-        row = {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
-               "gpu": gpu, **result, "intervals": uncertainty.rehearsal_intervals(result)}
+    rows = []
+    for row in rehearse_trials(spec, trials, store_path, args.gpu, args.busbw, args.full_depth):
         rows.append(row)
         if args.json:
             print(json.dumps(row, sort_keys=True), flush=True)
     if not args.json:
-        print(rehearsal_table(rows))
-        print(f"\n{len(rows)} configuration(s) rehearsed; stored in {store_path}/{calibration.REHEARSALS_DIR} "
-              f"(`raybench estimate {args.sweep}` fits them by their rehearsal)")
-        if used:
-            print("priced with: " + "; ".join(sorted(used)))
+        print(rehearsal_report(rows, store_path, args.sweep))
     return EXIT_OK
-
-
-def _device_calibration(store_path, device: str | None):
-    """The Calibration of `device` (a GPU name, or "cpu") from the store's profile, else the shipped constants
-    (a GPU trial without a GPU name is priced by nothing, so by the shipped constants)."""
-    from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
-    from raybench.results.profiles import load_profile
-
-    found = load_profile(store_path, device) if device else None
-    return Calibration.from_profile(found) if found else SHIPPED_CALIBRATION
 
 
 def _calibrate(args) -> int:
     """Measure the device the rehearsal prices trials on and store its profile (one per device type)."""
-    import time
-
     import torch
 
-    from raybench.rehearse.fitted import derive
+    from raybench.rehearse.fitted import measure_profile
+    from raybench.reports.device_profile import profile_report
     from raybench.results.profiles import save_profile
-    from raybench.runtime import calibrate
 
-    t0 = time.perf_counter()
     kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda" and not torch.cuda.is_available():
         print("raybench calibrate --device cuda: no CUDA device visible (--device cpu calibrates the CPU)",
               file=sys.stderr)
         return EXIT_BAD_INPUT
-    device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
-    measured = calibrate.measure(device, quick=args.quick, progress=None if args.json else print)
-    profile = {**measured, "derived": derive(measured),
-               "command": "raybench calibrate" + (f" --device {args.device}" if args.device else "")
-               + (" --quick" if args.quick else "")}
-    profile["duration_s"] = time.perf_counter() - t0
+    command = ("raybench calibrate" + (f" --device {args.device}" if args.device else "")
+               + (" --quick" if args.quick else ""))
+    profile = measure_profile(kind, args.quick, command, progress=None if args.json else print)
     path = save_profile(args.store, profile)
-    if args.json:
-        print(json.dumps({**profile, "path": str(path)}, sort_keys=True))
-        return EXIT_OK
-    print(_calibration_report(profile))
-    print(f"profile {profile['fingerprint']['key']} stored in {path} ({profile['duration_s']:.1f} s); "
-          "`raybench rehearse` and `best --predict` price this device with it")
+    print(json.dumps({**profile, "path": str(path)}, sort_keys=True) if args.json else profile_report(profile, path))
     return EXIT_OK
-
-
-def _calibration_report(profile: dict) -> str:
-    """What `raybench calibrate` measured and the rehearsal constants it derived, one figure a line."""
-    fp, d = profile["fingerprint"], profile["derived"]
-
-    def fraction(value) -> str:
-        return f" ({value:.3f} of the table's peak)" if value is not None else ""
-
-    lines = [(f"device: {fp['device_name']} x{fp['device_count']} (key {fp['key']}; torch {fp['torch_version']}, "
-              f"CUDA {fp['cuda_version'] or '-'})")]
-    for g in profile["matmul"]:
-        m, n, k = g["shape"]
-        lines.append(f"  matmul {g['dtype']} {m}x{n}x{k}: {g['flop_per_s'] / 1e12:.3f} TFLOP/s"
-                     f"{fraction(g['fraction_of_peak'])}")
-    for b in profile["bandwidth"]:
-        lines.append(f"  {b['kind']}: {b['bytes_per_s'] / 1e9:.1f} GB/s{fraction(b['fraction_of_peak'])}")
-    lines.append(f"  launch cost: {profile['launch_s'] * 1e6:.2f} us per tiny operator")
-    lines.append(f"  allocator reserve: {profile['allocator_reserve']:.3f} ({profile['allocator_note']})")
-    lines.append(f"  collectives: {profile['collectives']['note']}")
-    lines.append(f"derived: efficiency {d['efficiency']:.3f} of peak FLOP/s, bandwidth fraction "
-                 f"{d['bandwidth_fraction']:.3f}, reserve {d['reserve']:.3f} (x step share {d['step_share']:.3f} "
-                 f"fitted on H100 rows)" + (", absolute peaks (no table row)" if d["peaks_flop_per_s"] else ""))
-    return "\n".join(lines)
 
 
 def _run(args) -> int:
@@ -212,15 +137,9 @@ def _run(args) -> int:
         print(f"interrupted ({why or 'Ctrl-C'}); finished trials are stored in {store_path}; "
               f"run the same command again to resume", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    rows = read_results(store_path, spec.name)
-    print(results_table(rows))
-    if spec.search.algo != "grid" or not isinstance(spec.search.metric, str):
-        from raybench.results.best import front_report
-
-        print("\n" + front_report(rows, spec.search.objectives()))
-    ran = rows[rows.trial_id.isin({t.trial_id for t in trials})]
-    failed = int((ran.status != "ok").sum())
-    print(f"\n{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
+    text, failed = run_report(read_results(store_path, spec.name), {t.trial_id for t in trials}, spec.search,
+                              store_path)
+    print(text)
     return EXIT_TRIALS_FAILED if failed else EXIT_OK
 
 
@@ -231,7 +150,7 @@ def _trial(args) -> int:
 
     spec = load_sweep(args.sweep)
     trials = plan(spec, source=args.sweep, store_path=args.store or spec.store)
-    chosen = [t for t in trials if args.id in (t.trial_id, t.config_id, str(t.index))]
+    chosen = matching(trials, args.id)
     if not chosen:
         print(f"{args.sweep}: no trial with id or index {args.id!r}; see `raybench plan {args.sweep}`",
               file=sys.stderr)
@@ -250,7 +169,7 @@ def _report(args) -> int:
 
 
 def _best(args) -> int:
-    from raybench.results.best import best_report, read_rows, resolve_source
+    from raybench.reports.best import best_report, read_rows, resolve_source
 
     if args.emit_sweep and not args.predict:
         print("raybench best --emit-sweep: only with --predict (it writes the trials whose predicted choice is in "
@@ -276,43 +195,19 @@ def _best(args) -> int:
 def _best_predicted(args, spec) -> int:
     """`best SWEEP --predict`: the predicted choice per group, where it could flip, and (--emit-sweep) the
     short sweep of the trials in doubt."""
-    from pathlib import Path
+    from raybench.reports import prediction
 
-    import yaml
-
-    from raybench.planning import calibration
-    from raybench.rehearse import choice, flips
-    from raybench.rehearse.fitted import Calibration
-
-    store_path = args.store or spec.store
     axis = args.axis or "train.ac_ratio"
-    trials = plan(spec, source=args.source, store_path=store_path)
-    stored = calibration.rehearsals(store_path)
-    results = choice.predicted_best(trials, axis, stored)
-    # The rehearsals were priced when `rehearse` ran, with the profile the store held for their GPU then.
-    used = sorted({Calibration.of(stored[t.config_id]).source for t in trials
-                   if stored.get(t.config_id, {}).get("method") == "traced"})
-    gpu = spec.estimate.gpu
-    latest = _device_calibration(store_path, gpu).source if gpu else None
+    found = prediction.predict(spec, args.source, args.store or spec.store, axis)
     if args.json:
-        for result in results:
-            print(json.dumps({**result, "priced_with": used}, sort_keys=True, default=str))
+        for result in found.results:
+            print(json.dumps({**result, "priced_with": found.priced_with}, sort_keys=True, default=str))
     else:
-        print(choice.render_predicted_best(results, axis))
-        print("\nrehearsals priced with: " + ("; ".join(used) or "-"))
-    if latest and used and latest not in used:
-        print(f"the store's calibration for {gpu} is now {latest}: `raybench rehearse {args.source}` prices the "
-              "rehearsals with it", file=sys.stderr)
+        print(prediction.prediction_text(found, axis))
+    if found.stale:
+        print(found.stale, file=sys.stderr)
     if args.emit_sweep:
-        points = [d["axis_values"] for r in results for d in r["in_doubt"]]
-        if not points:
-            print(f"nothing in doubt: {args.emit_sweep} not written", file=sys.stderr)
-            return EXIT_OK
-        settle = flips.settle_sweep(spec, points)
-        Path(args.emit_sweep).write_text(yaml.safe_dump(settle, sort_keys=False))
-        print(f"wrote {args.emit_sweep}: {len(points)} trial(s) in doubt, {flips.SETTLE_STEPS} steps each; "
-              f"`raybench run {args.emit_sweep}`, then `raybench best {spec.store} --sweep {settle['name']} "
-              f"--axis {axis}`", file=sys.stderr)
+        print(prediction.write_settle_sweep(spec, found.results, args.emit_sweep, axis), file=sys.stderr)
     return EXIT_OK
 
 

@@ -20,7 +20,7 @@ _TRACKER_OPTIONS = {"tracking_uri": "mlflow", "experiment": "mlflow", "dir": "wa
 def _read(store: str, sweep: str | None, all_attempts: bool):
     """Stored rows: every attempt, or the latest attempt of each trial on each system."""
     from raybench.drivers.api import read_results
-    from raybench.results import frames
+    from raybench.reports import frames
 
     rows = read_results(store, sweep, latest=False)
     return rows if all_attempts else frames.latest_per_system(rows).reset_index(drop=True)
@@ -40,7 +40,7 @@ def report(args) -> int:
     """`raybench report`: a text table on stdout, or report files (--format md|html|png)."""
     if args.format != "text":
         return write_report(args)
-    from raybench.results.report import results_table
+    from raybench.reports.report import results_table
 
     print(results_table(_read(args.store, args.sweep, args.all_attempts)))
     return 0
@@ -48,7 +48,7 @@ def report(args) -> int:
 
 def write_report(args) -> int:
     """`raybench report --format md|html|png [--out PATH]`: write the report files and say where they are."""
-    from raybench.results import report_files
+    from raybench.reports import report_files
 
     out = Path(args.out or report_files.DEFAULT_OUT[args.format])
     if args.format == "png" and out.is_file():
@@ -65,7 +65,7 @@ def write_report(args) -> int:
 
 
 def _compare(args) -> int:
-    from raybench.results import compare
+    from raybench.reports import compare
 
     df = _rows("compare", args.store, args.sweep)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()] if args.systems else None
@@ -77,7 +77,7 @@ def _compare(args) -> int:
 def _losses(args) -> int:
     """`raybench losses`: each point's loss by step against the baseline value of one axis; exit 1 when a point
     is beyond the tolerance."""
-    from raybench.results import losses
+    from raybench.reports import losses
 
     tolerance = losses.DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     if not 0 <= tolerance < 1:
@@ -93,7 +93,7 @@ def _losses(args) -> int:
 
 
 def _export(args) -> int:
-    from raybench.results import export
+    from raybench.reports import export
 
     wrong = [Problem(f"--{name.replace('_', '-')}", getattr(args, name), f"is a {tracker} option, not one for "
                                                                           f"--to {args.to}; leave it out")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from raybench.spec.errors import ConfigError, Problem
 
-FORMATS = ("table", "csv", "json")  # query.format_table's formats (query imports duckdb: only when it runs)
+FORMATS = ("table", "csv", "json")  # report.format_table's formats (query imports duckdb: only when it runs)
 QUERY_HELP = "tables: trials (latest attempt per trial id), attempts (every attempt); columns: docs/schema.md"
 
 
@@ -27,6 +27,7 @@ def _check_store(command: str, store_path: str, sweep: str | None) -> None:
 
 
 def _query(args) -> int:
+    from raybench.reports.report import format_table
     from raybench.results import query
 
     _check_store("query", args.store, args.sweep)
@@ -34,7 +35,7 @@ def _query(args) -> int:
         table = query.run(args.store, args.sql, args.sweep)
     except query.QueryError as err:
         raise ConfigError("raybench query", [Problem("SQL", args.sql, f"{err}; {QUERY_HELP}")]) from None
-    text = query.format_table(table, args.format)
+    text = format_table(table, args.format)
     try:
         if text:
             print(text, flush=True)

@@ -69,6 +69,12 @@ def config_id(config: TrialConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+
+def matching(trials: list[PlannedTrial], key: str) -> list[PlannedTrial]:
+    """The planned trials a command line names by `key`: a trial id, a config id (every repeat) or a plan index."""
+    return [t for t in trials if key in (t.trial_id, t.config_id, str(t.index))]
+
+
 def trial_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[str, str]]:
     """Cross-field rules: (field, reason) for each way this combination cannot run."""
     train, res = config.train, config.resources

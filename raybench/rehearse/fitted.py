@@ -94,3 +94,21 @@ def derive(measured: dict) -> dict:
             "reserve": measured["allocator_reserve"], "launch_s": measured["launch_s"], "step_share": share,
             "peaks_flop_per_s": dict(measured["matmul_flop_per_s"]) if absolute else None,
             "bandwidth_bytes_per_s": measured["bandwidth_bytes_per_s"] if absolute else None}
+
+
+def measure_profile(kind: str, quick: bool, command: str, progress=None) -> dict:
+    """A device profile as `raybench calibrate` stores it: runtime.calibrate's measurements on the current `kind`
+    device ("cuda" or "cpu"), the constants `derive` gets from them, the command that measured and how long it
+    took."""
+    import time
+
+    import torch
+
+    from raybench.runtime import calibrate
+
+    t0 = time.perf_counter()
+    device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+    measured = calibrate.measure(device, quick=quick, progress=progress)
+    profile = {**measured, "derived": derive(measured), "command": command}
+    profile["duration_s"] = time.perf_counter() - t0
+    return profile

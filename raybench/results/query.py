@@ -10,10 +10,6 @@ from the Parquet files.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 from pathlib import Path
 
 import duckdb
@@ -21,7 +17,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybench.results import store
-from raybench.results.report import render
 
 # Vanished files (a compaction replaced them between listing and reading) make DuckDB fail: list again.
 _RETRIES = 5
@@ -125,24 +120,3 @@ def run(store_path: str | Path, sql: str, sweep: str | None = None) -> pa.Table:
             raise QueryError(str(err).strip().splitlines()[0]) from None
     raise AssertionError("unreachable")
 
-
-def format_table(table: pa.Table, fmt: str) -> str:
-    """A query result as text: an aligned table, CSV with a header, or one JSON object per line."""
-    rows = table.to_pylist()
-    if fmt == "json":
-        return "\n".join(json.dumps(r, default=str) for r in rows)
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=table.column_names, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue().rstrip("\n")
-    return render(table.column_names, [[_cell(r[c]) for c in table.column_names] for r in rows])
-
-
-def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)

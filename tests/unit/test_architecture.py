@@ -80,5 +80,5 @@ def test_the_architecture_page_names_every_module():
 def test_the_package_root_holds_only_the_layers():
     """Listing the package shows its layers: every module lives in a layer's subpackage."""
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
-    layers = {"spec", "results", "planning", "runtime", "drivers", "rehearse", "cli"}
+    layers = {"spec", "results", "planning", "runtime", "drivers", "rehearse", "reports", "cli"}
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == layers

@@ -11,7 +11,7 @@ from raybench.cli import main as cli
 from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
 from raybench.results import store
-from raybench.results.best import best_configs, best_per_axis_value, front_report, read_rows
+from raybench.reports.best import best_configs, best_per_axis_value, front_report, read_rows
 from raybench.spec.load import parse_sweep
 
 # One sweep per system (a trial id names a configuration, not the machine it ran on).

@@ -13,7 +13,8 @@ from planted_rows import GPU_SYSTEMS, plant_gpu_store
 from raybench.cli.main import main
 from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
-from raybench.results import compare, frames, store
+from raybench.reports import compare, frames
+from raybench.results import store
 from raybench.runtime import fingerprint
 from raybench.spec.errors import ConfigError
 from raybench.spec.load import parse_sweep

@@ -15,9 +15,10 @@ import pytest
 from raybench.cli import main as cli
 from raybench.drivers.api import run_sweep
 from raybench.drivers.trial import build_row
-from raybench.planning import calibration, estimate, tables
+from raybench.planning import calibration, estimate
 from raybench.planning.assessment import Assessment
 from raybench.planning.plan import plan
+from raybench.reports import tables
 from raybench.results import store
 from raybench.spec.load import parse_sweep
 from raybench.spec.payload import AssessmentData, TrialPayload

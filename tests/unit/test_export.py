@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 from planted_rows import plant_gpu_store
 
 from raybench.cli.main import main
-from raybench.results import export, store
+from raybench.reports import export
+from raybench.results import store
 from raybench.spec.errors import ConfigError
 
 

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from raybench.results import losses
+from raybench.reports import losses
 from raybench.spec.errors import ConfigError
 
 

@@ -17,7 +17,8 @@ from planted_rows import GPU_SYSTEMS, plant_cpu_store, plant_gpu_store
 from raybench.cli.main import main
 from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
-from raybench.results import frames, plots, report_files, store
+from raybench.reports import frames, plots, report_files
+from raybench.results import store
 from raybench.spec.load import parse_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

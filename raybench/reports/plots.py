@@ -18,7 +18,7 @@ matplotlib.use("Agg")  # files only: never open a window, never need a display
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from raybench.results import frames  # noqa: E402
+from raybench.reports import frames  # noqa: E402
 
 MS_PER_S = 1000.0
 # Beyond these, a figure keeps the fastest configurations (its subtitle says how many of how many).

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from raybench.results import store
-from raybench.results.frames import (
+from raybench.reports.frames import (
     config_label,
     device_label,
     latest_per_system,
@@ -18,7 +18,7 @@ from raybench.results.frames import (
     peak_memory_gib,
     ratio_value,
 )
-from raybench.results.report import render
+from raybench.reports.report import render
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
 from raybench.spec.stats import format_ci, pareto_mask, repeat_summary

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from raybench.results import frames
-from raybench.results.report import render
+from raybench.reports import frames
+from raybench.reports.report import render
 from raybench.spec.errors import ConfigError, Problem
 
 # Metric column → (table header, format); ratios are other system / first system.

@@ -1,7 +1,9 @@
-"""Text tables: the renderer every table uses, and stored results."""
+"""Text tables: the renderer every table uses, stored results, and query results (table, CSV, JSON)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 
@@ -26,9 +28,24 @@ def results_table(df) -> str:
     return render(headers, rows) + (f"\n({note})" if note else "")
 
 
+
+def run_report(rows, run_ids: set[str], search, store_path: str) -> tuple[str, int]:
+    """`raybench run`'s closing report: the sweep's stored rows, the front of a search's objectives (`search`, the
+    sweep's search section), and how many of the trials this run ran (`run_ids`) ended not ok; (text, that count)."""
+    parts = [results_table(rows)]
+    if search.algo != "grid" or not isinstance(search.metric, str):
+        from raybench.reports.best import front_report  # pandas, loaded by read_results already
+
+        parts.append(front_report(rows, search.objectives()))
+    ran = rows[rows.trial_id.isin(run_ids)]
+    failed = int((ran.status != "ok").sum())
+    parts.append(f"{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
+    return "\n\n".join(parts), failed
+
+
 def results_rows(df) -> tuple[list[str], list[list[str]], str]:
     """Headers, formatted cells (one row per trial) and a note on units, for text, Markdown and HTML tables."""
-    from raybench.results import frames  # pandas: `raybench plan` and `estimate` render tables here without it
+    from raybench.reports import frames  # pandas: `raybench plan` and `estimate` render tables here without it
 
     records = (df.assign(system_label=frames.system_label(df))
                .sort_values(["sweep", "started_at", "trial_id"], na_position="last").to_dict("records"))
@@ -54,3 +71,26 @@ def results_rows(df) -> tuple[list[str], list[list[str]], str]:
         ])
     note = "" if on_gpu else "CPU run: throughput is per worker process, not per GPU; peak is host RSS"
     return headers, rows, note
+
+
+def format_table(table, fmt: str) -> str:
+    """A query result (results.query.run's Arrow table) as `raybench query` prints it: an aligned table, CSV
+    with a header, or one JSON object per line."""
+    rows = table.to_pylist()
+    if fmt == "json":
+        return "\n".join(json.dumps(r, default=str) for r in rows)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=table.column_names, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue().rstrip("\n")
+    return render(table.column_names, [[_query_cell(r[c]) for c in table.column_names] for r in rows])
+
+
+def _query_cell(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

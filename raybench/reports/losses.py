@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from raybench.results import frames
+from raybench.reports import frames
 from raybench.spec.errors import ConfigError, Problem
 
 # A run in a lower precision may differ from its baseline by its rounding, not by a trend: 2% of the loss at any

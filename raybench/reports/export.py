@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from raybench.results import frames, store
+from raybench.reports import frames
+from raybench.results import store
 from raybench.spec.errors import ConfigError, Problem
 
 ATTEMPT_TAG = "raybench.attempt"

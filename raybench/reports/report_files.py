@@ -1,7 +1,7 @@
 """Report files: Markdown (tables + PNGs next to it), one self-contained HTML page, or a directory of PNGs.
 
 Every format holds the same content: the per-trial results table, a cross-system comparison when the rows come
-from more than one system, and the figures of `raybench.results.plots`. The CLI imports this module only when a report
+from more than one system, and the figures of `raybench.reports.plots`. The CLI imports this module only when a report
 file is asked for (matplotlib is slow to import).
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from raybench.results import compare, frames, plots
-from raybench.results.report import results_rows
+from raybench.reports import compare, frames, plots
+from raybench.reports.report import results_rows
 
 DEFAULT_OUT = {"md": "raybench-report.md", "html": "raybench-report.html", "png": "raybench-report"}
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from raybench.planning import estimate, uncertainty
+from raybench.planning import calibration, estimate, uncertainty
 from raybench.planning.plan import PlannedTrial
-from raybench.results.report import cell, render
+from raybench.rehearse.fitted import Calibration
+from raybench.reports.report import cell, render
 
 
 def plan_table(trials: list[PlannedTrial]) -> str:
@@ -66,6 +67,21 @@ def rehearsal_table(rows: list[dict]) -> str:
                       cell(r["trace_s"], ".0f"),
                       "; ".join(r["notes"]) or "-"])
     return render(headers, lines)
+
+
+
+def rehearsal_report(rows: list[dict], store_path: str, sweep_file: str) -> str:
+    """`raybench rehearse`'s table, where the rehearsals are stored, and the calibrations that priced them."""
+    text = (rehearsal_table(rows) + f"\n\n{len(rows)} configuration(s) rehearsed; stored in {store_path}/"
+            f"{calibration.REHEARSALS_DIR} (`raybench estimate {sweep_file}` fits them by their rehearsal)")
+    used = _priced_with(rows)
+    return text + ("\npriced with: " + "; ".join(used) if used else "")
+
+
+def _priced_with(rows: list[dict]) -> list[str]:
+    """The calibrations that priced the traced rows (a CPU trial the shipped constants priced has no time)."""
+    return sorted({Calibration.of(r).source for r in rows
+                   if r["method"] == "traced" and (r["gpu"] or Calibration.of(r).profiled)})
 
 
 def estimate_summary(trials: list[PlannedTrial], store_path: str) -> str:

@@ -1,0 +1,66 @@
+"""The seams between the command line and the modules that do its work: which planned trials a key names, a query
+result as text, what a rehearse run says priced it, the device calibration a rehearsal is priced with, and the
+settling sweep of `best --predict` (the commands themselves: test_cli_commands.py, test_rehearse.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from raybench.planning.plan import matching, plan
+from raybench.rehearse.fitted import SHIPPED, SHIPPED_CALIBRATION, Calibration
+from raybench.rehearse.trials import device_calibration
+from raybench.reports import prediction
+from raybench.reports.report import format_table
+from raybench.reports.tables import rehearsal_report
+from raybench.spec.load import parse_sweep
+
+SWEEP = {"name": "seams", "model": {"preset": "tiny"}, "repeats": 2, "axes": {"train.micro_batch": [1, 2]}}
+
+
+def test_a_key_names_a_trial_its_configuration_or_its_plan_index():
+    trials = plan(parse_sweep(SWEEP))
+    first = trials[0]
+    assert matching(trials, first.trial_id) == [first]
+    assert matching(trials, first.config_id) == [t for t in trials if t.config_id == first.config_id] == trials[:2]
+    assert matching(trials, str(trials[3].index)) == [trials[3]]
+    assert matching(trials, "no such trial") == []
+
+
+def test_a_query_result_prints_as_a_table_csv_or_json_lines():
+    table = pa.table({"gpu": ["H100", None], "tok_s": [1234.5678, float("nan")]})
+    assert format_table(table, "table").splitlines() == ["gpu   tok_s", "----  -------", "H100  1234.57",
+                                                           "-     -"]
+    assert format_table(table, "csv").splitlines() == ["gpu,tok_s", "H100,1234.5678", ",nan"]
+    assert [json.loads(line)["gpu"] for line in format_table(table, "json").splitlines()] == ["H100", None]
+
+
+def _row(method: str, gpu: str | None, calibration: Calibration) -> dict:
+    return {"index": 0, "config_id": "c", "axis_values": {}, "world_size": 1, "method": method, "gpu": gpu,
+            "memory_gib": {}, "comm_bytes": {}, "peak_gib": 1.0, "reserved_gib": None, "compute_s": None,
+            "exposed_comm_s": None, "step_time_s": None, "trace_s": 0.0, "notes": [],
+            "calibration": calibration.as_dict() if method == "traced" else None}
+
+
+def test_a_rehearse_run_names_what_priced_its_traced_rows():
+    profiled = Calibration(source="profile: CPU 2026-01-01")
+    rows = [_row("traced", "H100 SXM", SHIPPED_CALIBRATION), _row("traced", None, profiled),
+            _row("traced", None, SHIPPED_CALIBRATION), _row("analytic", "A100", SHIPPED_CALIBRATION)]
+    text = rehearsal_report(rows, "STORE", "s.yaml")
+    assert "4 configuration(s) rehearsed; stored in STORE/" in text and "`raybench estimate s.yaml`" in text
+    # A CPU row the shipped constants priced has no time, so it names no calibration; analytic rows none either.
+    assert text.splitlines()[-1] == f"priced with: profile: CPU 2026-01-01; {SHIPPED}"
+    assert "priced with" not in rehearsal_report(rows[2:], "STORE", "s.yaml")
+
+
+def test_a_device_without_a_stored_profile_is_priced_by_the_shipped_constants(tmp_path):
+    assert device_calibration(tmp_path, "H100 SXM") is SHIPPED_CALIBRATION
+    assert device_calibration(tmp_path, None) is SHIPPED_CALIBRATION
+
+
+def test_nothing_in_doubt_writes_no_settling_sweep(tmp_path):
+    spec = parse_sweep(SWEEP)
+    out = tmp_path / "settle.yaml"
+    said = prediction.write_settle_sweep(spec, [{"in_doubt": []}], str(out), "train.ac_ratio")
+    assert said == f"nothing in doubt: {out} not written" and not out.exists()
