@@ -1,5 +1,7 @@
-"""Executors start a trial's ranks and return rank 0's metrics: `execute(payload) -> dict`.
+"""Executors start a trial's ranks and return rank 0's result: `execute(payload) -> RankResult` (spec.schema: the
+metrics, and where and with what they were measured), which `drivers.trial.build_row` makes the row.
 
+- pool:     warm Ray actors that run trial after trial.
 - train:    a Ray Train V2 TorchTrainer per trial (new worker processes every trial).
 - torchrun: plain `torchrun` on this machine, no Ray (for `raybench trial` and debugging).
 - command:  a `command`, `torchtune` or `torchtitan` stack's trial under either of them: its command line, out of
@@ -10,6 +12,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+
+from raybench.planning.payload import TrialPayload
+from raybench.spec.schema import RankResult
 
 # Ray starts its worker processes at niceness 15, so that its own daemons win the CPU; a trial's ranks (pool
 # actors, Ray Train workers, and torchrun ranks, which inherit their trial driver's niceness) would then lose
@@ -22,13 +27,13 @@ RAY_WORKER_ENV = {"RAY_worker_niceness": "0"}
 OUT_OF_PROCESS_STACKS = ("command", "torchtune", "torchtitan")
 
 
-def get(name: str) -> Callable[[dict], dict]:
+def get(name: str) -> Callable[[TrialPayload], RankResult]:
     """The executor's `execute`; a trial of a `command`, `torchtune` or `torchtitan` stack runs its command instead
     (executors/command.py):
     in a Ray task holding its resources under `train`, on this machine under `torchrun`."""
     execute = importlib.import_module(f"raybench.drivers.executors.{name}").execute
 
-    def run(payload) -> dict:
+    def run(payload: TrialPayload) -> RankResult:
         if payload.config.stack.kind not in OUT_OF_PROCESS_STACKS:
             return execute(payload)
         command = importlib.import_module("raybench.drivers.executors.command")

@@ -13,7 +13,6 @@ keeps the sweep's executor (resumes match stored rows by it); `stack_kind` says 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import json
 import os
 import resource
@@ -34,7 +33,7 @@ from raybench.planning.stacks import command as planned_command
 from raybench.planning.stacks import torchtitan as planned_torchtitan
 from raybench.planning.stacks import torchtune as planned_torchtune
 from raybench.runtime.probe import RECORD_DIR_ENV
-from raybench.spec.schema import GIB
+from raybench.spec.schema import GIB, RankResult
 
 # The raybench package's directory: the command's PYTHONPATH exposes it (and nothing else of raybench's
 # environment), so the stack's own environment imports the probe (standard library and torch only).
@@ -52,8 +51,8 @@ _VERSIONS_CODE = ("import importlib.metadata as m, json, platform\n"
                   "**{n: v(n) for n in ('torch', 'transformers', 'peft', 'deepspeed', 'torchtune', 'torchtitan')}}))")
 
 
-def execute(payload: TrialPayload) -> dict:
-    """Run the trial's command on this machine; the row's measured columns and provenance."""
+def execute(payload: TrialPayload) -> RankResult:
+    """Run the trial's command on this machine; its result as rank 0 of raybench's own workers would give it."""
     config = payload.config
     resources = config.resources
     python = config.stack.python or sys.executable
@@ -75,10 +74,10 @@ def execute(payload: TrialPayload) -> dict:
         if returncode != 0:
             raise RuntimeError(_failure_text(argv, returncode, output))
         records = _records(probe_dir, resources.workers, output)
-    return _row(payload, records, launched_wall, wall_s, python, argv, env)
+    return _result(payload, records, launched_wall, wall_s, python, argv, env)
 
 
-def execute_on_ray(payload: TrialPayload) -> dict:
+def execute_on_ray(payload: TrialPayload) -> RankResult:
     """`execute` inside a Ray task holding the trial's CPUs and GPUs on one node, never retried."""
     import ray
 
@@ -163,8 +162,8 @@ def _records(probe_dir: Path, workers: int, output: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in paths]
 
 
-def _row(payload: TrialPayload, records: list[dict], launched_wall: float, wall_s: float, python: str,
-         argv: list[str], env: dict[str, str]) -> dict:
+def _result(payload: TrialPayload, records: list[dict], launched_wall: float, wall_s: float, python: str,
+            argv: list[str], env: dict[str, str]) -> RankResult:
     import torch
 
     from raybench.runtime import fingerprint, provenance, rank_metrics
@@ -184,16 +183,21 @@ def _row(payload: TrialPayload, records: list[dict], launched_wall: float, wall_
         train=config.train, world_size=workers, dp_size=workers, params_total=params_total,
         params_trainable=params_trainable, flops_per_token=flops,
         peak_tflops=peak_tflops(hardware["gpu_name"], config.train.precision), comm_exposed_p50_s=None,
-        weights_cache=None, weights_copy_s=None, worker_wall_s=wall_s, process_trial_index=0,
-        compiled={"compile_graphs": None, "compile_graph_breaks": None, "compile_graph_break_reasons_json": None})
-    row = dataclasses.asdict(rank_metrics.trial_metrics(reduced, facts))
+        weights_cache=None, weights_copy_s=None, worker_wall_s=wall_s, process_trial_index=0)
     ctx = RankContext(rank=0, world_size=workers, local_rank=0, device=device)
-    columns = provenance.columns(config, ctx, [socket.gethostname()], {}, hardware)
     versions = _stack_versions(python, env)
-    for package in ("torch", "transformers", "peft", "deepspeed"):  # the stack's environment, not raybench's
-        columns[f"{package}_version"] = versions.get(package)
-    columns.update(python_version=versions.get("python"), env=fingerprint.captured_env(env))
-    return {**row, **columns, "stack_version": _stack_version(argv, versions)}
+    columns = provenance.columns(config, ctx, [socket.gethostname()], {}, hardware, _stack_software(versions))
+    return rank_metrics.rank_result(reduced, facts, columns, env=env, stack_version=_stack_version(argv, versions),
+                                    data_taken=None)
+
+
+def _stack_software(versions: dict) -> dict:
+    """The software columns: the Python and libraries of the environment the command ran in (`_stack_versions`),
+    not raybench's; raybench's own (raybench, ray, CUDA, NCCL, git sha) as this process has them."""
+    from raybench.runtime import fingerprint
+
+    stack = {f"{package}_version": versions.get(package) for package in ("torch", "transformers", "peft", "deepspeed")}
+    return {**fingerprint.software(), **stack, "python_version": versions.get("python")}
 
 
 def _model_facts(config) -> tuple[int, int, float | None]:
