@@ -1,4 +1,5 @@
-"""The per-rank benchmark: init → model → techniques → strategy → timed loop → metrics (rank 0 returns them).
+"""The per-rank benchmark: init → model → techniques → strategy → timed loop → metrics (rank 0 returns its
+`RankResult`).
 
 Runs under any launcher that sets up torch.distributed: Ray Train workers, or plain torchrun:
     torchrun --standalone --nproc-per-node 2 -m raybench.runtime.worker payload.json result.json

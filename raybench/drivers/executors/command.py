@@ -3,7 +3,8 @@ probe wrote.
 
 The command (torchrun over the user's script, torchtune, torchtitan, ...) starts its own ranks; each calls
 `raybench.runtime.probe.StepProbe` and writes its record to RAYBENCH_PROBE_DIR at the end. The records go
-through the same `rank_metrics.combine` as raybench's own loop, so the row has the same columns.
+through the same `rank_metrics.combine` and `rank_metrics.rank_result` as raybench's own loop, so the row has the
+same columns.
 
 Under `executor: train` the command runs inside a Ray task that reserves the trial's CPUs and GPUs on one node
 (`execute_on_ray`); under `executor: torchrun` it runs on this machine (`execute`). The row's `executor` column
