@@ -2,9 +2,8 @@
 
 Every rank calls `reduce_ranks`, which gathers each rank's record and `combine`s them into a `RankReduction`; rank 0
 then turns the reduction into what it returns, the typed `schema.RankResult`, with `rank_result` (its metrics:
-`trial_metrics`). Records a user's stack wrote with the
-probe from processes raybench did not start (a `command` trial) go through the same `combine`. How each quantity
-combines across ranks:
+`trial_metrics`). Records a user's stack wrote with the probe from processes raybench did not start (a `command`
+trial) go through the same `combine` and `rank_result`. How each quantity combines across ranks:
 - a step lasts as long as its slowest rank (max per step);
 - losses and phase times are averaged over ranks (each rank's phases add up to its own step time, so phases
   reconcile with the rank-averaged step time, not with the slowest rank's);
