@@ -40,12 +40,11 @@ def main() -> None:
         for index in range(args.trials):
             trial = trials[index % len(trials)]
             start = time.perf_counter()
-            metrics = pool.execute(trial.payload.replace(cache_dir=cache))
+            metrics = pool.execute(trial.payload.replace(cache_dir=cache)).metrics
             wall = time.perf_counter() - start
-            loop = metrics["warmup_s"] + metrics["timed_window_s"]
-            parts = {"wall_s": wall, "loop_s": loop, "worker_beyond_loop_s": metrics["worker_wall_s"] - loop,
-                     "driver_side_s": wall - metrics["worker_wall_s"],
-                     "step_time_p50_s": metrics["step_time_p50_s"]}
+            loop = metrics.warmup_s + metrics.timed_window_s
+            parts = {"wall_s": wall, "loop_s": loop, "worker_beyond_loop_s": metrics.worker_wall_s - loop,
+                     "driver_side_s": wall - metrics.worker_wall_s, "step_time_p50_s": metrics.step_time_p50_s}
             strategy = trial.config.train.strategy
             print(json.dumps({"bench": "pool_overhead", "trial": index, "strategy": strategy,
                               **{k: round(v, 3) for k, v in parts.items()}}), flush=True)

@@ -25,6 +25,7 @@ from raybench.planning.plan import plan
 from raybench.reports import compare, export, frames, report_files
 from raybench.results import store
 from raybench.spec.load import load_sweep
+from raybench.spec.schema import RankResult
 
 GRID = Path(__file__).resolve().parent / "sweeps" / "grid-10k.yaml"
 SYSTEMS = {"site-a": 2619.0, "site-b": 1593.0}  # GPU memory clock, MHz
@@ -50,7 +51,8 @@ def make_rows(count: int) -> list[dict]:
                                                                                   (0.02, 0.3, 0.6, 0.08))}}
             status = "oom" if i % 20 == 19 else "ok"
             rows.append(build_row(t.payload, "grid", status, "" if status == "ok" else "CUDA out of memory",
-                                  metrics if status == "ok" else {"system": system}, executor="pool",
+                                  RankResult.from_columns(metrics if status == "ok" else {"system": system}),
+                                  executor="pool",
                                   started_at=start, ended_at=start + timedelta(seconds=len(rows))))
     return rows
 

@@ -41,6 +41,7 @@ from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
 from raybench.results import compaction, query, store
 from raybench.spec.load import load_sweep
+from raybench.spec.schema import RankResult
 
 GRID = Path(__file__).resolve().parent / "sweeps" / "grid-10k.yaml"
 SWEEPS = 10
@@ -81,8 +82,8 @@ def synthetic_rows(total: int, seed: int = 0) -> list[dict]:
                             "system": f"site{s % 3}", "env": {"NCCL_DEBUG": "WARN"}})
             ended = t0 + timedelta(hours=s, seconds=i)
             rows.append(build_row(payload, f"sweep-{s:02d}", status, "" if status == "ok" else f"{status} in step 3",
-                                  metrics, started_at=ended - timedelta(seconds=40), ended_at=ended,
-                                  wall_s=40.0, executor="pool"))
+                                  RankResult.from_columns(metrics), started_at=ended - timedelta(seconds=40),
+                                  ended_at=ended, wall_s=40.0, executor="pool"))
     return rows
 
 

@@ -77,14 +77,14 @@ def main() -> None:
             seen = set(glob.glob(str(logs / "ray-train-sys-controller-*.log")))
             setting, train.TRAIN_ENV = settings[index % len(settings)]
             start = time.time()
-            metrics = train.execute(trial.payload.replace(cache_dir=cache))
+            metrics = train.execute(trial.payload.replace(cache_dir=cache)).metrics
             wall = time.time() - start
             (log,) = set(glob.glob(str(logs / "ray-train-sys-controller-*.log"))) - seen
             moments = {name: round(at - start, 2) for name, at in controller_moments(Path(log)).items()}
             print(json.dumps({"bench": "train_timeline", "trial": index, "settings": setting,
                               "wall_s": round(wall, 2),
-                              "worker_wall_s": round(metrics["worker_wall_s"], 2),
-                              "step_time_p50_s": round(metrics["step_time_p50_s"], 4), **moments}), flush=True)
+                              "worker_wall_s": round(metrics.worker_wall_s, 2),
+                              "step_time_p50_s": round(metrics.step_time_p50_s, 4), **moments}), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ A failed trial is a result row with a status and a one-line message, never an ab
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -16,10 +17,10 @@ from raybench.planning import assessment
 from raybench.results import store
 from raybench.results.store import SCHEMA, flatten_config, json_column
 from raybench.runtime import fingerprint
-from raybench.runtime.probe import RAYBENCH_DATA
 from raybench.spec.metrics import projection as metrics_projection
 from raybench.spec.payload import TrialPayload
 from raybench.spec.redact import ANSI_ESCAPE, without_secrets
+from raybench.spec.schema import DataTaken, RankResult
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
 # "ValueError: ...", and a qualified exception of any name ("torch._dynamo.exc.FailOnRecompileLimitHit: ...").
@@ -71,15 +72,12 @@ def error_detail(exc: BaseException) -> str:
     return error_text(exc)[-ERROR_DETAIL_CHARS:]
 
 
-def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metrics: dict | None = None,
+def build_row(payload: TrialPayload, sweep: str, status: str, message: str, result: RankResult | None = None,
               started_at: datetime | None = None, ended_at: datetime | None = None,
               wall_s: float | None = None, executor: str | None = None, detail: str | None = None) -> dict:
-    """A trial's result row: identity, config columns, what the worker measured (`metrics`: TrialMetrics fields
-    and provenance columns; a key outside the schema is an error) and what the plan derives from it."""
-    metrics = dict(metrics or {})
-    # A user's stack trained on the tokenized data only where its entry took it from raybench, and on raybench's
-    # rows only where it took those too (runtime.stacks.measure.StackData).
-    taken = "rows" if payload.config.stack.kind == "raybench" else metrics.pop(RAYBENCH_DATA, None)
+    """A trial's result row: identity, config columns, what rank 0 returned (`result`: the metrics and where and
+    with what they were measured; None for a failed trial; a provenance column outside the schema is an error)
+    and what the plan derives from it."""
     config = payload.config.model_dump(mode="json")
     row = {
         "sweep": sweep,
@@ -100,14 +98,12 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
         "ac_blocks": list(payload.ac_blocks),
         "axis_values_json": json_column(payload.axis_values),
         "config_json": json_column(config),
-        "env_json": json_column(metrics.pop("env", None)),
+        "env_json": json_column(result.env if result is not None else None),
         # Failed trials carry no worker fingerprint; the driver runs on the same system, so its label holds.
-        "system": metrics.pop("system", None) or fingerprint.system_label(),
+        "system": (result.system if result is not None else None) or fingerprint.system_label(),
     }
-    unknown = sorted(set(metrics) - set(SCHEMA.names))
-    if unknown:  # a misspelled metric must fail loudly, not become a null column
-        raise ValueError(f"trial {payload.trial_id}: result keys outside the row schema: {unknown}")
-    row.update({k: v for k, v in metrics.items() if k not in row})
+    if result is not None:
+        row.update({k: v for k, v in _measured_columns(payload, result).items() if k not in row})
     plan = payload.projection
     if row.get("tok_per_s") and row.get("nonpad_tok_per_s") and row.get("tokens_per_step"):
         nonpad_fraction = row["nonpad_tok_per_s"] / row["tok_per_s"]  # the share of processed tokens that are real
@@ -115,6 +111,7 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
         row.update(metrics_projection(step_s, row["tokens_per_step"], nonpad_fraction, row["world_size"],
                                       plan.dataset_tokens, plan.epochs, plan.total_steps))
     row.update(assessment.row_fields(payload.assessment, row))  # and, for ok rows, the estimate's error
+    taken = _data_taken(payload, result)
     if payload.tokenized is not None and taken:  # what the tokens were, known before launch
         row.update(payload.tokenized.row_fields())
         if taken == "samples":  # the stack packed or padded them its own way
@@ -122,8 +119,25 @@ def build_row(payload: TrialPayload, sweep: str, status: str, message: str, metr
     return row
 
 
+def _measured_columns(payload: TrialPayload, result: RankResult) -> dict:
+    """The result's metric, provenance and stack columns; a provenance column outside the schema is an error."""
+    unknown = sorted(set(result.provenance) - set(SCHEMA.names))
+    if unknown:  # a misspelled column must fail loudly, not become a null column
+        raise ValueError(f"trial {payload.trial_id}: result columns outside the row schema: {unknown}")
+    return {**dataclasses.asdict(result.metrics), **result.provenance, "stack_version": result.stack_version}
+
+
+def _data_taken(payload: TrialPayload, result: RankResult | None) -> DataTaken | None:
+    """What the trial took of raybench's tokenized data: what rank 0 said. A failed trial of raybench's own loop
+    took its rows, as that loop always does; of a user's stack, nothing is known (runtime.stacks.measure.StackData:
+    a stack trained on the data only where its entry took it from raybench)."""
+    if result is not None:
+        return result.data_taken
+    return "rows" if payload.config.stack.kind == "raybench" else None
+
+
 def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
-              execute: Callable[[TrialPayload], dict]) -> dict:
+              execute: Callable[[TrialPayload], RankResult]) -> dict:
     """Execute one planned trial and store its row; never raises for a failure of the trial itself."""
     started_at = datetime.now(timezone.utc)
     t0 = time.perf_counter()
@@ -131,11 +145,11 @@ def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
     payload = payload.replace(cache_dir=str(Path(store_path) / "_cache"))
     detail = None
     try:
-        metrics, status, message = execute(payload), "ok", ""
+        result, status, message = execute(payload), "ok", ""
     except Exception as exc:  # any failure of the benchmark becomes the row's status
-        metrics = {}
+        result = None
         (status, message), detail = classify(exc), error_detail(exc)
-    row = build_row(payload, sweep, status, message, metrics, started_at, datetime.now(timezone.utc),
+    row = build_row(payload, sweep, status, message, result, started_at, datetime.now(timezone.utc),
                     time.perf_counter() - t0, executor, detail)
     store.write_row(store_path, row)
     return row

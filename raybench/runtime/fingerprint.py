@@ -160,7 +160,6 @@ def hardware(device) -> dict:
         "cpu_count": os.cpu_count(),
         "ram_gib": ram_gib(),
         "hostname": socket.gethostname(),
-        "system": system_label(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "platform": f"{platform.system()} {platform.release()} {sys.implementation.name}",
         **(nvml_details(device.index or 0) if gpu else {}),

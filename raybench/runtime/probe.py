@@ -36,9 +36,6 @@ PHASES = ("data", "forward", "backward", "optimizer")
 
 # Set by raybench for a `command` trial's processes: where each rank's record goes (`finish`).
 RECORD_DIR_ENV = "RAYBENCH_PROBE_DIR"
-# A user's stack trial's measured columns: whether its ranks trained on raybench's tokenized data (the stack's
-# context handed it out). The driver takes it out of the columns and writes the row's data columns only then.
-RAYBENCH_DATA = "raybench_data"
 # KiB: ru_maxrss's unit on Linux.
 _KIB = 1024
 

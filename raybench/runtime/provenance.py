@@ -29,15 +29,17 @@ def hostnames_and_busbw(payload: TrialPayload, ctx: RankContext) -> tuple[list[s
     return hostnames, busbw
 
 
-def columns(config: TrialConfig, ctx: RankContext, hostnames: list[str], busbw: dict, hardware: dict) -> dict:
-    """Where and with what the trial ran: the row's hardware, software and environment columns."""
+def columns(config: TrialConfig, ctx: RankContext, hostnames: list[str], busbw: dict, hardware: dict,
+            software: dict | None = None) -> dict:
+    """Where and with what the trial ran: the row's hardware and software columns (software: the versions of
+    the environment the trial ran in; None: this process's). The environment variables and the system label are
+    fields of their own (`rank_metrics.rank_result`)."""
     return {
         "world_size": ctx.world_size,
         "hostnames": sorted(set(hostnames)),
         "allreduce_busbw_gbps": max(busbw.values()) if busbw else None,
         "allreduce_busbw_json": json.dumps(busbw) if busbw else None,
-        "env": fingerprint.captured_env(),
         "data_fs_type": fingerprint.filesystem_of(config.data.path or config.model.path or os.getcwd()),
         **hardware,
-        **fingerprint.software(),
+        **(fingerprint.software() if software is None else software),
     }

@@ -1,9 +1,9 @@
 """One trial's measurements: what each rank measured, reduced across ranks in one place, into TrialMetrics.
 
-Every rank calls `reduce_ranks`, which gathers each rank's record and `combine`s them; rank 0 then turns the
-reduction into the typed `schema.TrialMetrics` record with `trial_metrics`. Records a user's stack wrote with the
-probe from processes raybench did not start (a `command` trial) go through the same `combine`. How each quantity
-combines across ranks:
+Every rank calls `reduce_ranks`, which gathers each rank's record and `combine`s them into a `RankReduction`; rank 0
+then turns the reduction into what it returns, the typed `schema.RankResult`, with `rank_result` (its metrics:
+`trial_metrics`). Records a user's stack wrote with the probe from processes raybench did not start (a `command`
+trial) go through the same `combine` and `rank_result`. How each quantity combines across ranks:
 - a step lasts as long as its slowest rank (max per step);
 - losses and phase times are averaged over ranks (each rank's phases add up to its own step time, so phases
   reconcile with the rank-averaged step time, not with the slowest rank's);
@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from raybench.runtime import fingerprint
 from raybench.runtime.probe import PHASES, LoopRecord
+from raybench.runtime.techniques import compile as compile_technique
 from raybench.spec import metrics
-from raybench.spec.schema import TrialMetrics
+from raybench.spec.schema import DataTaken, RankResult, TrialMetrics
 from raybench.spec.sweep_spec import TrainSpec
 
 SAMPLED = ("cpu_util_pct", "gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz")
@@ -194,9 +196,22 @@ class TrialFacts:
     weights_copy_s: float | None
     worker_wall_s: float
     process_trial_index: int  # trials the worker processes ran before this one (0: fresh processes)
-    compiled: dict  # dynamo's graph and graph-break columns over the timed loop (techniques.compile); nulls eager
+    compiled: dict = field(default_factory=dict)  # train.compile's graph columns (techniques.compile); empty: nulls
     fp8: dict = field(default_factory=dict)  # train.fp8's columns (techniques.fp8.columns); empty: nulls
     profile: dict = field(default_factory=dict)  # train.profile_steps' columns (step_profile); empty: nulls
+
+
+def rank_result(r: RankReduction, facts: TrialFacts, provenance: dict, env: dict[str, str] | None = None,
+                stack_version: str | None = None, data_taken: DataTaken | None = "rows") -> RankResult:
+    """What rank 0 returns for every kind of trial (raybench's loop, a user's stack, a command's records): the
+    metrics of the reduction and the facts, with where and with what they were measured.
+
+    provenance: the row's hardware and software columns (`runtime.provenance.columns`); env: the environment the
+    ranks ran in, of which the row keeps the allow-listed variables (None: this process's); stack_version: a
+    user's stack's (None: raybench's loop); data_taken: what the trial took of raybench's tokenized data
+    (raybench's loop always takes its rows)."""
+    return RankResult(metrics=trial_metrics(r, facts), provenance=provenance, env=fingerprint.captured_env(env),
+                      system=fingerprint.system_label(), stack_version=stack_version, data_taken=data_taken)
 
 
 def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
@@ -252,7 +267,7 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         first_step_s=r.step_times_s[0],
         # Compilation happens inside the first step; its excess over a typical step is the compile cost.
         compile_s=r.step_times_s[0] - step_p50 if train.compile else None,
-        **facts.compiled,
+        **{column: facts.compiled.get(column) for column in compile_technique.COLUMNS},
         fp8_linears=facts.fp8.get("fp8_linears"),
         fp8_linear_kinds_json=facts.fp8.get("fp8_linear_kinds_json"),
         fp8_flops_frac=facts.fp8.get("fp8_flops_frac"),

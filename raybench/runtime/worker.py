@@ -1,4 +1,5 @@
-"""The per-rank benchmark: init → model → techniques → strategy → timed loop → metrics (rank 0 returns them).
+"""The per-rank benchmark: init → model → techniques → strategy → timed loop → metrics (rank 0 returns its
+`RankResult`).
 
 Runs under any launcher that sets up torch.distributed: Ray Train workers, or plain torchrun:
     torchrun --standalone --nproc-per-node 2 -m raybench.runtime.worker payload.json result.json
@@ -13,7 +14,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
@@ -38,7 +38,7 @@ from raybench.spec import metrics  # noqa: E402
 from raybench.spec.hardware import peak_tflops  # noqa: E402
 from raybench.spec.payload import TrialPayload  # noqa: E402
 from raybench.spec.presets import ModelShape, model_shape  # noqa: E402
-from raybench.spec.schema import GIB  # noqa: E402
+from raybench.spec.schema import GIB, RankResult  # noqa: E402
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig  # noqa: E402
 
 # Steps without gradient reduction after the timed window (whose steps reduce), for the exposed communication.
@@ -64,8 +64,8 @@ def prepare_model(model: nn.Module, train: TrainSpec, techniques: tuple = TECHNI
     return model
 
 
-def run(payload: TrialPayload) -> dict | None:
-    """Benchmark one trial on this rank. Rank 0 returns the metrics; the other ranks return None.
+def run(payload: TrialPayload) -> RankResult | None:
+    """Benchmark one trial on this rank. Rank 0 returns the result; the other ranks return None.
 
     Running out of memory re-raises with the memory in use at that moment, so the oom row says how much.
     """
@@ -189,7 +189,7 @@ def _peaks(device: torch.device, baseline: _MemoryBaseline) -> Peaks:
 @dataclass(frozen=True)
 class _Trained:
     measured: RankMeasurement
-    compiled: dict  # compile.COLUMNS
+    compiled: dict  # compile.COLUMNS; empty when eager
     comm_exposed_p50_s: float | None
     dp_size: int
     profile: dict  # step_profile.COLUMNS; empty when train.profile_steps is 0
@@ -207,7 +207,7 @@ def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, 
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
     dynamo_before = compile.dynamo_counts() if train.compile else None
     record = bench.timed_loop(built.trainable, batches, train, ctx.device, sampler)
-    compiled = compile.compiled_since(dynamo_before) if train.compile else dict.fromkeys(compile.COLUMNS)
+    compiled = compile.compiled_since(dynamo_before) if train.compile else {}
     sampler.close()
     comm_exposed_p50_s = _exposed_comm(built.trainable, batches, train, ctx, record)
     measured = RankMeasurement(
@@ -238,7 +238,7 @@ def _trial_facts(payload: TrialPayload, ctx: RankContext, shape: ModelShape, bui
         profile=trained.profile)
 
 
-def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
+def _benchmark(payload: TrialPayload, held_gib: float) -> RankResult | None:
     t_start = time.perf_counter()
     config: TrialConfig = payload.config
     limits.apply_memory_limit(config.resources.memory_limit_gib, int(held_gib * GIB))
@@ -255,17 +255,17 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> dict | None:
         return None
     hardware = fingerprint.hardware(ctx.device)
     facts = _trial_facts(payload, ctx, shape, built, trained, hardware, t_start)
-    row = dataclasses.asdict(rank_metrics.trial_metrics(reduced, facts))
-    return {**row, **provenance.columns(config, ctx, hostnames, busbw, hardware)}
+    return rank_metrics.rank_result(reduced, facts, provenance.columns(config, ctx, hostnames, busbw, hardware))
 
 
 def main(argv: list[str]) -> int:
-    """torchrun entry point: read the payload JSON, run, and have rank 0 write the result JSON."""
+    """torchrun entry point: read the payload JSON, run, and have rank 0 write the result JSON
+    (`RankResult.to_dict`)."""
     payload_path, result_path = argv
     result = run(TrialPayload.from_dict(json.loads(Path(payload_path).read_text())))
     if result is not None:
         tmp = Path(result_path + ".tmp")
-        tmp.write_text(json.dumps(result))
+        tmp.write_text(json.dumps(result.to_dict()))
         tmp.replace(result_path)
     # Tear gloo down together: a rank that destroys its group while rank 0 is still finishing up made the
     # process abort at exit ("terminate called without an active exception") in about 1 run in 8.

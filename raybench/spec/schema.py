@@ -2,7 +2,8 @@
 
 Config columns are not listed here: `store` derives them from the trial config's fields. What a trial's ranks
 measure is one typed record, `TrialMetrics`; its fields are the measured metric columns, so a metric the worker
-does not declare cannot be built, and a row with a key outside the schema is refused (`store.write_row`).
+does not declare cannot be built, and a row with a key outside the schema is refused (`store.write_row`). What a
+trial's rank 0 returns is one typed `RankResult`: those metrics, the provenance columns and the environment.
 Units are in the names: *_s seconds, *_gib GiB (2**30 bytes), *_mhz, *_w, *_pct, *_gbps.
 """
 
@@ -118,6 +119,47 @@ class TrialMetrics:
     gpu_power_w: float | None
     gpu_sm_clock_mhz: float | None
     gpu_mem_clock_mhz: float | None
+
+
+# What a trial took of raybench's tokenized data (data.source hf): its rows as raybench's loop lays them out, or
+# only the samples (a user's stack laid out its own rows, so the row's packing efficiency does not apply).
+DataTaken = typing.Literal["rows", "samples"]
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What a trial's rank 0 returns: the measurements and where and with what they were taken
+    (`raybench.runtime.rank_metrics.rank_result` builds it; `raybench.drivers.trial.build_row` makes it the row).
+
+    Ray pickles it as it is; it becomes plain data only at a process boundary (`to_dict`/`from_dict`: torchrun's
+    result file)."""
+
+    metrics: TrialMetrics
+    provenance: dict  # the row's hardware and software columns by name (runtime.provenance.columns)
+    env: dict[str, str]  # the ranks' allow-listed environment variables (runtime.fingerprint.captured_env): env_json
+    system: str | None  # the label rows are compared by (runtime.fingerprint.system_label)
+    stack_version: str | None  # a user's stack: what ran, with its libraries' versions; None: raybench's own loop
+    data_taken: DataTaken | None  # what it took of raybench's tokenized data; None: neither (raybench's loop: rows)
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-ready): the metrics as a nested dict of their fields."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankResult:
+        """The result `to_dict` gave, back."""
+        return cls(**{**data, "metrics": TrialMetrics(**data["metrics"])})
+
+    @classmethod
+    def from_columns(cls, columns: dict) -> RankResult:
+        """A result from row columns by name, for rows whose measurements are made up (tests, the store's
+        benchmarks): TrialMetrics fields left out are null; `env`, `system` and `stack_version` are those
+        fields; every other column is a provenance column. The data taken is raybench's rows, as its loop's."""
+        metric_names = [f.name for f in dataclasses.fields(TrialMetrics)]
+        rest = {name: value for name, value in columns.items() if name not in metric_names}
+        return cls(metrics=TrialMetrics(**{name: columns.get(name) for name in metric_names}),
+                   env=rest.pop("env", {}), system=rest.pop("system", None),
+                   stack_version=rest.pop("stack_version", None), data_taken="rows", provenance=rest)
 
 
 # Metric columns a trial's row derives from its plan: the projected full run and the memory estimate.

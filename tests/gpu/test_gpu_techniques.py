@@ -12,6 +12,7 @@ import torch
 from raybench.drivers.executors import torchrun
 from raybench.planning.plan import plan
 from raybench.spec.load import parse_sweep
+from raybench.spec.schema import TrialMetrics
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -24,25 +25,26 @@ def data(model_dir, alpaca_file) -> dict:
     return {"source": "json", "path": str(alpaca_file), "tokenizer": str(model_dir)}
 
 
-def run_gpu_trial(data: dict, train: dict, model: dict | None = None, workers: int = 1) -> dict:
+def run_gpu_trial(data: dict, train: dict, model: dict | None = None, workers: int = 1) -> TrialMetrics:
+    """Rank 0's metrics of one trial under torchrun."""
     workers = min(workers, torch.cuda.device_count())
     spec = parse_sweep({"name": "gpu", "model": {"preset": "tiny", **(model or {})}, "data": data,
                         "train": {**BASE_TRAIN, **train},
                         "resources": {"workers": workers, "gpus_per_worker": 1, "timeout_s": 600}})
     (trial,) = plan(spec)
-    return torchrun.execute(trial.payload)
+    return torchrun.execute(trial.payload).metrics
 
 
-def assert_learns(result: dict) -> None:
-    assert result["loss_final"] < result["loss_first"], result
-    assert result["peak_alloc_gib"] > 0
+def assert_learns(result: TrialMetrics) -> None:
+    assert result.loss_final < result.loss_first, result
+    assert result.peak_alloc_gib > 0
 
 
 def test_qlora_trains_on_4bit_base(data):
     pytest.importorskip("bitsandbytes")
     result = run_gpu_trial(data, {"finetune": "qlora", "lora": {"rank": 8, "alpha": 16}})
     assert_learns(result)
-    assert result["params_trainable"] < result["params_total"] / 2
+    assert result.params_trainable < result.params_total / 2
 
 
 def test_liger_kernels(data):
@@ -64,8 +66,8 @@ def test_fp8_trains(data, recipe, train):
         pytest.skip("needs FP8 tensor cores (compute capability 8.9 or above)")
     result = run_gpu_trial(data, {"fp8": recipe, **train})
     assert_learns(result)
-    kinds = json.loads(result["fp8_linear_kinds_json"])  # the row names the FP8 matmuls: the tiny model's 7 kinds
-    assert len(kinds) == 7 and result["fp8_linears"] == 7 * 4 and 0 < result["fp8_flops_frac"] < 1
+    kinds = json.loads(result.fp8_linear_kinds_json)  # the row names the FP8 matmuls: the tiny model's 7 kinds
+    assert len(kinds) == 7 and result.fp8_linears == 7 * 4 and 0 < result.fp8_flops_frac < 1
 
 
 def test_fp16_with_grad_scaler(data):

@@ -18,6 +18,7 @@ import pytest
 from raybench.drivers.executors import torchrun
 from raybench.planning.plan import plan
 from raybench.spec.load import parse_sweep
+from raybench.spec.schema import TrialMetrics
 
 pytestmark = pytest.mark.integration
 VALUES_SCRIPT = Path(__file__).with_name("sharded_values.py")
@@ -49,7 +50,7 @@ def test_zero3_rank_builds_about_its_share_of_the_model():
         assert rank["growth_gib"] <= 0.75 * report["model_gib"], report
 
 
-def one_b_lora_fsdp2(model: dict, tmp_path: Path) -> dict:
+def one_b_lora_fsdp2(model: dict, tmp_path: Path) -> TrialMetrics:
     """The issue's proof trial: llama-3.2-1b shape, LoRA, fsdp2 on 4 gloo ranks, seq 64, micro-batch 1."""
     spec = parse_sweep({
         "name": "sharded-1b", "model": model,
@@ -58,24 +59,24 @@ def one_b_lora_fsdp2(model: dict, tmp_path: Path) -> dict:
         "resources": {"workers": 4, "timeout_s": 1800},
     })
     (trial,) = plan(spec)
-    return torchrun.execute(trial.payload.replace(cache_dir=str(tmp_path / "_cache")))
+    return torchrun.execute(trial.payload.replace(cache_dir=str(tmp_path / "_cache"))).metrics
 
 
-def build_growth_gib(row: dict) -> list[float]:
+def build_growth_gib(measured: TrialMetrics) -> list[float]:
     """Per rank: the build's peak RSS above that rank's RSS just before the build.
 
     Training's peak is recorded apart (peak_rss_gib_by_rank): FSDP2 then gathers whole units, the root's tied
     1 GB embedding among them (all-gather output plus unsharded copy), whatever the build did."""
     return [build - before for build, before in
-            zip(row["build_peak_rss_gib_by_rank"], row["rss_before_build_gib_by_rank"])]
+            zip(measured.build_peak_rss_gib_by_rank, measured.rss_before_build_gib_by_rank)]
 
 
 @pytest.mark.slow
 def test_sharded_random_init_costs_each_rank_under_half_the_model(tmp_path):
-    row = one_b_lora_fsdp2({"preset": "llama-3.2-1b"}, tmp_path)
-    model_gib = row["params_total"] * 4 / GIB
-    assert max(build_growth_gib(row)) <= model_gib / 2, (build_growth_gib(row), model_gib)
-    assert len(row["peak_rss_gib_by_rank"]) == 4 and row["build_peak_rss_gib"] < row["peak_rss_gib"]
+    measured = one_b_lora_fsdp2({"preset": "llama-3.2-1b"}, tmp_path)
+    model_gib = measured.params_total * 4 / GIB
+    assert max(build_growth_gib(measured)) <= model_gib / 2, (build_growth_gib(measured), model_gib)
+    assert len(measured.peak_rss_gib_by_rank) == 4 and measured.build_peak_rss_gib < measured.peak_rss_gib
 
 
 @pytest.mark.slow
@@ -89,7 +90,7 @@ def test_weights_from_a_directory_cost_the_node_about_one_copy(tmp_path):
     # Several files, as checkpoints of this size ship: each rank maps one file at a time while reading.
     model.save_pretrained(tmp_path / "llama-1b", safe_serialization=True, max_shard_size="500MB")
     del model
-    row = one_b_lora_fsdp2({"path": str(tmp_path / "llama-1b")}, tmp_path)
-    model_gib = row["params_total"] * 4 / GIB
-    assert sum(build_growth_gib(row)) <= 1.5 * model_gib, (build_growth_gib(row), model_gib)
-    assert row["weights_cache"] is None and row["loss_final"] == row["loss_final"]  # trained: a number
+    measured = one_b_lora_fsdp2({"path": str(tmp_path / "llama-1b")}, tmp_path)
+    model_gib = measured.params_total * 4 / GIB
+    assert sum(build_growth_gib(measured)) <= 1.5 * model_gib, (build_growth_gib(measured), model_gib)
+    assert measured.weights_cache is None and measured.loss_final == measured.loss_final  # trained: a number

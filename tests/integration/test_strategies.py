@@ -16,6 +16,7 @@ import torch
 from raybench.drivers.executors import torchrun
 from raybench.planning.plan import plan
 from raybench.spec.load import parse_sweep
+from raybench.spec.schema import RankResult
 
 pytestmark = pytest.mark.integration
 
@@ -62,11 +63,11 @@ CASES = {
     "fsdp2-4ranks": ({"strategy": "fsdp2"}, {}, 4),
     "zero3-4ranks": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 4),
 }
-_results: dict[str, dict] = {}
+_results: dict[str, RankResult] = {}
 
 
-def run_trial(train: dict, data: dict, workers: int, model_dir, alpaca_file) -> dict:
-    """Plan one trial of the tiny preset on the test text and run it under torchrun; rank 0's metrics."""
+def run_trial(train: dict, data: dict, workers: int, model_dir, alpaca_file) -> RankResult:
+    """Plan one trial of the tiny preset on the test text and run it under torchrun; rank 0's result."""
     spec = parse_sweep({
         "name": "strategies", "model": {"preset": "tiny"},
         "data": {"source": "json", "path": str(alpaca_file), "tokenizer": str(model_dir), **data},
@@ -76,7 +77,7 @@ def run_trial(train: dict, data: dict, workers: int, model_dir, alpaca_file) -> 
     return torchrun.execute(trial.payload)
 
 
-def run_case(name: str, model_dir, alpaca_file) -> dict:
+def run_case(name: str, model_dir, alpaca_file) -> RankResult:
     """Run one named case once per session (equivalence tests reuse the results)."""
     if name not in _results:
         _results[name] = run_trial(*CASES[name], model_dir, alpaca_file)
@@ -96,8 +97,8 @@ def _slow_if_other_world_size(name: str):
 @pytest.mark.parametrize("name", [_slow_if_other_world_size(name) for name in CASES])
 def test_loss_goes_down(name, model_dir, alpaca_file):
     result = run_case(name, model_dir, alpaca_file)
-    assert result["loss_final"] < result["loss_first"] - LEARNING_DROP, result
-    assert result["world_size"] == CASES[name][2]
+    assert result.metrics.loss_final < result.metrics.loss_first - LEARNING_DROP, result
+    assert result.provenance["world_size"] == CASES[name][2]
 
 
 def test_fp16_matches_fp32(model_dir, alpaca_file):
@@ -109,17 +110,18 @@ def test_fp16_matches_fp32(model_dir, alpaca_file):
     """
     fp32 = run_case("ddp-lora-sac-half", model_dir, alpaca_file)
     fp16 = run_case("ddp-lora-sac-half-fp16", model_dir, alpaca_file)
-    assert fp16["loss_first"] == pytest.approx(fp32["loss_first"], rel=FP16_RTOL)
-    assert fp16["loss_final"] < fp16["loss_first"] - fp16["loss_first"] * FP16_RTOL - LEARNING_DROP, fp16
+    assert fp16.metrics.loss_first == pytest.approx(fp32.metrics.loss_first, rel=FP16_RTOL)
+    first = fp16.metrics.loss_first
+    assert fp16.metrics.loss_final < first - first * FP16_RTOL - LEARNING_DROP, fp16
 
 
 def test_compiled_blocks_report_their_graphs(model_dir, alpaca_file):
     """Every decoder block compiles in place: dynamo compiles graphs for them and the tiny Llama block breaks
     none (a break would split the block and fuse its halves apart)."""
     result = run_case("ddp-compile-ac-full-loaders2", model_dir, alpaca_file)
-    assert result["compile_graphs"] >= 1 and result["compile_graph_breaks"] == 0, result
-    assert result["compile_graph_break_reasons_json"] is None
-    assert run_case("ddp", model_dir, alpaca_file)["compile_graphs"] is None
+    assert result.metrics.compile_graphs >= 1 and result.metrics.compile_graph_breaks == 0, result
+    assert result.metrics.compile_graph_break_reasons_json is None
+    assert run_case("ddp", model_dir, alpaca_file).metrics.compile_graphs is None
 
 
 @pytest.mark.parametrize("ddp_name, name", [
@@ -130,26 +132,27 @@ def test_compiled_blocks_report_their_graphs(model_dir, alpaca_file):
     pytest.param("ddp-4ranks", "zero3-4ranks", marks=pytest.mark.slow)])
 def test_partitioned_strategies_match_ddp(ddp_name, name, model_dir, alpaca_file):
     ddp, other = run_case(ddp_name, model_dir, alpaca_file), run_case(name, model_dir, alpaca_file)
-    assert other["loss_first"] == pytest.approx(ddp["loss_first"], abs=SAME_MATH_ABS)
-    assert other["loss_final"] == pytest.approx(ddp["loss_final"], abs=SAME_MATH_ABS)
+    assert other.metrics.loss_first == pytest.approx(ddp.metrics.loss_first, abs=SAME_MATH_ABS)
+    assert other.metrics.loss_final == pytest.approx(ddp.metrics.loss_final, abs=SAME_MATH_ABS)
 
 
 def test_tensor_parallel_matches_one_rank(model_dir, alpaca_file):
     # A TP group of 2 is one data-parallel replica: same batches as a single rank, same math, clipped alike.
     one, tp = run_case("ddp-1rank", model_dir, alpaca_file), run_case("tp", model_dir, alpaca_file)
-    assert tp["tokens_per_step"] == one["tokens_per_step"]
-    assert tp["loss_first"] == pytest.approx(one["loss_first"], abs=SAME_MATH_ABS)
-    assert tp["loss_final"] == pytest.approx(one["loss_final"], abs=SAME_MATH_ABS)  # DTensor-aware clipping
+    assert tp.metrics.tokens_per_step == one.metrics.tokens_per_step
+    assert tp.metrics.loss_first == pytest.approx(one.metrics.loss_first, abs=SAME_MATH_ABS)
+    assert tp.metrics.loss_final == pytest.approx(one.metrics.loss_final, abs=SAME_MATH_ABS)  # DTensor-aware clipping
 
 
 def test_tensor_parallel_lora_trains_like_one_rank(model_dir, alpaca_file):
     # tests/integration/test_tp_lora.py checks one step's adapter gradients; this, the optimizer's steps on them (a
     # replicated adapter's gradient is a partial sum per rank until the optimizer and clipping reduce it).
     one, tp = run_case("ddp-1rank-lora", model_dir, alpaca_file), run_case("tp-lora", model_dir, alpaca_file)
-    assert tp["params_trainable"] == one["params_trainable"] and tp["params_total"] == one["params_total"]
-    assert tp["loss_first"] == pytest.approx(one["loss_first"], abs=SAME_MATH_ABS)
-    assert tp["loss_final"] == pytest.approx(one["loss_final"], abs=SAME_MATH_ABS)
-    assert tp["loss_final"] < tp["loss_first"] - LEARNING_DROP
+    assert tp.metrics.params_trainable == one.metrics.params_trainable
+    assert tp.metrics.params_total == one.metrics.params_total
+    assert tp.metrics.loss_first == pytest.approx(one.metrics.loss_first, abs=SAME_MATH_ABS)
+    assert tp.metrics.loss_final == pytest.approx(one.metrics.loss_final, abs=SAME_MATH_ABS)
+    assert tp.metrics.loss_final < tp.metrics.loss_first - LEARNING_DROP
 
 
 # The full matrix (slow): every strategy x AC variant x compile x LoRA/full, minus what plan rejects (ZeRO-3
@@ -180,4 +183,4 @@ def test_full_matrix_trains(train, workers, model_dir, alpaca_file):
     if train["finetune"] == "lora":
         train = {**train, "lr": 1e-2}  # adapters start at zero: a higher rate shows learning within 8 steps
     result = run_trial(train, {}, workers, model_dir, alpaca_file)
-    assert result["loss_final"] < result["loss_first"] - LEARNING_DROP, result
+    assert result.metrics.loss_final < result.metrics.loss_first - LEARNING_DROP, result

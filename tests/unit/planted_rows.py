@@ -14,6 +14,7 @@ from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.spec.load import parse_sweep
+from raybench.spec.schema import RankResult
 
 SWEEP = "planted"
 # What separates the two GPU systems (seed 000's finding, plus an interconnect and a library version).
@@ -71,10 +72,11 @@ def plant_gpu_store(path: Path, ids_per_system: bool = True) -> list[dict]:
             payload = t.payload
             if ids_per_system:
                 payload = payload.replace(trial_id=f"{t.trial_id}-{system}")
-            rows.append(build_row(payload, SWEEP, status, message, metrics, executor="pool", started_at=start,
+            rows.append(build_row(payload, SWEEP, status, message, RankResult.from_columns(metrics), executor="pool",
+                                  started_at=start,
                                   ended_at=start + timedelta(minutes=len(rows) + 1), wall_s=30.0))
     error = build_row(_trials()[0].payload.replace(trial_id="broken-r0"), SWEEP, "error", "RuntimeError: boom",
-                      {"system": "snellius"}, executor="pool", ended_at=start)
+                      RankResult.from_columns({"system": "snellius"}), executor="pool", ended_at=start)
     rows.append(error)
     for row in rows:
         store.write_row(path, row)
@@ -90,6 +92,6 @@ def plant_cpu_store(path: Path) -> list[dict]:
         metrics = {"device_type": "cpu", "system": "laptop", "hostname": "laptop", "tok_per_s_per_device": 500.0 * mb,
                    "peak_rss_gib": 1.0 + 0.5 * mb, "step_time_p50_s": 0.1, "phase_data_mean_s": 0.001,
                    "phase_forward_mean_s": 0.03, "phase_backward_mean_s": 0.06, "phase_optimizer_mean_s": 0.009}
-        rows.append(build_row(t.payload, "cpu", "ok", "", metrics, executor="pool"))
+        rows.append(build_row(t.payload, "cpu", "ok", "", RankResult.from_columns(metrics), executor="pool"))
         store.write_row(path, rows[-1])
     return rows

@@ -13,6 +13,7 @@ from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.reports.best import best_configs, best_per_axis_value, front_report, read_rows
 from raybench.spec.load import parse_sweep
+from raybench.spec.schema import RankResult
 
 # One sweep per system (a trial id names a configuration, not the machine it ran on).
 GPUS = {"sac-h100": ("NVIDIA H100 80GB HBM3", 1000.0), "sac-a100": ("NVIDIA A100-SXM4-40GB", 400.0)}
@@ -34,11 +35,12 @@ def store_dir(tmp_path_factory):
         payload, train = t.payload, t.payload.config.train.model_dump()
         for sweep, (gpu, speed) in GPUS.items():
             metrics = {**gpu_metrics(speed, train, t.repeat), "gpu_name": gpu, "device_type": "cuda"}
-            store.write_row(path, build_row(payload, sweep, "ok", "", metrics))
+            store.write_row(path, build_row(payload, sweep, "ok", "", RankResult.from_columns(metrics)))
         cpu = {"tok_per_s_per_device": 50.0 * train["micro_batch"], "peak_rss_gib": 1.0, "device_type": "cpu"}
-        store.write_row(path, build_row(payload, "sac-cpu", "ok", "", cpu))
+        store.write_row(path, build_row(payload, "sac-cpu", "ok", "", RankResult.from_columns(cpu)))
     # A failed attempt is never a candidate.
-    store.write_row(path, build_row(t.payload, "other", "oom", "CUDA out of memory", {"gpu_name": "X"}))
+    store.write_row(path, build_row(t.payload, "other", "oom", "CUDA out of memory",
+                                    RankResult.from_columns({"gpu_name": "X"})))
     return path
 
 
@@ -61,7 +63,7 @@ def test_one_sweep_run_on_two_gpu_types_keeps_both(tmp_path):
     payload, train = trial.payload, trial.payload.config.train.model_dump()
     for gpu, speed in (("NVIDIA H100 80GB HBM3", 1000.0), ("NVIDIA H200", 1100.0), ("NVIDIA H200", 1200.0)):
         metrics = {**gpu_metrics(speed, train, 1), "gpu_name": gpu, "device_type": "cuda", "hostname": "vm"}
-        store.write_row(tmp_path, build_row(payload, "one", "ok", "", metrics))
+        store.write_row(tmp_path, build_row(payload, "one", "ok", "", RankResult.from_columns(metrics)))
     best = best_configs(read_rows(str(tmp_path))).set_index("group")
     assert best["mean"].to_dict() == pytest.approx({"H100 80GB HBM3": 1010.0, "H200": 1212.0})
     assert set(best.n) == {1}

@@ -25,6 +25,7 @@ from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.spec.load import load_sweep
 from raybench.spec.payload import TrialPayload
+from raybench.spec.schema import RankResult
 
 TINY_TRAIN = {"steps": 4, "warmup_steps": 1, "seq_len": 64, "micro_batch": 1, "precision": "fp32"}
 
@@ -84,8 +85,8 @@ def test_estimate_calibrated_by_the_given_store(tmp_path, capsys):
     first = plan(load_sweep(sweep))[0]
     measured = tmp_path / "measured"  # one ok CPU row that measured twice the estimate's peak
     part_gib = first.payload.to_dict()["estimate"]["measured_part_gib"]
-    store.write_row(measured, build_row(first.payload, "cli", "ok", "", {"peak_rss_gib": 2 * part_gib,
-                                                                              "device_type": "cpu"}))
+    store.write_row(measured, build_row(first.payload, "cli", "ok", "", RankResult.from_columns({
+        "peak_rss_gib": 2 * part_gib, "device_type": "cpu"})))
     assert main(["estimate", sweep, "--json"]) == 0  # the sweep's own store holds nothing
     assert [line["estimate"]["calibration"] for line in json_lines(capsys.readouterr().out)] == [None, None]
 
@@ -201,7 +202,8 @@ def test_run_quiet_on_a_stored_sweep_starts_nothing(tmp_path, capsys):
     sweep = write_sweep(tmp_path / "s.yaml")
     elsewhere = tmp_path / "elsewhere"
     for t in plan(load_sweep(sweep)):
-        store.write_row(elsewhere, build_row(t.payload, "cli", "ok", "", {"tok_per_s_per_device": 100.0}))
+        store.write_row(elsewhere, build_row(t.payload, "cli", "ok", "",
+                                             RankResult.from_columns({"tok_per_s_per_device": 100.0})))
     files = store.result_files(elsewhere)
     assert main(["run", sweep, "--store", str(elsewhere)]) == 0
     assert "2 trial(s) already stored as ok" in capsys.readouterr().out

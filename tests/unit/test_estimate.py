@@ -24,6 +24,7 @@ from raybench.spec.load import parse_sweep
 from raybench.spec.payload import AssessmentData, TrialPayload
 from raybench.spec.presets import PRESETS, ModelShape
 from raybench.spec.sac import checkpointed_blocks
+from raybench.spec.schema import RankResult
 from raybench.spec.sweep_spec import LoraSpec, TrainSpec, TrialConfig
 
 GIB = 2**30
@@ -402,14 +403,15 @@ def test_calibration_from_stored_rows(tmp_path):
 def test_build_row_stores_the_estimate_and_its_error(tmp_path):
     t = plan(parse_sweep(tiny_sweep(tmp_path, {})))[0]
     payload, e = t.payload, t.assessment.analytic
-    row = build_row(payload, "est", "ok", "", {"peak_rss_gib": 0.6, "device_type": "cpu"})
+    row = build_row(payload, "est", "ok", "", RankResult.from_columns({"peak_rss_gib": 0.6, "device_type": "cpu"}))
     assert row["est_peak_gib"] == e.peak_gib
     assert row["est_peak_calibrated_gib"] == t.assessment.peak_calibrated_gib
     assert row["est_peak_error"] == pytest.approx(0.6 / e.measured_part_gib - 1)
     assert row["est_step_time_s"] is None  # CPU
-    failed = build_row(payload, "est", "oom", "OutOfMemoryError", {})
+    failed = build_row(payload, "est", "oom", "OutOfMemoryError")
     assert "est_peak_error" not in failed and failed["est_peak_gib"] == e.peak_gib
-    gpu = build_row(payload, "est", "ok", "", {"peak_reserved_gib": 2.0, "peak_rss_gib": 9.0, "device_type": "cuda"})
+    gpu = build_row(payload, "est", "ok", "", RankResult.from_columns({"peak_reserved_gib": 2.0, "peak_rss_gib": 9.0,
+                                                                       "device_type": "cuda"}))
     assert gpu["est_peak_error"] == pytest.approx(2.0 / e.measured_part_gib - 1)
     store.write_row(tmp_path / "rows", row)
     back = store.read_results(tmp_path / "rows").iloc[0]
@@ -430,7 +432,8 @@ def test_skipped_trials_become_rows_once_and_never_hide_a_measurement(tmp_path):
 
     measured = tmp_path / "measured"  # a trial that once ran keeps its measured row as the latest
     first = plan(spec)[0]
-    store.write_row(measured, build_row(first.payload, "est", "ok", "", {"peak_rss_gib": 30.0}))
+    measured_row = build_row(first.payload, "est", "ok", "", RankResult.from_columns({"peak_rss_gib": 30.0}))
+    store.write_row(measured, measured_row)
     run_sweep(spec, store_path=str(measured), progress=lambda line: None)
     latest = store.read_results(measured).set_index("trial_id").status
     assert latest[first.trial_id] == "ok" and sorted(latest) == ["ok", "skipped"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from raybench.spec import hardware, metrics
+from raybench.spec.schema import RankResult
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
@@ -70,12 +71,12 @@ def test_projection_by_hand():
     assert metrics.projection(2.0, 1, 1.0, 8, None, 1, None)["projected_hours"] is None
 
 
-def _measured_row(step_times_s: list[float], tokens_per_step: int, nonpad_tokens: list[int]) -> dict:
+def _measured_row(step_times_s: list[float], tokens_per_step: int, nonpad_tokens: list[int]) -> RankResult:
     """The throughput columns of a row as rank_metrics computes them from the timed steps."""
     timed_s = sum(step_times_s)
-    return {**metrics.step_time_stats(step_times_s), "tokens_per_step": tokens_per_step,
-            "tok_per_s": tokens_per_step * len(step_times_s) / timed_s,
-            "nonpad_tok_per_s": sum(nonpad_tokens) / timed_s}
+    return RankResult.from_columns({**metrics.step_time_stats(step_times_s), "tokens_per_step": tokens_per_step,
+                                    "tok_per_s": tokens_per_step * len(step_times_s) / timed_s,
+                                    "nonpad_tok_per_s": sum(nonpad_tokens) / timed_s})
 
 
 def test_row_projection_uses_real_tokens_and_the_mean_step():

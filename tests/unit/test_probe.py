@@ -33,9 +33,7 @@ def test_combine_takes_the_slowest_rank_per_step_and_the_real_window():
 
     facts = TrialFacts(train=TrainSpec(steps=3, warmup_steps=1), world_size=2, dp_size=2, params_total=10,
                        params_trainable=10, flops_per_token=None, peak_tflops=None, comm_exposed_p50_s=None,
-                       weights_cache=None, weights_copy_s=None, worker_wall_s=9.0, process_trial_index=0,
-                       compiled={"compile_graphs": None, "compile_graph_breaks": None,
-                                 "compile_graph_break_reasons_json": None})
+                       weights_cache=None, weights_copy_s=None, worker_wall_s=9.0, process_trial_index=0)
     row = rank_metrics.trial_metrics(reduced, facts)
     assert row.tokens_per_step == 128 and row.steps_timed == 2
     assert row.tok_per_s == pytest.approx(256 / 4.0) and row.tok_per_s_per_device == pytest.approx(32.0)

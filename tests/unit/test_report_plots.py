@@ -20,6 +20,7 @@ from raybench.planning.plan import plan
 from raybench.reports import frames, plots, report_files
 from raybench.results import store
 from raybench.spec.load import parse_sweep
+from raybench.spec.schema import RankResult
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -196,7 +197,7 @@ def test_large_grids_keep_the_fastest_configurations(tmp_path):
         mb = t.axis_values["train.micro_batch"]
         metrics = {"device_type": "cpu", "tok_per_s_per_device": 100.0 * mb, "peak_rss_gib": 1.0 + mb,
                    **{f"phase_{p}_mean_s": 0.01 for p in frames.PHASES}}
-        rows.append(build_row(t.payload, "big", "ok", "", metrics))
+        rows.append(build_row(t.payload, "big", "ok", "", RankResult.from_columns(metrics)))
     store.write_rows(tmp_path, rows)
     df = store.read_results(tmp_path)
     fig = plots.phase_breakdown(df)

@@ -230,13 +230,15 @@ def test_stored_rows_reuse_ok_and_oom_but_not_errors(tmp_path):
     from raybench.drivers.search import stored_rows
     from raybench.drivers.trial import build_row
     from raybench.results import store
+    from raybench.spec.schema import RankResult
 
     spec = sweep({"train.micro_batch": [1, 2, 4]})
     a, b, c = (t.payload for t in plan(spec))
     start = datetime(2026, 11, 1, tzinfo=timezone.utc)
     for payload, status, minute in ((a, "oom", 0), (a, "ok", 1), (a, "error", 2), (b, "oom", 0), (c, "error", 0)):
-        store.write_row(tmp_path, build_row(payload, "s", status, status, {"tok_per_s_per_device": 5.0 if
-                                            status == "ok" else None}, ended_at=start + timedelta(minutes=minute)))
+        result = RankResult.from_columns({"tok_per_s_per_device": 5.0 if status == "ok" else None})
+        store.write_row(tmp_path, build_row(payload, "s", status, status, result,
+                                            ended_at=start + timedelta(minutes=minute)))
     stored = stored_rows(store.read_table(tmp_path, latest=False), "s", ["tok_per_s_per_device"])
     assert stored[a.trial_id]["status"] == "ok"  # an ok attempt wins over later failures
     assert stored[b.trial_id]["status"] == "oom" and c.trial_id not in stored

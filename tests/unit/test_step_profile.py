@@ -158,9 +158,7 @@ def test_the_row_carries_the_profile_and_nulls_without_one():
         return rank_metrics.trial_metrics(reduced, rank_metrics.TrialFacts(
             train=TrainSpec(steps=2, warmup_steps=1), world_size=1, dp_size=1, params_total=1, params_trainable=1,
             flops_per_token=None, peak_tflops=None, comm_exposed_p50_s=None, weights_cache=None,
-            weights_copy_s=None, worker_wall_s=2.0, process_trial_index=0,
-            compiled=dict.fromkeys(("compile_graphs", "compile_graph_breaks", "compile_graph_break_reasons_json")),
-            profile=profile))
+            weights_copy_s=None, worker_wall_s=2.0, process_trial_index=0, profile=profile))
 
     assert all(getattr(row({}), column) is None for column in step_profile.COLUMNS)
     given = {column: 0.001 * (i + 1) for i, column in enumerate(step_profile.COLUMNS)}

@@ -16,6 +16,7 @@ from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
 from raybench.results import store
 from raybench.spec.load import parse_sweep
+from raybench.spec.schema import RankResult
 
 
 def rows_for(sweep: str = "s", n: int = 3) -> list[dict]:
@@ -25,7 +26,7 @@ def rows_for(sweep: str = "s", n: int = 3) -> list[dict]:
     for i, t in enumerate(plan(spec)):
         metrics = {"tok_per_s_per_device": 1000.0 + i, "step_time_p50_s": 0.5, "loss_final": 1.25,
                    "hostnames": ["a", "b"], "env": {"NCCL_DEBUG": "WARN"}}
-        rows.append(build_row(t.payload, sweep, "ok", "", metrics, executor="train",
+        rows.append(build_row(t.payload, sweep, "ok", "", RankResult.from_columns(metrics), executor="train",
                               started_at=datetime(2026, 1, 1, tzinfo=timezone.utc)))
     return rows
 

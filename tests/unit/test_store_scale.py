@@ -15,6 +15,7 @@ from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
 from raybench.results import compaction, query, store
 from raybench.spec.load import parse_sweep
+from raybench.spec.schema import RankResult
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 
@@ -22,8 +23,9 @@ T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 def make_rows(sweep: str = "s", n: int = 6, gpu: str = "NVIDIA H100 80GB HBM3") -> list[dict]:
     spec = parse_sweep({"name": sweep, "model": {"preset": "tiny"},
                         "axes": {"train.micro_batch": list(range(1, n + 1))}})
-    return [build_row(t.payload, sweep, "ok", "", {"tok_per_s_per_device": 100.0 * (i + 1), "gpu_name": gpu,
-                                                       "hostnames": ["n1"], "step_time_p50_s": 0.1 * (i + 1)},
+    return [build_row(t.payload, sweep, "ok", "", RankResult.from_columns({
+                          "tok_per_s_per_device": 100.0 * (i + 1), "gpu_name": gpu, "hostnames": ["n1"],
+                          "step_time_p50_s": 0.1 * (i + 1)}),
                       ended_at=T0 + timedelta(minutes=i), executor="pool")
             for i, t in enumerate(plan(spec))]
 

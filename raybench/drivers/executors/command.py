@@ -3,7 +3,8 @@ probe wrote.
 
 The command (torchrun over the user's script, torchtune, torchtitan, ...) starts its own ranks; each calls
 `raybench.runtime.probe.StepProbe` and writes its record to RAYBENCH_PROBE_DIR at the end. The records go
-through the same `rank_metrics.combine` as raybench's own loop, so the row has the same columns.
+through the same `rank_metrics.combine` and `rank_metrics.rank_result` as raybench's own loop, so the row has the
+same columns.
 
 Under `executor: train` the command runs inside a Ray task that reserves the trial's CPUs and GPUs on one node
 (`execute_on_ray`); under `executor: torchrun` it runs on this machine (`execute`). The row's `executor` column
@@ -13,7 +14,6 @@ keeps the sweep's executor (resumes match stored rows by it); `stack_kind` says 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import json
 import os
 import resource
@@ -32,7 +32,7 @@ from raybench.drivers.trial import EXCEPTION_LINE
 from raybench.planning.stacks import planning_module
 from raybench.runtime.probe import RECORD_DIR_ENV
 from raybench.spec.payload import TrialPayload
-from raybench.spec.schema import GIB
+from raybench.spec.schema import GIB, RankResult
 
 # The raybench package's directory: the command's PYTHONPATH exposes it (and nothing else of raybench's
 # environment), so the stack's own environment imports the probe (standard library and torch only).
@@ -50,8 +50,8 @@ _VERSIONS_CODE = ("import importlib.metadata as m, json, platform\n"
                   "**{n: v(n) for n in ('torch', 'transformers', 'peft', 'deepspeed', 'torchtune', 'torchtitan')}}))")
 
 
-def execute(payload: TrialPayload) -> dict:
-    """Run the trial's command on this machine; the row's measured columns and provenance."""
+def execute(payload: TrialPayload) -> RankResult:
+    """Run the trial's command on this machine; its result as rank 0 of raybench's own workers would give it."""
     config = payload.config
     resources = config.resources
     python = config.stack.python or sys.executable
@@ -73,10 +73,10 @@ def execute(payload: TrialPayload) -> dict:
         if returncode != 0:
             raise RuntimeError(_failure_text(argv, returncode, output))
         records = _records(probe_dir, resources.workers, output)
-    return _row(payload, records, launched_wall, wall_s, python, argv, env)
+    return _result(payload, records, launched_wall, wall_s, python, argv, env)
 
 
-def execute_on_ray(payload: TrialPayload) -> dict:
+def execute_on_ray(payload: TrialPayload) -> RankResult:
     """`execute` inside a Ray task holding the trial's CPUs and GPUs on one node, never retried."""
     import ray
 
@@ -161,8 +161,8 @@ def _records(probe_dir: Path, workers: int, output: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in paths]
 
 
-def _row(payload: TrialPayload, records: list[dict], launched_wall: float, wall_s: float, python: str,
-         argv: list[str], env: dict[str, str]) -> dict:
+def _result(payload: TrialPayload, records: list[dict], launched_wall: float, wall_s: float, python: str,
+            argv: list[str], env: dict[str, str]) -> RankResult:
     import torch
 
     from raybench.runtime import fingerprint, provenance, rank_metrics
@@ -182,16 +182,21 @@ def _row(payload: TrialPayload, records: list[dict], launched_wall: float, wall_
         train=config.train, world_size=workers, dp_size=workers, params_total=params_total,
         params_trainable=params_trainable, flops_per_token=flops,
         peak_tflops=peak_tflops(hardware["gpu_name"], config.train.precision), comm_exposed_p50_s=None,
-        weights_cache=None, weights_copy_s=None, worker_wall_s=wall_s, process_trial_index=0,
-        compiled={"compile_graphs": None, "compile_graph_breaks": None, "compile_graph_break_reasons_json": None})
-    row = dataclasses.asdict(rank_metrics.trial_metrics(reduced, facts))
+        weights_cache=None, weights_copy_s=None, worker_wall_s=wall_s, process_trial_index=0)
     ctx = RankContext(rank=0, world_size=workers, local_rank=0, device=device)
-    columns = provenance.columns(config, ctx, [socket.gethostname()], {}, hardware)
     versions = _stack_versions(python, env)
-    for package in ("torch", "transformers", "peft", "deepspeed"):  # the stack's environment, not raybench's
-        columns[f"{package}_version"] = versions.get(package)
-    columns.update(python_version=versions.get("python"), env=fingerprint.captured_env(env))
-    return {**row, **columns, "stack_version": _stack_version(argv, versions)}
+    columns = provenance.columns(config, ctx, [socket.gethostname()], {}, hardware, _stack_software(versions))
+    return rank_metrics.rank_result(reduced, facts, columns, env=env, stack_version=_stack_version(argv, versions),
+                                    data_taken=None)
+
+
+def _stack_software(versions: dict) -> dict:
+    """The software columns: the Python and libraries of the environment the command ran in (`_stack_versions`),
+    not raybench's; raybench's own (raybench, ray, CUDA, NCCL, git sha) as this process has them."""
+    from raybench.runtime import fingerprint
+
+    stack = {f"{package}_version": versions.get(package) for package in ("torch", "transformers", "peft", "deepspeed")}
+    return {**fingerprint.software(), **stack, "python_version": versions.get("python")}
 
 
 def _model_facts(config) -> tuple[int, int, float | None]:

@@ -31,6 +31,7 @@ import ray
 from raybench.drivers.executors import RAY_WORKER_ENV
 from raybench.runtime import fingerprint, limits
 from raybench.spec.payload import TrialPayload
+from raybench.spec.schema import RankResult
 
 NAMESPACE = "raybench"
 MANAGER_NAME = "raybench-pool-manager"
@@ -99,7 +100,7 @@ class PoolWorker:
         leftover = torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
         return {"leftover_gib": leftover, "changed": self.changed}
 
-    def run(self, payload: TrialPayload, trial_key: str, rank: int, world_size: int) -> dict | None:
+    def run(self, payload: TrialPayload, trial_key: str, rank: int, world_size: int) -> RankResult | None:
         import torch
         import torch.distributed as dist
 
@@ -257,7 +258,7 @@ def release_idle() -> int:
     return ray.get(pool.drain_idle.remote())
 
 
-def execute(payload: TrialPayload) -> dict:
+def execute(payload: TrialPayload) -> RankResult:
     res = payload.config.resources
     # Variables read at process start (NCCL_*, OMP_*, TORCHINDUCTOR_*, DS_ACCELERATOR, ...) take effect only
     # when the actors start with them: each distinct environment gets its own group.

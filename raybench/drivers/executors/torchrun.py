@@ -21,6 +21,7 @@ import psutil
 
 from raybench.drivers.trial import EXCEPTION_LINE, one_line_message
 from raybench.spec.payload import TrialPayload
+from raybench.spec.schema import RankResult
 
 # After SIGTERM, torchrun and its ranks get this long to exit before they are SIGKILLed.
 GRACE_S = 5
@@ -82,7 +83,8 @@ def _failure_text(returncode: int, log: str) -> str:
     return f"torchrun exited {returncode}: {cause}\n" + "\n".join(rank_errors[-5:]) + f"\n{tail}"
 
 
-def execute(payload: TrialPayload) -> dict:
+def execute(payload: TrialPayload) -> RankResult:
+    """Run the trial's ranks under torchrun; rank 0's result, from the JSON file it wrote (`worker.main`)."""
     resources = payload.config.resources
     with tempfile.TemporaryDirectory(prefix="raybench-trial-") as tmp:
         payload_path, result_path = Path(tmp, "payload.json"), Path(tmp, "result.json")
@@ -99,4 +101,4 @@ def execute(payload: TrialPayload) -> dict:
             returncode = wait_or_kill(proc, resources.timeout_s, "its processes were killed")
         if returncode != 0 or not result_path.exists():
             raise RuntimeError(_failure_text(returncode, log_path.read_text(errors="replace")))
-        return json.loads(result_path.read_text())
+        return RankResult.from_dict(json.loads(result_path.read_text()))

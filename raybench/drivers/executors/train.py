@@ -1,7 +1,7 @@
 """Ray Train V2: one TorchTrainer per trial, run from inside the trial's Ray Tune driver.
 
-Workers report nothing during the loop (a Train V2 report costs ~1.6 s); rank 0's return value carries the
-metrics back through `Result.return_value`.
+Workers report nothing during the loop (a Train V2 report costs ~1.6 s); rank 0's return value, its `RankResult`,
+comes back through `Result.return_value`.
 
 `fit()` runs in a Ray task of its own (zero CPUs) so that a trial past `resources.timeout_s` can be ended with
 public APIs only: force-cancelling the task kills its worker process; the Train controller actor it created
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from raybench.drivers.executors import RAY_WORKER_ENV
 from raybench.spec.payload import TrialPayload
+from raybench.spec.schema import RankResult
 
 # Seconds to wait for the cancelled fit task to be reported dead before giving up on it.
 CANCEL_WAIT_S = 30
@@ -38,13 +39,13 @@ TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_ENABLE_PREEM
 log = logging.getLogger(__name__)
 
 
-def _train_loop(payload: dict) -> dict | None:
+def _train_loop(payload: dict) -> RankResult | None:
     from raybench.runtime import worker  # torch: loaded in the training workers only
 
     return worker.run(TrialPayload.from_dict(payload))
 
 
-def _fit(payload: TrialPayload) -> dict:
+def _fit(payload: TrialPayload) -> RankResult:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -80,12 +81,12 @@ def _fit(payload: TrialPayload) -> dict:
             signal.signal(signal.SIGINT, previous)
     if result.error is not None:
         raise result.error
-    if not isinstance(result.return_value, dict):
-        raise RuntimeError("rank 0 returned no metrics")
+    if not isinstance(result.return_value, RankResult):
+        raise RuntimeError("rank 0 returned no result")
     return result.return_value
 
 
-def execute(payload: TrialPayload) -> dict:
+def execute(payload: TrialPayload) -> RankResult:
     import ray
 
     timeout_s = payload.config.resources.timeout_s
@@ -139,7 +140,7 @@ def _cancel(ref) -> None:
         pass
 
 
-def _unwrap(ref) -> dict:
+def _unwrap(ref) -> RankResult:
     """The task's return value; a failure inside it is re-raised as its original error where Ray has it."""
     import ray
 

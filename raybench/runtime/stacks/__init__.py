@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotation only: torchtune_recipe runs in a stack's own environment, without pydantic
     from raybench.spec.payload import TrialPayload
+    from raybench.spec.schema import RankResult
 
 
-def run(payload: TrialPayload) -> dict | None:
-    """Run the trial's stack on this rank; rank 0 returns the row's measured columns, the other ranks None."""
+def run(payload: TrialPayload) -> RankResult | None:
+    """Run the trial's stack on this rank; rank 0 returns the result, the other ranks None."""
     from raybench.runtime.stacks import measure
     from raybench.spec import stacks
 

@@ -6,13 +6,12 @@ rank's setup; the same reduction (`rank_metrics`). What only raybench's loop kno
 peaks, weights-cache columns, the exposed communication).
 
 `StackData` hands a stack raybench's tokenized data (data.source hf) as raybench's loop takes it; the row's data
-columns describe the trial only when every rank's entry took it (`RAYBENCH_DATA` in the measured columns: "rows",
-or "samples" when the stack laid out its own rows, which leaves the packing efficiency null).
+columns describe the trial only when every rank's entry took it (the result's `data_taken`: "rows", or "samples"
+when the stack laid out its own rows, which leaves the packing efficiency null).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -23,14 +22,14 @@ import torch.distributed as dist
 from torch import nn
 
 from raybench.runtime import data, fingerprint, limits, provenance, rank_memory, rank_metrics, warm_up
-from raybench.runtime.probe import RAYBENCH_DATA, StepProbe
+from raybench.runtime.probe import StepProbe
 from raybench.runtime.rank_metrics import RankMeasurement, TrialFacts
 from raybench.runtime.sampler import Sampler
 from raybench.runtime.strategies import RankContext
 from raybench.spec import metrics, tokenized_data
 from raybench.spec.hardware import peak_tflops
 from raybench.spec.payload import TrialPayload
-from raybench.spec.schema import GIB
+from raybench.spec.schema import GIB, DataTaken, RankResult
 from raybench.spec.tokenized_data import TokenizedData
 
 
@@ -96,8 +95,8 @@ class StackRun:
 Build = Callable[[TrialPayload, RankContext, StepProbe], StackRun]
 
 
-def measured_run(payload: TrialPayload, build: Build) -> dict | None:
-    """Build and run the stack; rank 0 returns the measured columns and provenance, the other ranks None."""
+def measured_run(payload: TrialPayload, build: Build) -> RankResult | None:
+    """Build and run the stack; rank 0 returns the result, the other ranks None."""
     t_start = time.perf_counter()
     config = payload.config
     _import_path(config.stack.pythonpath)
@@ -127,7 +126,7 @@ def measured_run(payload: TrialPayload, build: Build) -> dict | None:
         rss_before_build_gib=None, host_held_gib=held_gib, model_build_s=None, wrap_s=None,
         time_to_first_step_s=record.step_starts[0] + record.step_times_s[0] - t_start)
     reduced = rank_metrics.reduce_ranks(measured, tp_size=1, warmup_steps=config.train.warmup_steps)
-    on_raybench_data = _taken_on_every_rank(run.data.used if run.data is not None else None)
+    data_taken = _taken_on_every_rank(run.data.used if run.data is not None else None)
     if ctx.rank != 0:
         return None
     hardware = fingerprint.hardware(ctx.device)
@@ -136,14 +135,12 @@ def measured_run(payload: TrialPayload, build: Build) -> dict | None:
         params_trainable=params_trainable, flops_per_token=_flops_per_token(run, params_total, params_trainable),
         peak_tflops=peak_tflops(hardware["gpu_name"], config.train.precision), comm_exposed_p50_s=None,
         weights_cache=None, weights_copy_s=None, worker_wall_s=time.perf_counter() - t_start,
-        process_trial_index=payload.process_trial_index,
-        compiled={"compile_graphs": None, "compile_graph_breaks": None, "compile_graph_break_reasons_json": None})
-    row = dataclasses.asdict(rank_metrics.trial_metrics(reduced, facts))
-    return {**row, **provenance.columns(config, ctx, hostnames, busbw, hardware), "stack_version": run.version,
-            RAYBENCH_DATA: on_raybench_data}
+        process_trial_index=payload.process_trial_index)
+    return rank_metrics.rank_result(reduced, facts, provenance.columns(config, ctx, hostnames, busbw, hardware),
+                                    stack_version=run.version, data_taken=data_taken)
 
 
-def _taken_on_every_rank(used: str | None) -> str | None:
+def _taken_on_every_rank(used: str | None) -> DataTaken | None:
     """What every rank's entry took of raybench's data (StackData.used): "rows" where all took the rows,
     "samples" where all took at least the samples, else None (a collective: every rank calls it)."""
     taken = [None] * dist.get_world_size()
