@@ -14,7 +14,8 @@ from typing import Any
 
 from raybench.planning.assessment import Assessment
 from raybench.planning.tokenized import TokenizedData
-from raybench.spec.sweep_spec import CacheSpec, PoolSpec, ProjectionSpec, TrialConfig
+from raybench.spec.sweep_settings import CacheSpec, PoolSpec, ProjectionSpec
+from raybench.spec.sweep_spec import TrialConfig
 
 # glibc's default initial M_MMAP_THRESHOLD; set explicitly, glibc no longer raises it (mallopt(3)).
 MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024
