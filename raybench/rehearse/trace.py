@@ -71,8 +71,9 @@ class StepTrace:
     place_gib: dict[str, dict[str, float]] = field(default_factory=dict)
     middle_growth_gib: float = 0.0
     # The step as its two streams see it, for the overlap of collectives with compute (step_time.exposed_s): each
-    # traced part's events (`step_costs.PartCosts.events`) with the number of times the step runs that part. A deep model's
-    # is a linear combination of its shallow models' (depth.py), so weights need not be whole or positive.
+    # traced part's events (`step_costs.PartCosts.events`) with the number of times the step runs that part. A
+    # deep model's is a linear combination of its shallow models' (depth.py), so weights need not be whole or
+    # positive.
     timeline: list[tuple[float, list]] = field(default_factory=list)
 
     @property
