@@ -18,7 +18,7 @@ from raybench.planning import uncertainty
 from raybench.planning.estimate import Estimate
 from raybench.spec.hardware import gpu_memory_gib
 from raybench.spec.payload import AssessmentData
-from raybench.spec.sweep_spec import EstimateSpec
+from raybench.spec.sweep_settings import EstimateSpec
 
 DEFAULT_MARGIN_FRACTION = 0.10
 ESTIMATE_FIELDS = tuple(f.name for f in dataclasses.fields(Estimate))

@@ -22,7 +22,10 @@ Modules, each importing only those listed after it:
 - `compiled`: what torch.compile's blocks keep for backward and the bytes their kernels move (inductor's
   partitioner, lowering and scheduler on one block).
 - `step_time`: roofline compute plus communication (nominal links or a measured bus bandwidth).
-- `trace`: the traced step (torch's memory trackers, collectives, every operator's cost).
+- `trace`: the traced step (the strategy's wrap, one step under the step tracker, its `StepTrace`).
+- `step_tracker`: torch's memory trackers with raybench's corrections, and the memory at each place of the step.
+- `traced_model`: the trial as traced (its TrainSpec, the model with its techniques, batches, DDP's buckets).
+- `step_costs`: every operator's roofline cost and every collective, part by part and in the order issued.
 - `fake_world`: fake tensors and torch's fake process group, and what the trace counts in them.
 - `roofline`: one operator's FLOPs and bytes, priced on a GPU of the hardware table.
 - `fitted`: the constants fitted on GPU measurements, with where they come from, and the `Calibration` a

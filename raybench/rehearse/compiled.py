@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from raybench.rehearse.fake_world import fake_mode, init_fake_world
 from raybench.rehearse.roofline import Roofline, fusable
-from raybench.rehearse.trace import liger_rope, unwrapped_model
+from raybench.rehearse.traced_model import liger_rope, unwrapped_model
 from raybench.runtime import strategies
 from raybench.runtime.model import decoder_blocks
 from raybench.runtime.strategies import tp

@@ -9,8 +9,8 @@ with zero or one middle block of each kind, and extrapolates every count linearl
 - operator costs, FLOPs, collectives (bytes and calls) and resident storage add up per block, and so does the
   time collectives add beyond compute (each block of a kind overlaps its collectives alike): the deep model's
   timeline is the shallow models' timelines in the same linear combination;
-- the memory at each place of the step (`trace.place_of`: a part, forward or backward, an end block or outside
-  the blocks) holds every block's saved activations and gradients, so it adds up too; the peak is the highest
+- the memory at each place of the step (`step_tracker.place_of`: a part, forward or backward, an end block or
+  outside the blocks) holds every block's saved activations and gradients, so it adds up too; the peak is the highest
   place of the deep model, and it is taken only when the shallow models show it cannot be a middle block's:
   no shallow model peaks in a middle block, and backward never grows memory across the middle blocks (each
   block frees at least what it leaves behind). A middle block then sits below the place that peaks by what

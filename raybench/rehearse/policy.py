@@ -15,7 +15,8 @@ from raybench.rehearse.fake_world import fake_mode, one_sequence_per_row
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.roofline import Roofline, flop_formulas, gpu_roofline
 from raybench.rehearse.step_time import Layout, predict_step_time
-from raybench.rehearse.trace import StepTrace, fake_batches, liger_rope, unwrapped_model
+from raybench.rehearse.trace import StepTrace
+from raybench.rehearse.traced_model import fake_batches, liger_rope, unwrapped_model
 from raybench.runtime.techniques import activation_checkpointing
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB

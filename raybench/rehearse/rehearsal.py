@@ -19,15 +19,8 @@ from raybench.rehearse.fake_world import init_fake_world
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.policy import block_ops
 from raybench.rehearse.step_time import Layout, layout_of, link_busbw_gbps, predict_step_time
-from raybench.rehearse.trace import (
-    COMPILE_NOTE,
-    COMPILED_ACTIVATIONS_NOTE,
-    TRACEABLE_STRATEGIES,
-    StepTrace,
-    trace_step,
-    traced_config,
-    traced_train,
-)
+from raybench.rehearse.trace import TRACEABLE_STRATEGIES, StepTrace, trace_step
+from raybench.rehearse.traced_model import COMPILE_NOTE, COMPILED_ACTIVATIONS_NOTE, traced_config, traced_train
 from raybench.runtime.strategies import RankContext
 from raybench.spec.presets import ModelShape
 from raybench.spec.sac import checkpointed_blocks

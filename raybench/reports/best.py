@@ -22,7 +22,7 @@ from raybench.reports.report import render
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
 from raybench.spec.stats import format_ci, pareto_mask, repeat_summary
-from raybench.spec.sweep_spec import default_mode
+from raybench.spec.sweep_settings import default_mode
 from raybench.spec.validate import metric_problem
 
 

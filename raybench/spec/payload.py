@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raybench.spec.sweep_spec import CacheSpec, PoolSpec, ProjectionSpec, TrialConfig
+from raybench.spec.sweep_settings import CacheSpec, PoolSpec, ProjectionSpec
+from raybench.spec.sweep_spec import TrialConfig
 from raybench.spec.tokenized_data import TokenizedData
 
 # glibc's default initial M_MMAP_THRESHOLD; set explicitly, glibc no longer raises it (mallopt(3)).

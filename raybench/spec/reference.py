@@ -44,7 +44,8 @@ def render() -> str:
     lines = [
         "# Sweep file reference",
         "",
-        "Generated from `raybench/spec/sweep_spec.py` (`python -m raybench.spec.reference > docs/sweep-reference.md`).",
+        "Generated from `raybench/spec/sweep_spec.py` and `sweep_settings.py` (`python -m raybench.spec.reference > "
+        "docs/sweep-reference.md`).",
         "Unknown keys are errors. Any field under model, data, train or resources can be an axis:",
         "`axes: {train.micro_batch: [1, 2, 4]}`.",
         "",

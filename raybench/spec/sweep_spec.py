@@ -1,43 +1,26 @@
 """The sweep spec: typed, frozen sections with one description per field (docs/sweep-reference.md is generated
 from them). A sweep YAML has fixed sections (model, data, train, resources) that together form one trial's
-config, plus `axes`: a grid over any trial field by dotted path. Checks that look across fields are in
-`validate`, files and YAML in `load`; cross-field rules that need the expanded grid live in planning.plan.
+config, plus `axes`: a grid over any trial field by dotted path, and the settings that are part of no trial
+(`sweep_settings`). Checks that look across fields are in `validate`, files and YAML in `load`; cross-field rules
+that need the expanded grid live in planning.plan.
 """
 
 from __future__ import annotations
 
-import types
-import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
+from pydantic import BeforeValidator, Field, model_serializer
 
 from raybench.spec import stacks
 from raybench.spec.presets import PRESETS
+from raybench.spec.section import Section
+from raybench.spec.sweep_settings import CacheSpec, EstimateSpec, PoolSpec, ProjectionSpec, SearchSpec
 from raybench.spec.values import ENV_PREFIXES, Ratio, check_env, check_saved_ops
 
 TRIAL_SECTIONS = ("model", "data", "train", "resources", "stack")
 
 
-def _numeric(annotation) -> bool:
-    """int or float, possibly optional (`float | None`)."""
-    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
-    return annotation in (int, float) or any(a in (int, float) for a in args)
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_booleans_as_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic's lax mode reads `workers: true` as 1: a YAML slip that must not pass as a number.
-        if isinstance(value, bool) and _numeric(cls.model_fields[info.field_name].annotation):
-            raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
-        return value
-
-
-class ModelSpec(_Spec):
+class ModelSpec(Section):
     preset: Literal[tuple(PRESETS)] | None = Field(None, description="Built-in architecture, random weights.")
     path: str | None = Field(None, description="Local Hugging Face model directory (safetensors weights).")
     allow_pickle: bool = Field(False, description="Allow pickle (.bin/.pt) weights; unsafe, off by default.")
@@ -60,7 +43,7 @@ class ModelSpec(_Spec):
         return data
 
 
-class DataSpec(_Spec):
+class DataSpec(Section):
     source: Literal["synthetic", "json", "hf"] = Field("synthetic", description=(
         "Random tokens; json: alpaca-style JSON/JSONL tokenized in each trial; hf: local files or a saved dataset "
         "read with the datasets library and tokenized once per sweep into the store (docs/user-guide.md)."))
@@ -129,7 +112,7 @@ LORA_TARGET_MODULES = {
 }
 
 
-class LoraSpec(_Spec):
+class LoraSpec(Section):
     rank: int = Field(16, ge=1, le=4096, description="LoRA rank r.")
     alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
@@ -143,7 +126,7 @@ class LoraSpec(_Spec):
         "to the compute dtype). Result rows hold the resolved dtype; null unless finetune is lora."))
 
 
-class TrainSpec(_Spec):
+class TrainSpec(Section):
     strategy: Literal["ddp", "fsdp2", "deepspeed", "tp", "tp_fsdp2"] = Field("ddp", description=(
         "How ranks share the model: ddp replicas; fsdp2 sharding; deepspeed ZeRO (train.zero_stage); tp tensor "
         "parallel over all ranks; tp_fsdp2 a 2D mesh, tp_size ranks per TP group and FSDP2 across groups."))
@@ -262,7 +245,7 @@ def _dump_lora_base_dtype(lora: dict | None, resolved: str | None) -> None:
         lora["base_dtype"] = resolved
 
 
-class ResourcesSpec(_Spec):
+class ResourcesSpec(Section):
     workers: int = Field(1, ge=1, le=65536, description="Ranks per trial (one per GPU on GPU clusters).")
     cpus_per_worker: float = Field(1, gt=0, le=1024, description="CPUs reserved per rank.")
     gpus_per_worker: int = Field(0, ge=0, le=1, description="GPUs per rank: 1 on GPU clusters, 0 for CPU runs.")
@@ -274,7 +257,7 @@ class ResourcesSpec(_Spec):
         "the trial is recorded as oom. null: no cap."))
 
 
-class StackSpec(_Spec):
+class StackSpec(Section):
     """Who trains: raybench's own loop, or the user's own training stack measured by the same probe
     (docs/stacks/). Fields of `train` map onto a stack only where the mapping is exact (docs/stacks/)."""
 
@@ -306,7 +289,7 @@ class StackSpec(_Spec):
         "hf, lightning: directories put before sys.path so that `entry`'s module imports."))
 
 
-class TrialConfig(_Spec):
+class TrialConfig(Section):
     """Everything that determines one trial's measurement; its hash is the trial id."""
 
     model: ModelSpec
@@ -325,99 +308,7 @@ class TrialConfig(_Spec):
         return data
 
 
-class PoolSpec(_Spec):
-    recycle_after_trials: int = Field(200, ge=1, le=1_000_000, description=(
-        "Replace a pool group's actors after this many trials (bounds slow memory creep)."))
-    weights_cache_gib: float = Field(4.0, ge=0, le=4096, description=(
-        "Host memory each pool actor may keep for the weights of the models it last loaded, so the next trial "
-        "on the same model skips loading them (0: off)."))
-
-
-class CacheSpec(_Spec):
-    """Where trials keep what later trials reuse (not part of trial ids: caches change no measurement)."""
-
-    weights_local_copy: Literal["auto", "always", "never"] = Field("auto", description=(
-        "Copy a model.path directory once per node to node-local disk (RAYBENCH_LOCAL_DIR, SLURM_TMPDIR, TMPDIR "
-        "or /tmp) and load it from there: 'auto' when it is on a network filesystem (NFS, Lustre, GPFS, ...)."))
-    compile_dir: str | None = Field(None, description=(
-        "Inductor/Triton cache of compiled trials (train.compile) shared by every trial and node of the store; "
-        "null: <store>/_cache/compile. train.compile_cache_dir, when set, wins."))
-
-
-class ProjectionSpec(_Spec):
-    """The full run the user plans, to project each trial's hours and GPU-hours (not part of trial ids)."""
-
-    dataset_tokens: float | None = Field(None, gt=0, description=(
-        "Real (non-padding) tokens in the training set (one epoch)."))
-    epochs: float = Field(1.0, gt=0, description="Passes over dataset_tokens.")
-    total_steps: int | None = Field(None, ge=1, description="Optimizer steps of the full run (instead of tokens).")
-
-
-class EstimateSpec(_Spec):
-    """Per-trial memory and step-time estimate, and pruning of trials that cannot fit (not part of trial ids)."""
-
-    gpu: str | None = Field(None, description=(
-        "GPU the sweep's GPU trials run on, e.g. 'H100 SXM', 'H100 PCIe', 'H200', 'A100 80GB': its dense peak "
-        "gives the step-time guess and its memory the default device_memory_gib (docs/estimate.md)."))
-    device_memory_gib: float | None = Field(None, gt=0, le=65536, description=(
-        "Memory one rank may use: a GPU's memory, or host memory per worker on CPU trials; null: from gpu."))
-    margin_fraction: float | None = Field(None, ge=0, lt=1, description=(
-        "Share of device memory kept free of the estimate; null: 0.1 unless margin_gib is set."))
-    margin_gib: float | None = Field(None, ge=0, le=65536, description="Memory kept free, in GiB (instead of "
-                                     "margin_fraction).")
-    busbw_gbps: float | None = Field(None, gt=0, le=100_000, description=(
-        "Bus bandwidth (GB/s, as nccl-tests reports busbw) the trials' collectives reach on the cluster they will "
-        "run on, for `raybench rehearse` step times; it overrides the store's all-reduce probe and the nominal "
-        "links of estimate.gpu (docs/rehearse.md). null: the probe, else the links."))
-    gpus_per_node: int | None = Field(None, ge=1, le=100_000, description=(
-        "GPUs one node's NVLink joins (8 in an HGX node, 4 in many H100 nodes, 72 in a GB200 NVL72 rack): "
-        "collectives beyond a node cross the network, for `raybench rehearse` step times. null: the NVLink "
-        "domain of estimate.gpu (spec/hardware.py)."))
-    nics_per_node: int | None = Field(None, ge=1, le=100_000, description=(
-        "Network adapters of such a node, which NCCL spreads its rings over; null: one per GPU."))
-    prune: bool = Field(True, description=(
-        "Mark trials whose estimated peak (calibrated by stored measurements) plus margin exceeds the device "
-        "memory as skipped, with the estimate in their row, instead of running them."))
-
-
-Mode = Literal["max", "min"]
-# Metrics whose name says "smaller is better": times, memory, hours, losses. Everything else is maximized.
-_MIN_SUFFIXES, _MIN_PREFIXES = ("_s", "_gib", "_hours"), ("loss_",)
-
-
-def default_mode(metric: str) -> Mode:
-    """max or min for a stored metric when the user does not say: times, memory and losses are minimized."""
-    return "min" if metric.endswith(_MIN_SUFFIXES) or metric.startswith(_MIN_PREFIXES) else "max"
-
-
-class SearchSpec(_Spec):
-    """How the grid of `axes` is explored: every point, or points chosen one by one by a searcher."""
-
-    algo: Literal["grid", "random", "optuna"] = Field("grid", description=(
-        "grid runs every point; random draws points uniformly, never one twice; optuna chooses each next point "
-        "with Optuna's TPE sampler, learning from every result, failed ones too."))
-    metric: str | list[str] = Field("tok_per_s_per_device", description=(
-        "Stored metric column to optimize, or a list of them for a multi-objective search (the result is a "
-        "Pareto front), e.g. [tok_per_s_per_device, peak_reserved_gib]."))
-    mode: Mode | list[Mode] | None = Field(None, description=(
-        "max or min, one per metric; null: inferred from each name (*_s, *_gib, *_hours, loss_* are minimized)."))
-    num_samples: int | None = Field(None, ge=1, le=1_000_000, description=(
-        "Distinct grid points to evaluate (run, or answered from stored ok rows); null: the whole grid at most."))
-    seed: int = Field(0, ge=0, description="Searcher seed: the same seed and store give the same points.")
-    max_concurrent: int | None = Field(None, ge=1, le=100_000, description=(
-        "Trials in flight at once (fewer lets the searcher learn from more results); null: as many as fit."))
-    early_stop: int | None = Field(None, ge=1, le=1_000_000, description=(
-        "Stop after this many evaluated points in a row without a better value (multi-objective: without a new "
-        "point on the Pareto front); null: off."))
-
-    def objectives(self) -> list[tuple[str, Mode]]:
-        """(metric, mode) pairs, modes filled in from the metric names where not given."""
-        metrics = [self.metric] if isinstance(self.metric, str) else list(self.metric)
-        modes = self.mode if isinstance(self.mode, list) else [self.mode] * len(metrics)
-        return [(m, mode or default_mode(m)) for m, mode in zip(metrics, modes)]
-
-
-class SweepSpec(_Spec):
+class SweepSpec(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="Sweep name (store partition).")
     description: str = Field("", description="Free text shown in reports.")
     model: ModelSpec

@@ -15,7 +15,8 @@ from raybench.spec.axes import axis_assignments, copy_trial, set_path, split_pat
 from raybench.spec.errors import Problem
 from raybench.spec.hardware import gpu_labels, gpu_memory_gib, known_gpu
 from raybench.spec.schema import GPU_ONLY_METRICS, numeric_metric_names
-from raybench.spec.sweep_spec import TRIAL_SECTIONS, DataSpec, EstimateSpec, SweepSpec, TrialConfig
+from raybench.spec.sweep_settings import EstimateSpec
+from raybench.spec.sweep_spec import TRIAL_SECTIONS, DataSpec, SweepSpec, TrialConfig
 
 
 def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:

@@ -82,3 +82,37 @@ def test_the_package_root_holds_only_the_layers():
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
     layers = {"spec", "results", "planning", "runtime", "drivers", "rehearse", "reports", "cli"}
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == layers
+
+
+MAX_MODULE_LINES = 450
+# A module over the limit says why in its docstring, on a line of its own starting with this.
+OVER_LIMIT_MARKER = "Over 450 lines:"
+
+
+def _long_modules_without_a_reason(package: Path) -> list[str]:
+    """Modules of `package` over MAX_MODULE_LINES lines whose docstring has no line starting with the marker."""
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        lines = len(text.splitlines())
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if lines > MAX_MODULE_LINES and not any(line.strip().startswith(OVER_LIMIT_MARKER)
+                                                for line in docstring.splitlines()):
+            offenders.append(f"{path.relative_to(package)} ({lines} lines)")
+    return offenders
+
+
+def test_no_module_is_over_450_lines_without_a_reason():
+    """A module past 450 lines holds more than one job: split it, or say in its docstring why one module is
+    better (a line starting with "Over 450 lines:")."""
+    offenders = _long_modules_without_a_reason(PACKAGE)
+    assert offenders == []
+
+
+def test_a_long_module_passes_only_with_its_reason(tmp_path):
+    long_body = "x = 1\n" * (MAX_MODULE_LINES + 1)
+    (tmp_path / "long.py").write_text('"""A module."""\n' + long_body)
+    (tmp_path / "reasoned.py").write_text(f'"""A module.\n\n{OVER_LIMIT_MARKER} one table, kept whole."""\n'
+                                          + long_body)
+    (tmp_path / "short.py").write_text('"""A module."""\n')
+    assert _long_modules_without_a_reason(tmp_path) == [f"long.py ({MAX_MODULE_LINES + 2} lines)"]

@@ -21,7 +21,18 @@ import torch.distributed as dist
 from raybench.cli.main import main
 from raybench.planning import calibration, estimate
 from raybench.planning.plan import plan
-from raybench.rehearse import compiled, fake_world, fitted, policy, rehearsal, roofline, step_time, trace
+from raybench.rehearse import (
+    compiled,
+    fake_world,
+    fitted,
+    policy,
+    rehearsal,
+    roofline,
+    step_time,
+    step_tracker,
+    trace,
+    traced_model,
+)
 from raybench.rehearse.choice import predicted_best
 from raybench.runtime import limits
 from raybench.runtime.strategies import RankContext
@@ -260,7 +271,8 @@ def test_tracker_counts_dtensor_propagation_without_the_correction():
             for corrected in (False, True):
                 DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
                 ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
-                tracker = trace._tracker(None, None, fsdp=False)(roofline.gpu_roofline(None), layers=0)
+                tracker = step_tracker.tracker_for(None, None, fsdp=False, roofline=roofline.gpu_roofline(None),
+                                                   layers=0)
                 marking = fake_world.marking_propagation(tracker.propagation) if corrected else contextlib.nullcontext()
                 with marking, tracker:
                     ys = torch._foreach_mul(xs, 2.0)
@@ -321,7 +333,7 @@ def test_an_fp8_lora_base_runs_the_weight_gradient_it_throws_away():
               for recipe in ("off", "rowwise")}
     steps = {recipe: fake_trace(trial, gpu="H100 SXM") for recipe, trial in trials.items()}
     tokens = TINY_TRAIN["micro_batch"] * TINY_TRAIN["seq_len"]
-    model, _ = trace.unwrapped_model(trials["rowwise"].config)  # the LoRA targets' base linears, converted
+    model, _ = traced_model.unwrapped_model(trials["rowwise"].config)  # the LoRA targets' base linears, converted
     with_backward = {name: weights for name, weights in fp8.converted(model).items()
                      if not re.search(r"\.layers\.0\.self_attn\.[qkv]_proj\.", name)}
     extra = 2 * sum(with_backward.values()) * tokens
@@ -355,7 +367,7 @@ def test_private_torch_pieces_are_where_rehearse_expects_them():
     # Frozen parameters (LoRA under DDP) are marked as hooked in the tracker's handle table before it hooks them.
     assert hasattr(MemTracker, "_track_module_params_and_buffers")
     assert hasattr(MemTracker(), "_param_to_grad_hook_handles")
-    known = set(trace._CATEGORY_OF)
+    known = set(step_tracker.CATEGORY_OF)
     for reftype in (*_FSDPRefType, *_MemRefType):
         assert reftype.value.lower().replace(" ", "_") in known, reftype
     collectives, overlapped = fake_world.collective_ops()
@@ -629,7 +641,7 @@ def test_compiled_op_policy_blocks_keep_what_inductor_keeps(case):
     eager_rehearsed = rehearsal.rehearse(eager_trial.config, eager_trial.shape, "H100 SXM")
     assert rehearsed.memory_gib["activations"] == pytest.approx(
         eager_rehearsed.memory_gib["activations"] - trial.shape.num_hidden_layers * saving)
-    assert trace.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
+    assert traced_model.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
 
 @pytest.mark.parametrize("case", ["fsdp2", "tp"])
@@ -642,7 +654,7 @@ def test_compiled_trials_rehearse_with_fewer_activations(case):
     blocks = compiled_trial.shape.num_hidden_layers
     assert saving > 0
     assert rehearsed.memory_gib["activations"] == pytest.approx(eager.memory_gib["activations"] - blocks * saving)
-    assert trace.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
+    assert traced_model.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
 
 def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
