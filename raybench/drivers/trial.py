@@ -21,6 +21,7 @@ from raybench.spec.metrics import projection as metrics_projection
 from raybench.spec.payload import TrialPayload
 from raybench.spec.redact import ANSI_ESCAPE, without_secrets
 from raybench.spec.schema import DataTaken, RankResult
+from raybench.spec.stacks import RAYBENCH
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
 # "ValueError: ...", and a qualified exception of any name ("torch._dynamo.exc.FailOnRecompileLimitHit: ...").
@@ -133,7 +134,7 @@ def _data_taken(payload: TrialPayload, result: RankResult | None) -> DataTaken |
     a stack trained on the data only where its entry took it from raybench)."""
     if result is not None:
         return result.data_taken
-    return "rows" if payload.config.stack.kind == "raybench" else None
+    return "rows" if payload.config.stack.kind == RAYBENCH else None
 
 
 def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,

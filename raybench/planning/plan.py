@@ -17,6 +17,7 @@ from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
+from raybench.spec.stacks import RAYBENCH
 from raybench.spec.sweep_spec import SweepSpec, TrainSpec, TrialConfig
 from raybench.spec.validate import data_layout_problems
 
@@ -308,7 +309,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
         judged = None
         # An invalid combination has no meaningful estimate (its mesh may not even exist), and the estimate models
         # raybench's own loop, not a user's stack.
-        if not reasons and config.stack.kind == "raybench":
+        if not reasons and config.stack.kind == RAYBENCH:
             raw_est = estimate.estimate(config, shape, blocks, spec.estimate.gpu)
             judged, skip = assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)), rehearsed.get(cid))
             if skip:
