@@ -95,7 +95,7 @@ def replay_search(spec: SweepSpec, recorded: dict, target: float, algo: str, see
         suggestion = searcher.suggest(f"replay-{runs}")
         if suggestion in (None, Searcher.FINISHED):  # nothing runs concurrently here: None cannot happen
             return float("nan"), runs
-        rows = [recorded[p["trial_id"]] for p in suggestion["payloads"]]
+        rows = [recorded[trial_id] for trial_id in suggestion["trial_ids"]]
         fields = ("trial_id", "status", "message", "trial_wall_s", METRIC)
         searcher.on_trial_complete(f"replay-{runs}", {"rows_json": json.dumps([{k: r[k] for k in fields}
                                                                                for r in rows])})
