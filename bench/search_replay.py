@@ -52,7 +52,7 @@ def record(spec: SweepSpec, store_path: str) -> dict[str, dict]:
             # A throw-away trial first starts the pool's actors, so no grid point's time includes that start-up.
             warm = spec.model_copy(update={"name": "search-replay-warmup", "axes": {}})
             run_sweep(warm, store_path=tempfile.mkdtemp(prefix="raybench-warmup-"), progress=lambda line: None)
-            ran = run_sweep(spec, store_path=store_path, progress=lambda line: print(line, flush=True))
+            ran = run_sweep(spec, store_path=store_path, progress=lambda line: print(line, flush=True)).ran
         print(f"phase 1: {len(ran)} trial(s) run, the rest reused from {store_path}")
     rows = store.read_results(store_path, spec.name)
     return {r["trial_id"]: r for r in rows.to_dict("records")}

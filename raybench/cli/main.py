@@ -192,7 +192,7 @@ def _calibration_report(profile: dict) -> str:
 
 
 def _run(args) -> int:
-    from raybench.drivers.api import read_results, run_sweep
+    from raybench.drivers.api import run_sweep
 
     spec = load_sweep(args.sweep)
     address = args.address
@@ -205,20 +205,20 @@ def _run(args) -> int:
 
     try:
         with terminate_on_sigterm(), SweepProgress.for_terminal(args.quiet, args.verbose) as progress:
-            trials = run_sweep(spec, address=address, store_path=store_path, keep_invalid=args.keep_invalid,
-                               rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
+            done = run_sweep(spec, address=address, store_path=store_path, keep_invalid=args.keep_invalid,
+                             rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
     except (Terminated, KeyboardInterrupt) as why:
         # Every finished trial's row is already stored (each is written atomically when its trial ends).
         print(f"interrupted ({why or 'Ctrl-C'}); finished trials are stored in {store_path}; "
               f"run the same command again to resume", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    rows = read_results(store_path, spec.name)
+    rows = done.results.to_pandas()  # the sweep's rows, the run's own included: the store is not read again
     print(results_table(rows))
     if spec.search.algo != "grid" or not isinstance(spec.search.metric, str):
         from raybench.results.best import front_report
 
         print("\n" + front_report(rows, spec.search.objectives()))
-    ran = rows[rows.trial_id.isin({t.trial_id for t in trials})]
+    ran = rows[rows.trial_id.isin({t.trial_id for t in done.ran})]
     failed = int((ran.status != "ok").sum())
     print(f"\n{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
     return EXIT_TRIALS_FAILED if failed else EXIT_OK

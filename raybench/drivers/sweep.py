@@ -99,6 +99,7 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     # Ctrl-C must stop the sweep like SIGTERM does, not make Tune end its trials and return as if it had run
     # them (the trials would then get "driver died" error rows).
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    listed = set(store.result_files(store_path, sweep))  # the rows this run writes are the files added to these
     job = {"sweep": sweep, "store": store_path, "executor": executor}
     total = len(trials) if search is None else search.budget
     axis_values = {t.trial_id: t.axis_values for t in trials}
@@ -142,9 +143,15 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
             job["metrics"] = search.metrics
             fit(sweep, {}, pickled_payloads(trials), search_alg=tune_searcher(search), num_samples=-1)
 
-    # A driver killed from outside (node loss, OOM killer) wrote nothing: give its trial an error row.
-    stored = set(store.read_table(store_path, sweep, latest=False).column("trial_id").to_pylist())
-    for t in trials if search is None else search.dispatched:
+    write_died_rows(trials if search is None else search.dispatched, sweep, store_path, executor, listed)
+
+
+def write_died_rows(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
+                    listed: set[Path]) -> None:
+    """An error row for each trial that stored no row since the sweep's files were `listed`: its driver was killed
+    from outside (node loss, OOM killer). A listing, not a read: a trial's row file is named by its trial id."""
+    stored = {store.trial_id_of(path) for path in store.result_files(store_path, sweep) if path not in listed}
+    for t in trials:
         if t.trial_id not in stored:
             store.write_row(store_path, build_row(t.payload, sweep, "error",
                                                   "trial driver died before storing a row",

@@ -271,7 +271,7 @@ def test_grid_rerun_writes_invalid_rows_once(tmp_path):
 
     spec = parse_sweep({**BASE, "axes": {"train.tp_size": [3, 4]}})  # tp_size applies to tp only: both invalid
     for _ in range(2):
-        assert run_sweep(spec, store_path=str(tmp_path), keep_invalid=True, progress=lambda line: None) == []
+        assert run_sweep(spec, store_path=str(tmp_path), keep_invalid=True, progress=lambda line: None).ran == []
     assert len(store.result_files(tmp_path, "s")) == 2
     assert set(store.read_results(tmp_path, "s").status) == {"invalid"}
 
