@@ -52,7 +52,7 @@ def record(spec: SweepSpec, store_path: str) -> dict[str, dict]:
             # A throw-away trial first starts the pool's actors, so no grid point's time includes that start-up.
             warm = spec.model_copy(update={"name": "search-replay-warmup", "axes": {}})
             run_sweep(warm, store_path=tempfile.mkdtemp(prefix="raybench-warmup-"), progress=lambda line: None)
-            ran = run_sweep(spec, store_path=store_path, progress=lambda line: print(line, flush=True))
+            ran = run_sweep(spec, store_path=store_path, progress=lambda line: print(line, flush=True)).ran
         print(f"phase 1: {len(ran)} trial(s) run, the rest reused from {store_path}")
     rows = store.read_results(store_path, spec.name)
     return {r["trial_id"]: r for r in rows.to_dict("records")}
@@ -95,7 +95,7 @@ def replay_search(spec: SweepSpec, recorded: dict, target: float, algo: str, see
         suggestion = searcher.suggest(f"replay-{runs}")
         if suggestion in (None, Searcher.FINISHED):  # nothing runs concurrently here: None cannot happen
             return float("nan"), runs
-        rows = [recorded[p["trial_id"]] for p in suggestion["payloads"]]
+        rows = [recorded[trial_id] for trial_id in suggestion["trial_ids"]]
         fields = ("trial_id", "status", "message", "trial_wall_s", METRIC)
         searcher.on_trial_complete(f"replay-{runs}", {"rows_json": json.dumps([{k: r[k] for k in fields}
                                                                                for r in rows])})

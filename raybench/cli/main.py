@@ -117,7 +117,7 @@ def _calibrate(args) -> int:
 
 
 def _run(args) -> int:
-    from raybench.drivers.api import read_results, run_sweep
+    from raybench.drivers.api import run_sweep
 
     spec = load_sweep(args.sweep)
     address = args.address
@@ -130,15 +130,15 @@ def _run(args) -> int:
 
     try:
         with terminate_on_sigterm(), SweepProgress.for_terminal(args.quiet, args.verbose) as progress:
-            trials = run_sweep(spec, address=address, store_path=store_path, keep_invalid=args.keep_invalid,
-                               rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
+            done = run_sweep(spec, address=address, store_path=store_path, keep_invalid=args.keep_invalid,
+                             rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
     except (Terminated, KeyboardInterrupt) as why:
         # Every finished trial's row is already stored (each is written atomically when its trial ends).
         print(f"interrupted ({why or 'Ctrl-C'}); finished trials are stored in {store_path}; "
               f"run the same command again to resume", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    text, failed = run_report(read_results(store_path, spec.name), {t.trial_id for t in trials}, spec.search,
-                              store_path)
+    # The sweep's rows, the run's own included: run_sweep read the store once, and it is not read again.
+    text, failed = run_report(done.results.to_pandas(), {t.trial_id for t in done.ran}, spec.search, store_path)
     print(text)
     return EXIT_TRIALS_FAILED if failed else EXIT_OK
 

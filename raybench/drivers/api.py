@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
+
+import pyarrow as pa
 
 from raybench.drivers import sweep
 from raybench.planning import calibration, tokenized
@@ -21,17 +24,29 @@ from raybench.spec.tokenized_data import TokenizedData
 AUTO_COMPACT_FILES = 100
 
 
+@dataclass(frozen=True)
+class SweepRun:
+    """What run_sweep did."""
+
+    ran: list[PlannedTrial]  # the trials it started (stored ok trials are skipped unless rerun)
+    # The sweep's rows after the run, the latest attempt per trial: what read_results(store, sweep) reads then.
+    results: pa.Table
+
+
 def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | None = None,
               keep_invalid: bool = False, rerun: bool = False, progress=print, verbose: bool = False,
-              source: str = "<sweep>") -> list[PlannedTrial]:
+              source: str = "<sweep>") -> SweepRun:
     """Plan and run a sweep, or search it (spec.search); returns the trials that were run (stored ok trials are
-    skipped unless rerun; a search answers them from the store). A search keeps invalid points as rows.
+    skipped unless rerun; a search answers them from the store) and the sweep's rows after the run. A search keeps
+    invalid points as rows.
 
     Raises ConfigError before anything starts if the sweep cannot be planned.
     """
     store_path = str(Path(store_path or spec.store))
     searching = spec.search.algo != "grid"
     # Every stored attempt, read once: it calibrates the plan and says which trials a grid need not run again.
+    # The rows this run adds are then the files added to the listing made just before.
+    listed = set(store.result_files(store_path, spec.name))
     attempts = store.read_table(store_path, latest=False)
     trials = plan(spec, keep_invalid=keep_invalid or searching, source=source,
                   evidence=calibration.evidence(store_path, attempts))
@@ -43,8 +58,9 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
     else:
         stored = {} if rerun else store.statuses_by_trial(attempts, spec.name, spec.executor)
         ran = _run_grid(spec, trials, stored, store_path, address, progress, verbose)
+    results = store.read_table_since(attempts, listed, store_path, spec.name)  # before compaction merges new files
     compact_if_many_files(store_path, spec.name, progress)
-    return ran
+    return SweepRun(ran, results)
 
 
 def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,

@@ -160,8 +160,8 @@ def make_sampler(algo: str, seed: int, points: int) -> optuna.samplers.BaseSampl
 class PlannedSearch:
     """A searcher over a SearchSpace; see the module docstring for how each proposal is handled.
 
-    Call suggest(id), run config["payloads"], then on_trial_complete(id, {"rows_json": ...}); Ray Tune does
-    this through the sweep driver's adapter.
+    Call suggest(id), run the trials config["trial_ids"] names, then on_trial_complete(id, {"rows_json": ...}); Ray
+    Tune does this through the sweep driver's adapter (whose trial drivers hold every runnable trial's payload).
     """
 
     def __init__(self, space: SearchSpace, objectives: list[tuple[str, str]], sampler: optuna.samplers.BaseSampler,
@@ -200,7 +200,8 @@ class PlannedSearch:
     # ---- the searcher protocol (Ray Tune's) ----
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        """The next point to run as {"payloads": [...]}; None to wait for running trials; FINISHED when done."""
+        """The next point to run as {"trial_ids": [...], "point": label}; None to wait for running trials;
+        FINISHED when done."""
         if self._stale:
             return None  # proposals only repeated known points: wait until a running trial tells something new
         stale_asks = 0
@@ -228,7 +229,7 @@ class PlannedSearch:
                 if to_run:
                     self._pending[trial_id] = (point, ask)
                     self.dispatched += to_run
-                    return {"payloads": [t.payload.to_dict() for t in to_run],
+                    return {"trial_ids": [t.trial_id for t in to_run],
                             "point": self.space.label(point)}
         return None if self._pending else FINISHED
 

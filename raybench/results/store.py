@@ -159,6 +159,13 @@ def result_files(store: str | Path, sweep: str | None = None) -> list[Path]:
     return sorted(p for p in root.glob(pattern) if not p.name.startswith("."))
 
 
+def trial_id_of(path: Path) -> str | None:
+    """The trial id of a row file write_row named (TRIALID__STAMP.parquet): known from a listing, without a read.
+    None for a file of many rows (batch-STAMP, compacted-STAMP)."""
+    trial_id, separator, _ = path.stem.rpartition("__")
+    return trial_id if separator else None
+
+
 def read_table(store: str | Path, sweep: str | None = None, latest: bool = True) -> pa.Table:
     """All rows as one Arrow table under the current schema (older files gain null columns), one row per
     attempt_id; with `latest`, only the latest attempt of each trial id."""
@@ -186,6 +193,22 @@ def _read_all(store: str | Path, sweep: str | None) -> list[pa.Table]:
                 vanished = True
         if not vanished:
             return list(read.values())
+
+
+def read_table_since(attempts: pa.Table, listed: set[Path], store: str | Path, sweep: str) -> pa.Table:
+    """read_table(store, sweep) now, without reading the store again: `attempts` is read_table(store, latest=False)
+    read after the sweep's files were `listed` (result_files), and only the files committed since are read (a file
+    committed between the listing and that read is read twice; its rows count once)."""
+    added = []
+    for path in result_files(store, sweep):
+        if path in listed:
+            continue
+        try:
+            added.append(read_file(path))
+        except FileNotFoundError:  # a compaction merged it into a file listed after it: read the sweep whole
+            return read_table(store, sweep)
+    earlier = attempts.filter(pc.equal(attempts.column("sweep"), sweep))
+    return latest_per_trial(unique_attempts(conform_all([earlier, *added])))
 
 
 def read_file(path: Path) -> pa.Table:

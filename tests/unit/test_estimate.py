@@ -421,7 +421,7 @@ def test_build_row_stores_the_estimate_and_its_error(tmp_path):
 def test_skipped_trials_become_rows_once_and_never_hide_a_measurement(tmp_path):
     spec = parse_sweep(tiny_sweep(tmp_path, {"device_memory_gib": 4}, **{"train.micro_batch": [256, 512]}))
     root = tmp_path / "store"
-    assert run_sweep(spec, store_path=str(root), progress=lambda line: None) == []  # nothing ran, no Ray
+    assert run_sweep(spec, store_path=str(root), progress=lambda line: None).ran == []  # nothing ran, no Ray
     rows = store.read_results(root)
     assert sorted(rows.status) == ["skipped", "skipped"]
     assert all(rows.message.str.startswith("estimated peak")) and rows.est_peak_gib.gt(4).all()

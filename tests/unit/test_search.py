@@ -36,14 +36,16 @@ def throughput(payload: dict) -> float:
 
 def drive(searcher: PlannedSearch, evaluate=lambda p: {"status": "ok", "tok_per_s_per_device": throughput(p)},
           limit: int = 500) -> list[dict]:
-    """Run the searcher to the end as Tune would with one trial at a time; returns every row 'run'."""
+    """Run the searcher to the end as Tune would with one trial at a time; returns every row 'run'. `evaluate`
+    gets a trial's payload as plain data."""
+    payloads = {t.trial_id: t.payload.to_dict() for trials in searcher.space.points.values() for t in trials}
     rows = []
     for n in range(limit):
         suggestion = searcher.suggest(f"t{n}")
         if suggestion == FINISHED:
             return rows
-        ran = [{"trial_id": p["trial_id"], "trial_wall_s": 1.0, "message": "", **evaluate(p)}
-               for p in suggestion["payloads"]]
+        ran = [{"trial_id": trial_id, "trial_wall_s": 1.0, "message": "", **evaluate(payloads[trial_id])}
+               for trial_id in suggestion["trial_ids"]]
         rows += ran
         searcher.on_trial_complete(f"t{n}", {"rows_json": json.dumps(ran)})
     raise AssertionError("the search did not finish")
@@ -134,8 +136,9 @@ def test_repeats_of_a_point_run_together_and_stored_ones_are_reused():
     spec = sweep({"train.micro_batch": [1, 2]}, {"num_samples": 2}, repeats=3)
     searcher = searcher_for(spec)
     first = searcher.suggest("a")
-    assert [p["repeat"] for p in first["payloads"]] == [0, 1, 2]
-    ids = [p["trial_id"] for p in first["payloads"]]
+    assert [t.repeat for t in searcher.dispatched] == [0, 1, 2]
+    ids = first["trial_ids"]
+    assert ids == [t.trial_id for t in searcher.dispatched]
     values = [100.0, 110.0, 120.0]
     searcher.on_trial_complete("a", {"rows_json": json.dumps([
         {"trial_id": i, "status": "ok", "trial_wall_s": 2.0, "tok_per_s_per_device": v}
@@ -148,7 +151,7 @@ def test_repeats_of_a_point_run_together_and_stored_ones_are_reused():
                                                                                "tok_per_s_per_device": 120.0}}
     resumed = searcher_for(spec, stored=stored)
     again = resumed.suggest("b")
-    assert [p["trial_id"] for p in again["payloads"]] == [ids[1]]
+    assert again["trial_ids"] == [ids[1]]
     resumed.on_trial_complete("b", {"rows_json": json.dumps([{"trial_id": ids[1], "status": "ok",
                                                                  "tok_per_s_per_device": 110.0}])})
     assert resumed.history[0][1].values == (110.0,)
@@ -186,7 +189,7 @@ def test_concurrent_trials_wait_instead_of_repeating_a_running_point():
     assert {a["point"], b["point"]} == {"micro_batch=1", "micro_batch=2"}
     assert searcher.suggest("c") is None  # every point is running: wait
     for tid, s in (("a", a), ("b", b)):
-        searcher.on_trial_complete(tid, {"rows_json": json.dumps([{"trial_id": s["payloads"][0]["trial_id"],
+        searcher.on_trial_complete(tid, {"rows_json": json.dumps([{"trial_id": s["trial_ids"][0],
                                                                     "status": "ok", "tok_per_s_per_device": 1.0}])})
     assert searcher.suggest("d") == FINISHED
 
@@ -270,7 +273,7 @@ def test_grid_rerun_writes_invalid_rows_once(tmp_path):
 
     spec = parse_sweep({**BASE, "axes": {"train.tp_size": [3, 4]}})  # tp_size applies to tp only: both invalid
     for _ in range(2):
-        assert run_sweep(spec, store_path=str(tmp_path), keep_invalid=True, progress=lambda line: None) == []
+        assert run_sweep(spec, store_path=str(tmp_path), keep_invalid=True, progress=lambda line: None).ran == []
     assert len(store.result_files(tmp_path, "s")) == 2
     assert set(store.read_results(tmp_path, "s").status) == {"invalid"}
 

@@ -11,12 +11,14 @@ still held are released by the sweep driver (`orphan_reaper`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from raybench.drivers.executors import RAY_WORKER_ENV
@@ -39,10 +41,17 @@ TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_ENABLE_PREEM
 log = logging.getLogger(__name__)
 
 
-def _train_loop(payload: dict) -> RankResult | None:
+def rank_loop(payload: TrialPayload) -> Callable[[], RankResult | None]:
+    """What each Ray Train worker runs: the trial's ranks get the payload object itself (Ray pickles the loop once
+    for all workers, and unpickling is no validation; a train_loop_config would also be copied into JSON text for
+    Train's state export)."""
+    return functools.partial(_train_loop, payload)
+
+
+def _train_loop(payload: TrialPayload) -> RankResult | None:
     from raybench.runtime import worker  # torch: loaded in the training workers only
 
-    return worker.run(TrialPayload.from_dict(payload))
+    return worker.run(payload)
 
 
 def _fit(payload: TrialPayload) -> RankResult:
@@ -52,8 +61,7 @@ def _fit(payload: TrialPayload) -> RankResult:
     resources = payload.config.resources
     use_gpu = resources.gpus_per_worker > 0
     trainer = TorchTrainer(
-        _train_loop,
-        train_loop_config=payload.to_dict(),  # Train hands its workers a plain config dict
+        rank_loop(payload),
         scaling_config=ScalingConfig(
             num_workers=resources.workers,
             use_gpu=use_gpu,
