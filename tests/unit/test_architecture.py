@@ -42,6 +42,27 @@ def test_no_module_imports_another_modules_private_names():
     assert sorted(set(offenders) - ALLOWED_PRIVATE) == []
 
 
+def import_cycles(package: str) -> list[list[str]]:
+    """The package's import cycles (function-level imports included), each as its modules sorted: the strongly
+    connected components of the import graph with more than one module."""
+    import grimp  # import-linter's graph builder
+
+    graph = grimp.build_graph(package)
+    cycles = []
+    for module in sorted(graph.modules):
+        if any(module in cycle for cycle in cycles):
+            continue
+        cycle = sorted(m for m in graph.find_upstream_modules(module) if module in graph.find_upstream_modules(m))
+        if cycle:
+            cycles.append(sorted([module, *cycle]))
+    return cycles
+
+
+def test_no_import_cycles():
+    """docs/architecture.md says there are none; `lint-imports`' layers allow them inside a layer, so look."""
+    assert import_cycles("raybench") == []
+
+
 def test_a_ranks_modules_load_no_pyarrow():
     """A synthetic trial's ranks import the worker and every strategy: none of that loads the store's pyarrow."""
     code = ("import sys, raybench.runtime.worker, raybench.runtime.strategies.fsdp2; "
