@@ -89,13 +89,61 @@ def test_only_the_drivers_import_ray():
     assert sorted(p for p in importers if not p.startswith("drivers/")) == []
 
 
-def test_the_architecture_page_names_every_module():
-    """docs/architecture.md is where a newcomer finds a module's job: a module it does not name is a missing row."""
-    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    named = set(re.findall(r"`([a-z_0-9]+)/?`", page))
-    modules = {p.stem if p.name != "__init__.py" else p.parent.name
-               for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE}
-    assert sorted(modules - named) == []
+MODULE_TABLE_HEADER = "| layer | module | owns |"
+BACKTICKED = re.compile(r"`([^`]+)`")
+
+
+def table_paths(page: str) -> list[str]:
+    """The module paths (under raybench/) that the page's module table names, read as a newcomer reads them.
+
+    A layer cell (`runtime/`) names its package and holds for the rows below it until the next one; a layer cell
+    without a path is the package root. In a module cell, `x.py` is a module of the layer, and `sub/` is a
+    subpackage (its __init__.py) whose modules follow it in the same cell (`strategies/`: `ddp.py`, `tp.py`)."""
+    lines = page.splitlines()
+    start = lines.index(MODULE_TABLE_HEADER) + 2  # past the header and its --- row
+    paths, layer = [], None
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        layer_cell, module_cell = line.split("|")[1:3]
+        if layer_cell.strip():
+            named = BACKTICKED.findall(layer_cell)
+            layer = named[0] if named else ""
+            if layer:
+                paths.append(f"{layer}__init__.py")
+        package = layer
+        for name in BACKTICKED.findall(module_cell):
+            if name.endswith("/"):
+                package = layer + name
+                paths.append(f"{package}__init__.py")
+            else:
+                paths.append(package + name)
+    return paths
+
+
+def test_the_architecture_page_names_every_module_by_its_path():
+    """docs/architecture.md is where a newcomer finds a module's job: a module it does not name is a missing row,
+    and a path it names that is not a module is a stale one."""
+    named = table_paths((PACKAGE.parent / "docs" / "architecture.md").read_text())
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")}
+    assert sorted(modules - set(named)) == [], "modules the page's table does not name"
+    assert sorted(set(named) - modules) == [], "paths the page's table names that are not modules"
+    assert sorted(p for p in set(named) if named.count(p) > 1) == [], "modules named on more than one row"
+
+
+def test_the_module_table_reads_layers_subpackages_and_the_root():
+    page = "\n".join([
+        "text `ignored.py`", "", MODULE_TABLE_HEADER, "| --- | --- | --- |",
+        "| package | `__init__.py`, `__main__.py` | the root |",
+        "| `runtime/` | `worker.py` | one rank, `not_a_path` in prose |",
+        "| | `strategies/`: `ddp.py`, `tp.py` | setups |",
+        "| | `bench.py` | the loop |",
+        "| `spec/` | `stacks/`: `hf.py` | kinds |",
+        "", "| layer | other | table |", "| `cli/` | `main.py` | |"])
+    assert table_paths(page) == [
+        "__init__.py", "__main__.py", "runtime/__init__.py", "runtime/worker.py", "runtime/strategies/__init__.py",
+        "runtime/strategies/ddp.py", "runtime/strategies/tp.py", "runtime/bench.py", "spec/__init__.py",
+        "spec/stacks/__init__.py", "spec/stacks/hf.py"]
 
 
 def test_the_package_root_holds_only_the_layers():
