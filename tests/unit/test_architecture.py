@@ -146,6 +146,57 @@ def test_the_module_table_reads_layers_subpackages_and_the_root():
         "spec/stacks/__init__.py", "spec/stacks/hf.py"]
 
 
+WALK_TABLE_HEADER = "| # | depth | module | function | what the trial becomes there | ↩ |"
+WALK_COUNT = re.compile(r"\*\*(\d+) returns to a file already visited\*\* in (\d+) lines")
+
+
+def walk_rows(page: str) -> list[tuple[int, int, str, str, bool]]:
+    """The trial walk's rows: (number, depth, module path under raybench/, function, marked as a return)."""
+    lines = page.splitlines()
+    rows = []
+    for line in lines[lines.index(WALK_TABLE_HEADER) + 2:]:
+        if not line.startswith("|"):
+            break
+        number, depth, module, function, _, mark = (c.strip() for c in line.split("|")[1:7])
+        rows.append((int(number), int(depth), module.strip("`"), function.strip("`"), mark == "↩"))
+    return rows
+
+
+def returns_to_visited_files(files: list[str]) -> list[bool]:
+    """For each line, whether its file appeared on an earlier line but not on the line just before it."""
+    return [f in files[:i - 1] and f != files[i - 1] if i else False for i, f in enumerate(files)]
+
+
+def defines(path: Path, dotted: str) -> bool:
+    """Whether the module at `path` defines `dotted`: a function, a class's method, a function's inner function."""
+    scope = ast.parse(path.read_text()).body
+    for name in dotted.split("."):
+        found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
+        if not found:
+            return False
+        scope = found[0].body
+    return True
+
+
+def test_returns_to_a_visited_file_are_counted_as_the_page_says():
+    files = ["a.py", "a.py", "b.py", "a.py", "c.py", "b.py", "b.py"]
+    assert returns_to_visited_files(files) == [False, False, False, True, False, True, False]
+
+
+def test_the_trial_walk_names_real_functions_and_counts_its_returns():
+    """The architecture page's walk of one trial: every line a function of the module it names, numbered in order,
+    one level deeper at most per line, its return marks and its count as the lines say."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    rows = walk_rows(page)
+    assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
+    depths = [r[1] for r in rows]
+    assert depths[0] == 0 and all(b <= a + 1 for a, b in zip(depths, depths[1:]))
+    assert [f"{m} {f}" for _, _, m, f, _ in rows if not defines(PACKAGE / m, f)] == []
+    returns = returns_to_visited_files([r[2] for r in rows])
+    assert [r[0] for r, back in zip(rows, returns) if back != r[4]] == [], "lines whose ↩ mark is wrong"
+    assert WALK_COUNT.search(page).groups() == (str(sum(returns)), str(len(rows)))
+
+
 def test_the_package_root_holds_only_the_layers():
     """Listing the package shows its layers: every module lives in a layer's subpackage."""
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
