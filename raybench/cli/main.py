@@ -18,7 +18,7 @@ from raybench.cli import store as cli_store
 from raybench.drivers import slurm
 from raybench.drivers.slurm import SlurmError, SlurmOptions
 from raybench.planning.plan import matching, plan
-from raybench.reports.report import results_table, run_report
+from raybench.reports.report import results_table
 from raybench.reports.tables import estimate_summary, estimate_table, plan_table, rehearsal_report
 from raybench.runtime import cuda_snapshot
 from raybench.spec.errors import ConfigError
@@ -118,6 +118,7 @@ def _calibrate(args) -> int:
 
 def _run(args) -> int:
     from raybench.drivers.api import run_sweep
+    from raybench.reports.best import run_report
 
     spec = load_sweep(args.sweep)
     address = args.address

@@ -1,6 +1,7 @@
 """`raybench best`: the best configuration per GPU type (or any column) and model, optionally the best value of
 one axis (the sAC ratio) per group and model, under a memory cap. Repeats of a configuration are averaged and
-shown with their 95% confidence interval. Also the Pareto front printed at the end of a multi-objective run.
+shown with their 95% confidence interval. Also `raybench run`'s closing report, with the Pareto front of a
+multi-objective run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from raybench.reports.frames import (
     peak_memory_gib,
     ratio_value,
 )
-from raybench.reports.report import render
+from raybench.reports.report import render, results_table
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
 from raybench.spec.stats import format_ci, pareto_mask, repeat_summary
@@ -190,3 +191,15 @@ def front_report(rows: pd.DataFrame, objectives: list[tuple[str, str]]) -> str:
     what = "Pareto front" if len(objectives) > 1 else "best"
     head = ", ".join(f"{m} ({mode})" for m, mode in objectives)
     return f"{what} of {len(means)} configuration(s) over {head}:\n" + render(["configuration", *metrics], lines)
+
+
+def run_report(rows, run_ids: set[str], search, store_path: str) -> tuple[str, int]:
+    """`raybench run`'s closing report: the sweep's stored rows, the front of a search's objectives (`search`, the
+    sweep's search section), and how many of the trials this run ran (`run_ids`) ended not ok; (text, that count)."""
+    parts = [results_table(rows)]
+    if search.algo != "grid" or not isinstance(search.metric, str):
+        parts.append(front_report(rows, search.objectives()))
+    ran = rows[rows.trial_id.isin(run_ids)]
+    failed = int((ran.status != "ok").sum())
+    parts.append(f"{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
+    return "\n\n".join(parts), failed

@@ -28,21 +28,6 @@ def results_table(df) -> str:
     return render(headers, rows) + (f"\n({note})" if note else "")
 
 
-
-def run_report(rows, run_ids: set[str], search, store_path: str) -> tuple[str, int]:
-    """`raybench run`'s closing report: the sweep's stored rows, the front of a search's objectives (`search`, the
-    sweep's search section), and how many of the trials this run ran (`run_ids`) ended not ok; (text, that count)."""
-    parts = [results_table(rows)]
-    if search.algo != "grid" or not isinstance(search.metric, str):
-        from raybench.reports.best import front_report  # pandas, loaded by read_results already
-
-        parts.append(front_report(rows, search.objectives()))
-    ran = rows[rows.trial_id.isin(run_ids)]
-    failed = int((ran.status != "ok").sum())
-    parts.append(f"{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
-    return "\n\n".join(parts), failed
-
-
 def results_rows(df) -> tuple[list[str], list[list[str]], str]:
     """Headers, formatted cells (one row per trial) and a note on units, for text, Markdown and HTML tables."""
     from raybench.reports import frames  # pandas: `raybench plan` and `estimate` render tables here without it

@@ -42,6 +42,27 @@ def test_no_module_imports_another_modules_private_names():
     assert sorted(set(offenders) - ALLOWED_PRIVATE) == []
 
 
+def import_cycles(package: str) -> list[list[str]]:
+    """The package's import cycles (function-level imports included), each as its modules sorted: the strongly
+    connected components of the import graph with more than one module."""
+    import grimp  # import-linter's graph builder
+
+    graph = grimp.build_graph(package)
+    cycles = []
+    for module in sorted(graph.modules):
+        if any(module in cycle for cycle in cycles):
+            continue
+        cycle = sorted(m for m in graph.find_upstream_modules(module) if module in graph.find_upstream_modules(m))
+        if cycle:
+            cycles.append(sorted([module, *cycle]))
+    return cycles
+
+
+def test_no_import_cycles():
+    """docs/architecture.md says there are none; `lint-imports`' layers allow them inside a layer, so look."""
+    assert import_cycles("raybench") == []
+
+
 def test_a_ranks_modules_load_no_pyarrow():
     """A synthetic trial's ranks import the worker and every strategy: none of that loads the store's pyarrow."""
     code = ("import sys, raybench.runtime.worker, raybench.runtime.strategies.fsdp2; "
@@ -68,13 +89,112 @@ def test_only_the_drivers_import_ray():
     assert sorted(p for p in importers if not p.startswith("drivers/")) == []
 
 
-def test_the_architecture_page_names_every_module():
-    """docs/architecture.md is where a newcomer finds a module's job: a module it does not name is a missing row."""
+MODULE_TABLE_HEADER = "| layer | module | owns |"
+BACKTICKED = re.compile(r"`([^`]+)`")
+
+
+def table_paths(page: str) -> list[str]:
+    """The module paths (under raybench/) that the page's module table names, read as a newcomer reads them.
+
+    A layer cell (`runtime/`) names its package and holds for the rows below it until the next one; a layer cell
+    without a path is the package root. In a module cell, `x.py` is a module of the layer, and `sub/` is a
+    subpackage (its __init__.py) whose modules follow it in the same cell (`strategies/`: `ddp.py`, `tp.py`)."""
+    lines = page.splitlines()
+    start = lines.index(MODULE_TABLE_HEADER) + 2  # past the header and its --- row
+    paths, layer = [], None
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        layer_cell, module_cell = line.split("|")[1:3]
+        if layer_cell.strip():
+            named = BACKTICKED.findall(layer_cell)
+            layer = named[0] if named else ""
+            if layer:
+                paths.append(f"{layer}__init__.py")
+        package = layer
+        for name in BACKTICKED.findall(module_cell):
+            if name.endswith("/"):
+                package = layer + name
+                paths.append(f"{package}__init__.py")
+            else:
+                paths.append(package + name)
+    return paths
+
+
+def test_the_architecture_page_names_every_module_by_its_path():
+    """docs/architecture.md is where a newcomer finds a module's job: a module it does not name is a missing row,
+    and a path it names that is not a module is a stale one."""
+    named = table_paths((PACKAGE.parent / "docs" / "architecture.md").read_text())
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")}
+    assert sorted(modules - set(named)) == [], "modules the page's table does not name"
+    assert sorted(set(named) - modules) == [], "paths the page's table names that are not modules"
+    assert sorted(p for p in set(named) if named.count(p) > 1) == [], "modules named on more than one row"
+
+
+def test_the_module_table_reads_layers_subpackages_and_the_root():
+    page = "\n".join([
+        "text `ignored.py`", "", MODULE_TABLE_HEADER, "| --- | --- | --- |",
+        "| package | `__init__.py`, `__main__.py` | the root |",
+        "| `runtime/` | `worker.py` | one rank, `not_a_path` in prose |",
+        "| | `strategies/`: `ddp.py`, `tp.py` | setups |",
+        "| | `bench.py` | the loop |",
+        "| `spec/` | `stacks/`: `hf.py` | kinds |",
+        "", "| layer | other | table |", "| `cli/` | `main.py` | |"])
+    assert table_paths(page) == [
+        "__init__.py", "__main__.py", "runtime/__init__.py", "runtime/worker.py", "runtime/strategies/__init__.py",
+        "runtime/strategies/ddp.py", "runtime/strategies/tp.py", "runtime/bench.py", "spec/__init__.py",
+        "spec/stacks/__init__.py", "spec/stacks/hf.py"]
+
+
+WALK_TABLE_HEADER = "| # | depth | module | function | what the trial becomes there | ↩ |"
+WALK_COUNT = re.compile(r"\*\*(\d+) returns to a file already visited\*\* in (\d+) lines")
+
+
+def walk_rows(page: str) -> list[tuple[int, int, str, str, bool]]:
+    """The trial walk's rows: (number, depth, module path under raybench/, function, marked as a return)."""
+    lines = page.splitlines()
+    rows = []
+    for line in lines[lines.index(WALK_TABLE_HEADER) + 2:]:
+        if not line.startswith("|"):
+            break
+        number, depth, module, function, _, mark = (c.strip() for c in line.split("|")[1:7])
+        rows.append((int(number), int(depth), module.strip("`"), function.strip("`"), mark == "↩"))
+    return rows
+
+
+def returns_to_visited_files(files: list[str]) -> list[bool]:
+    """For each line, whether its file appeared on an earlier line but not on the line just before it."""
+    return [f in files[:i - 1] and f != files[i - 1] if i else False for i, f in enumerate(files)]
+
+
+def defines(path: Path, dotted: str) -> bool:
+    """Whether the module at `path` defines `dotted`: a function, a class's method, a function's inner function."""
+    scope = ast.parse(path.read_text()).body
+    for name in dotted.split("."):
+        found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
+        if not found:
+            return False
+        scope = found[0].body
+    return True
+
+
+def test_returns_to_a_visited_file_are_counted_as_the_page_says():
+    files = ["a.py", "a.py", "b.py", "a.py", "c.py", "b.py", "b.py"]
+    assert returns_to_visited_files(files) == [False, False, False, True, False, True, False]
+
+
+def test_the_trial_walk_names_real_functions_and_counts_its_returns():
+    """The architecture page's walk of one trial: every line a function of the module it names, numbered in order,
+    one level deeper at most per line, its return marks and its count as the lines say."""
     page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    named = set(re.findall(r"`([a-z_0-9]+)/?`", page))
-    modules = {p.stem if p.name != "__init__.py" else p.parent.name
-               for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE}
-    assert sorted(modules - named) == []
+    rows = walk_rows(page)
+    assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
+    depths = [r[1] for r in rows]
+    assert depths[0] == 0 and all(b <= a + 1 for a, b in zip(depths, depths[1:]))
+    assert [f"{m} {f}" for _, _, m, f, _ in rows if not defines(PACKAGE / m, f)] == []
+    returns = returns_to_visited_files([r[2] for r in rows])
+    assert [r[0] for r, back in zip(rows, returns) if back != r[4]] == [], "lines whose ↩ mark is wrong"
+    assert WALK_COUNT.search(page).groups() == (str(sum(returns)), str(len(rows)))
 
 
 def test_the_package_root_holds_only_the_layers():
