@@ -47,7 +47,7 @@ def run_rank(args) -> None:
     import torch.distributed as dist
 
     from raybench.runtime import data, strategies
-    from raybench.runtime.model import build_model
+    from raybench.runtime.build import build_model
     from raybench.runtime.strategies import RankContext
     from raybench.spec.presets import model_shape
     from raybench.spec.sweep_spec import TrialConfig

@@ -4,7 +4,7 @@ against the same run with an fp32 base, on CPU.
     .venv/bin/python bench/lora_base_dtype.py [--steps 20] [--strategy ddp --strategy fsdp2]
 
 The tiny preset with LoRA r16 on attention and MLP (the default targets), bf16, micro-batch 2 x seq 32, lr 1e-2,
-on one gloo rank in this process, built and wrapped as the worker does (worker.build_and_wrap) and stepped with
+on one gloo rank in this process, built and wrapped as the worker does (build.build_and_wrap) and stepped with
 the worker's own step (bench.train_step). The batches are two fixed random-token batches in turn, so that the
 adapters can learn them and the loss falls. Prints a Markdown table of the per-step losses, the bytes of the
 parameters each run holds, and one JSON line.
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from raybench.planning.plan import plan
-from raybench.runtime import bench, worker
+from raybench.runtime import bench, build
 from raybench.runtime.strategies import RankContext
 from raybench.spec.load import parse_sweep
 from raybench.spec.presets import PRESETS
@@ -42,7 +42,7 @@ def run(strategy: str, base_dtype: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as directory:
         dist.init_process_group("gloo", init_method=f"file://{directory}/init", rank=0, world_size=1)
         try:
-            built = worker.build_and_wrap(trial.payload, RankContext(0, 1, 0, CPU))
+            built = build.build_and_wrap(trial.payload, RankContext(0, 1, 0, CPU))
             clock = bench.PhaseClock(CPU)
             losses = [bench.train_step(built.trainable, batches, trial.config.train, CPU, clock)[0].item()
                       for _ in range(steps)]

@@ -46,7 +46,7 @@ def child(candidate: str, preset: str, weights_dir: str, out: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from raybench.runtime.model import build_meta, fill
+    from raybench.runtime.build import build_meta, fill
     from raybench.runtime.strategies import RankContext, fsdp2
     from raybench.runtime.techniques import lora
     from raybench.spec.presets import PRESETS
@@ -113,7 +113,7 @@ def run(candidate: str, preset: str, ranks: int, weights_dir: str) -> dict:
 def save_weights(preset: str, directory: Path) -> None:
     import torch
 
-    from raybench.runtime.model import build_model
+    from raybench.runtime.build import build_model
     from raybench.spec.sweep_spec import ModelSpec
 
     model, _ = build_model(ModelSpec(preset=preset), torch.device("cpu"), seed=0)

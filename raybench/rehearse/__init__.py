@@ -1,6 +1,6 @@
 """Rehearse a trial at full scale in one CPU process: fake tensors, a fake process group, one traced step.
 
-The trial's own worker path runs unchanged — meta build, techniques (`worker.prepare_model`), the strategy's
+The trial's own worker path runs unchanged — meta build, techniques (`build.prepare_model`), the strategy's
 wrap (`strategies.setup`), one step of `bench.train_step` — as rank 0 of the trial's full world, but the
 model's storage comes from `to_empty` under a FakeTensorMode (shapes and dtypes, no bytes) and the process
 group is torch's fake backend (every collective returns at once). A dispatch mode watching that step reports:

@@ -30,6 +30,7 @@ from raybench.rehearse.traced_model import (
     traced_train,
 )
 from raybench.runtime import bench, strategies
+from raybench.runtime.build import fill
 from raybench.runtime.materialize import to_empty_keeping_ties
 from raybench.runtime.model import decoder_blocks
 from raybench.runtime.strategies import RankContext
@@ -186,8 +187,6 @@ def _wrapped(model: nn.Module, train: TrainSpec, ctx: RankContext, mode, fake: b
         with mode:
             to_empty_keeping_ties(model, ctx.device)  # as the worker does: a tied head stays the embedding
         if not fake:  # real runs need real values for a finite loss; fake ones have none to give
-            from raybench.runtime.model import fill
-
             fill(model, ctx.device, source, info, whole)
 
     with steady_state_ddp_buckets(model) if train.strategy == "ddp" else contextlib.nullcontext():

@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raybench.runtime.model import build_meta
+from raybench.runtime.build import TECHNIQUES, build_meta, prepare_model
 from raybench.runtime.techniques import activation_checkpointing, fp8, liger_reference
-from raybench.runtime.worker import TECHNIQUES, prepare_model
 from raybench.spec.presets import ModelShape
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig
 
@@ -65,7 +64,7 @@ TRACED_TECHNIQUES = tuple(_Fp8Traced if technique is fp8 else technique for tech
 def build_traced(config: TrialConfig, train: TrainSpec,
                  kinds: tuple[bool, ...] | None = None) -> tuple[nn.Module, str, dict]:
     """build_meta and the techniques of `train` (a traced TrainSpec), with Liger's reference operators where
-    the trial asks for Liger: they come first, as Liger does in worker.TECHNIQUES.
+    the trial asks for Liger: they come first, as Liger does in build.TECHNIQUES.
 
     kinds: build a model of len(kinds) decoder blocks instead, checkpointing those marked True (depth.py)."""
     model, source, info = build_meta(config.model, train.seed, layers=None if kinds is None else len(kinds))

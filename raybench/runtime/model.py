@@ -1,128 +1,15 @@
-"""Build the model a trial benchmarks: a preset with random weights, or a local Hugging Face directory.
-
-Weights load from safetensors only unless the sweep sets model.allow_pickle; nothing is ever downloaded.
+"""What the rest of the runtime (strategies, techniques) and the rehearsal need to know of a model's architecture:
+its decoder blocks, its parameter counts, a config with fewer blocks. Building a rank's model is `runtime.build`'s,
+which imports this module (as strategies and techniques do), never the other way round.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import math
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
-
-from raybench.runtime import weights
-from raybench.runtime.materialize import base_state, materialize
-from raybench.spec.load import check_model_dir
-from raybench.spec.presets import PRESETS, ModelShape
-from raybench.spec.sweep_spec import ModelSpec
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WeightsSource:
-    """Where a meta-built model's values come from (see `raybench.runtime.materialize`)."""
-
-    seed: int
-    weights_dir: str | None = None  # a model directory (safetensors); None: random init
-    cache_key: str | None = None  # the warm pool's in-memory cache key; None: no cache
-    cache_gib: float = 0.0
-    state: dict | None = None  # whole tensors already read into memory (a pickle-only directory)
-    missing_weights: str = "error"  # model.missing_weights: base weights the checkpoint lacks
-
-
-def build_meta(spec: ModelSpec, seed: int, local_copy: str = "never", cache_gib: float = 0.0,
-               shape: ModelShape | None = None, layers: int | None = None) -> tuple[nn.Module, WeightsSource, dict]:
-    """The causal LM's architecture in fp32 on the meta device (nothing allocated), where its values will come
-    from, and {"weights_cache": "hit" | "miss" | None, "weights_copy_s": seconds copying or None}.
-
-    local_copy (auto | always | never) reads a model directory from a node-local copy; cache_gib > 0 keeps
-    whole models' weights in this process's memory for the next trial on the same model (warm pool actors).
-    shape: build this architecture, random-initialized, instead of the spec's (a worker's warm-up miniature).
-    layers: build only this many decoder blocks (the rehearsal's shallow models; see `with_layers`).
-    """
-    info = {"weights_cache": None, "weights_copy_s": None}
-    path = spec.path if shape is None else None
-    if path is not None:
-        problems = check_model_dir(path, spec.allow_pickle)
-        if problems:
-            raise ValueError("; ".join(str(p) for p in problems))
-        if weights.wants_copy(path, local_copy):
-            t0 = time.perf_counter()
-            path = str(weights.node_local_copy(path)[0])
-            info["weights_copy_s"] = time.perf_counter() - t0
-    from transformers import AutoModelForCausalLM  # transformers: imported by the ranks only
-
-    with torch.device("meta"):
-        config = _hf_config(spec, path, shape)
-        model = AutoModelForCausalLM.from_config(config if layers is None else with_layers(config, layers),
-                                                 dtype=torch.float32,
-                                                 attn_implementation=spec.attn_implementation,
-                                                 trust_remote_code=spec.trust_remote_code)
-    key = None
-    if cache_gib > 0 and shape is None:
-        key = f"preset:{spec.preset}:{seed}" if path is None else f"dir:{weights.model_key(Path(path))}"
-        key += f":{spec.attn_implementation}"
-    state = None
-    if path is not None and not any(Path(path).glob("*.safetensors")):  # allow_pickle: the old, whole read
-        log.warning("model.allow_pickle is set: pickle weights in %s can run arbitrary code when loaded", path)
-        state = _pickled_state(spec, path)
-    return model, WeightsSource(seed, path if state is None else None, key, cache_gib, state,
-                                spec.missing_weights), info
-
-
-def fill(model: nn.Module, device: torch.device, source: WeightsSource, info: dict, whole: bool) -> None:
-    """Materialize `model` on `device`: whole, or (after a sharding wrap) each rank's own shards.
-
-    The warm pool's weights cache holds whole tensors: a whole build fills it (within its budget); a sharded
-    build takes its shards from it on a hit, and never fills it, which would mean holding whole tensors."""
-    key = _cache_key(source, model)
-    cached = weights.STATE_CACHE.get(key) if key else None
-    if key:
-        info["weights_cache"] = "hit" if cached is not None else "miss"
-    materialize(model, device, source.seed, source.weights_dir, cached if cached is not None else source.state,
-                source.missing_weights)
-    if whole and key and cached is None:
-        budget = int(source.cache_gib * 2**30)
-        # Only copy what the cache can keep: a model over the budget (a 1B model in fp32 over the default 4 GiB)
-        # would cost every trial a host copy of its weights, counted in its build time and peak RSS.
-        if sum(t.numel() * t.element_size() for t in model.parameters()) <= budget:
-            weights.STATE_CACHE.put(key, base_state(model), budget)
-
-
-def _cache_key(source: WeightsSource, model: nn.Module) -> str | None:
-    """The weights cache key of this build: the cache holds tensors in the dtypes they were built in, so a LoRA
-    base stored in bf16 must neither hand its rounded values to an fp32 trial of the same model nor take them."""
-    if source.cache_key is None:
-        return None
-    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
-    return f"{source.cache_key}:{'+'.join(dtypes)}"
-
-
-def build_model(spec: ModelSpec, device: torch.device, seed: int, local_copy: str = "never",
-                cache_gib: float = 0.0) -> tuple[nn.Module, dict]:
-    """The whole causal LM in fp32 on `device` (the same values on every rank and for every strategy), and
-    where its weights came from (see build_meta)."""
-    model, source, info = build_meta(spec, seed, local_copy, cache_gib)
-    if device.type != "meta":
-        fill(model, device, source, info, whole=True)
-    return model, info
-
-
-def _hf_config(spec: ModelSpec, path: str | None, shape: ModelShape | None = None):
-    from transformers import AutoConfig
-
-    if path is None:
-        shape = shape or PRESETS[spec.preset]
-        return AutoConfig.for_model(shape.model_type, **shape.hf_config_kwargs(), use_cache=False)
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=spec.trust_remote_code)
-    config.use_cache = False
-    return config
 
 
 def with_layers(config, layers: int):
@@ -136,15 +23,6 @@ def with_layers(config, layers: int):
     if kinds:
         config.layer_types = [kinds.pop()] * layers
     return config
-
-
-def _pickled_state(spec: ModelSpec, path: str) -> dict:
-    """Whole tensors of a pickle-only model directory (model.allow_pickle), by checkpoint key."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True,
-                                                 use_safetensors=None, trust_remote_code=spec.trust_remote_code)
-    return base_state(model)
 
 
 def decoder_blocks(model: nn.Module) -> nn.ModuleList:

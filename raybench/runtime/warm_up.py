@@ -83,7 +83,7 @@ def miniature_shape(shape: ModelShape, tp_size: int) -> ModelShape:
 
 def warm_up(payload: TrialPayload, ctx: RankContext, shape: ModelShape, build_and_wrap: Callable) -> float:
     """One training step of the trial's own path — its techniques, its strategy's wrap (`build_and_wrap`, the
-    trial's own: worker.build_and_wrap), forward, backward and optimizer step — on a miniature of its
+    trial's own: build.build_and_wrap), forward, backward and optimizer step — on a miniature of its
     architecture, before any clock or memory baseline; returns seconds.
 
     Libraries set things up on first use and keep them: submodules imported on demand, ABC and regex caches,

@@ -1,5 +1,5 @@
-"""The per-rank benchmark: init → model → techniques → strategy → timed loop → metrics (rank 0 returns its
-`RankResult`).
+"""The per-rank benchmark: init → the model built and wrapped (`runtime.build`), in its own memory window → timed
+loop → metrics (rank 0 returns its `RankResult`).
 
 Runs under any launcher that sets up torch.distributed: Ray Train workers, or plain torchrun:
     torchrun --standalone --nproc-per-node 2 -m raybench.runtime.worker payload.json result.json
@@ -23,17 +23,16 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
 
 from raybench.runtime import (  # noqa: E402
     bench, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics, stacks, step_profile,
     strategies, warm_up)
-from raybench.runtime.model import build_meta, count_params, fill  # noqa: E402
+from raybench.runtime.build import Built, build_and_wrap  # noqa: E402
 from raybench.runtime.probe import LoopRecord  # noqa: E402
 from raybench.runtime.rank_metrics import Peaks, RankMeasurement, TrialFacts  # noqa: E402
 from raybench.runtime.sampler import Sampler  # noqa: E402
 from raybench.runtime.strategies import RankContext  # noqa: E402
-from raybench.runtime.techniques import activation_checkpointing, compile, fp8, liger, lora, qlora  # noqa: E402
+from raybench.runtime.techniques import compile, fp8  # noqa: E402
 from raybench.spec import metrics  # noqa: E402
 from raybench.spec.hardware import peak_tflops  # noqa: E402
 from raybench.spec.payload import TrialPayload  # noqa: E402
@@ -44,27 +43,6 @@ from raybench.spec.sweep_spec import TrainSpec, TrialConfig  # noqa: E402
 
 # Steps without gradient reduction after the timed window (whose steps reduce), for the exposed communication.
 LOCAL_STEPS = 3
-# The one order of model transformations that composes: Liger → 4-bit base (QLoRA) → LoRA → FP8 → AC → compile.
-# Liger and quantization first: they swap the model's own modules and forwards, which LoRA then wraps (PEFT
-# puts adapters around whatever Linear/Linear4bit it finds). FP8 after LoRA: it swaps the base linears PEFT wrapped
-# (base_layer) and leaves the adapters alone. LoRA and FP8 before checkpointing: adapters must exist
-# before the blocks are wrapped, so that they are inside each block's checkpoint and compiled graph.
-# Checkpointing before compile: the compiled graph then contains the checkpoint boundary and can plan the
-# recomputation itself (not under TP, where torch 2.13 cannot: compile.compiled_region). Sharding/wrapping (the
-# strategy) comes last, in the caller, because it must see the final modules and parameters: anything swapped in
-# later would escape sharding and gradient reduction.
-TECHNIQUES = (liger, qlora, lora, fp8, activation_checkpointing, compile)
-
-
-def prepare_model(model: nn.Module, train: TrainSpec, techniques: tuple = TECHNIQUES) -> nn.Module:
-    """Apply every technique the trial asks for, in TECHNIQUES order (each: wanted(train), apply(model, train));
-    the rehearsal passes its own list, in the same order."""
-    for technique in techniques:
-        if technique.wanted(train):
-            model = technique.apply(model, train)
-    return model
-
-
 def run(payload: TrialPayload) -> RankResult | None:
     """Benchmark one trial on this rank. Rank 0 returns the result; the other ranks return None.
 
@@ -107,47 +85,6 @@ def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext, record
     local = bench.backward_without_sync(trainable, batches, train, ctx.device, LOCAL_STEPS)
     synced, local = (rank_metrics.mean_over_ranks(t, ctx.device) for t in (synced, local))
     return max(0.0, metrics.percentile(synced, 50) - metrics.percentile(local, 50))
-
-
-@dataclass(frozen=True)
-class Built:
-    trainable: strategies.Trainable
-    params_total: int  # before sharding
-    params_trainable: int
-    weights_info: dict  # weights_cache, weights_copy_s
-    model_build_s: float  # meta build, techniques and giving the model its values
-    wrap_s: float  # the strategy's own setup
-    fp8_linears: dict[str, int]  # train.fp8: the linears converted (fp8.converted); empty when off
-
-
-def build_and_wrap(payload: TrialPayload, ctx: RankContext, shape: ModelShape | None = None) -> Built:
-    """Architecture on the meta device → techniques → the strategy, which calls `materialize` to give the model
-    its values: whole before it wraps (ddp, ZeRO-1/2), or after a sharding wrap (fsdp2, tp, tp_fsdp2) or ZeRO-3's
-    partitioning only this rank's shards. shape: another architecture, random-initialized (the warm-up)."""
-    train = payload.config.train
-    t0 = time.perf_counter()
-    model, source, weights_info = build_meta(payload.config.model, train.seed,
-                                             local_copy=payload.caches.weights_local_copy,
-                                             cache_gib=payload.weights_cache_gib, shape=shape)
-    if train.finetune == "qlora":  # bitsandbytes quantizes real weights: the (ddp-only) base is whole first
-        fill(model, ctx.device, source, weights_info, whole=True)
-        torch.manual_seed(train.seed)  # PEFT's adapter init then draws the same numbers on every rank
-    model = prepare_model(model, train)
-    params_total, params_trainable = count_params(model)
-    fp8_linears = fp8.converted(model) if fp8.wanted(train) else {}
-    materialize_s = []
-
-    def materialize(whole: bool) -> None:
-        if train.finetune != "qlora":
-            t_fill = time.perf_counter()
-            fill(model, ctx.device, source, weights_info, whole)
-            materialize_s.append(time.perf_counter() - t_fill)
-
-    t_wrap = time.perf_counter()
-    trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
-    wrap_s = time.perf_counter() - t_wrap - sum(materialize_s)
-    return Built(trainable, params_total, params_trainable, weights_info, t_wrap - t0 + sum(materialize_s), wrap_s,
-                 fp8_linears)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from raybench.runtime.model import build_meta, fill
+from raybench.runtime.build import build_meta, fill
 from raybench.runtime.strategies import RankContext, deepspeed, fsdp2, tp, tp_fsdp2
 from raybench.runtime.techniques import activation_checkpointing, lora
 from raybench.spec.sweep_spec import ModelSpec, TrainSpec

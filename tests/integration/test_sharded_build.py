@@ -83,7 +83,7 @@ def test_sharded_random_init_costs_each_rank_under_half_the_model(tmp_path):
 def test_weights_from_a_directory_cost_the_node_about_one_copy(tmp_path):
     import torch
 
-    from raybench.runtime.model import build_model
+    from raybench.runtime.build import build_model
     from raybench.spec.sweep_spec import ModelSpec
 
     model, _ = build_model(ModelSpec(preset="llama-3.2-1b"), torch.device("cpu"), seed=0)

@@ -21,10 +21,9 @@ import torch
 import torch.distributed as dist
 
 from raybench.runtime import strategies
-from raybench.runtime.model import build_meta, fill
+from raybench.runtime.build import build_meta, fill, prepare_model
 from raybench.runtime.strategies import RankContext
 from raybench.runtime.strategies.tp import COLWISE
-from raybench.runtime.worker import prepare_model
 from raybench.spec.sweep_spec import LoraSpec, ModelSpec, TrainSpec
 
 CPU = torch.device("cpu")

@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from raybench.runtime.model import build_meta, fill
+from raybench.runtime.build import build_meta, fill
 from raybench.runtime.strategies import RankContext, deepspeed
 from raybench.runtime.techniques import lora
 from raybench.runtime.rank_memory import peak_host_memory_gib, reset_peaks

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
 from raybench.results import store
-from raybench.runtime import bench, weights, worker
-from raybench.runtime.model import build_meta, fill
+from raybench.runtime import bench, weights
+from raybench.runtime.build import build_and_wrap, build_meta, fill
 from raybench.runtime.strategies import RankContext
 from raybench.runtime.techniques import lora
 from raybench.spec.load import parse_sweep
@@ -128,7 +128,7 @@ def run_losses(strategy: str, base_dtype: str, tmp_path, steps: int) -> tuple[li
     batches = ({"input_ids": ids, "labels": ids} for ids in itertools.cycle(fixed))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/{strategy}-{base_dtype}", rank=0, world_size=1)
     try:
-        built = worker.build_and_wrap(trial.payload, RankContext(0, 1, 0, CPU))
+        built = build_and_wrap(trial.payload, RankContext(0, 1, 0, CPU))
         clock = bench.PhaseClock(CPU)
         losses = [bench.train_step(built.trainable, batches, trial.config.train, CPU, clock)[0].item()
                   for _ in range(steps)]

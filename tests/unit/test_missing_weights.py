@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from raybench.runtime.model import build_meta, build_model, fill
+from raybench.runtime.build import build_meta, build_model, fill
 from raybench.runtime.techniques import lora
 from raybench.spec.sweep_spec import ModelSpec, TrainSpec
 

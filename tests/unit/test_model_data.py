@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from raybench.runtime import data
-from raybench.runtime.model import build_meta, build_model, count_params, decoder_blocks
+from raybench.runtime.build import build_meta, build_model
+from raybench.runtime.model import count_params, decoder_blocks
 from raybench.spec.sweep_spec import ModelSpec
 
 
@@ -148,7 +149,7 @@ def test_large_presets_build_on_the_meta_device_without_allocating():
     import resource
 
     from raybench.planning import estimate
-    from raybench.runtime.model import build_meta
+    from raybench.runtime.build import build_meta
     from raybench.spec.presets import PRESETS
     from raybench.spec.sweep_spec import TrainSpec
 

@@ -97,7 +97,7 @@ def _pickle_model_dir(directory):
 
 
 def test_pickle_weights_refused_unless_allowed_with_a_warning(tmp_path, caplog):
-    from raybench.runtime.model import build_model
+    from raybench.runtime.build import build_model
 
     directory = _pickle_model_dir(tmp_path / "m")
     assert not list(directory.glob("*.safetensors"))

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from raybench.rehearse.fake_world import init_fake_world
-from raybench.runtime.model import build_meta, build_model, decoder_blocks
+from raybench.runtime.build import build_meta, build_model
+from raybench.runtime.model import decoder_blocks
 from raybench.runtime.strategies import tp
 from raybench.runtime.techniques import activation_checkpointing, compile
 from raybench.spec.presets import PRESETS

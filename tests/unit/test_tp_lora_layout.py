@@ -11,9 +11,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from raybench.planning.estimate import tp_local_adapters
 from raybench.rehearse.fake_world import init_fake_world
-from raybench.runtime.model import build_meta
+from raybench.runtime.build import build_meta, prepare_model
 from raybench.runtime.strategies import tp
-from raybench.runtime.worker import prepare_model
 from raybench.spec.presets import PRESETS
 from raybench.spec.sweep_spec import LoraSpec, ModelSpec, TrainSpec
 

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
 from raybench.rehearse.fake_world import init_fake_world
-from raybench.runtime.model import build_meta
+from raybench.runtime.build import build_meta
 from raybench.runtime.strategies import tp
 from raybench.spec.presets import PRESETS
 from raybench.spec.sweep_spec import ModelSpec, TrainSpec

@@ -11,7 +11,7 @@ from torch._dynamo import convert_frame
 
 from raybench.planning.plan import plan
 from raybench.rehearse.fake_world import init_fake_world
-from raybench.runtime import warm_up, worker
+from raybench.runtime import build, warm_up
 from raybench.runtime.strategies import RankContext
 from raybench.runtime.techniques import compile
 from raybench.spec.load import parse_sweep
@@ -32,7 +32,7 @@ def test_a_compiled_trials_warm_up_compiles_its_miniature_then_drops_it(one_rank
     (trial,) = plan(spec)
     torch.compiler.reset()
     before = compile.dynamo_counts()
-    warm_up.warm_up(trial.payload, one_rank, trial.shape, worker.build_and_wrap)
+    warm_up.warm_up(trial.payload, one_rank, trial.shape, build.build_and_wrap)
     graphs = compile.compiled_since(before)["compile_graphs"]
     assert graphs > 0 if compiled else graphs == 0
     assert not convert_frame.input_codes.seen  # reset: the trial compiles its own shapes from a clean state

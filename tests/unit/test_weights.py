@@ -9,7 +9,7 @@ import torch
 
 from raybench.planning.plan import plan
 from raybench.runtime import weights
-from raybench.runtime.model import build_model
+from raybench.runtime.build import build_model
 from raybench.spec.load import parse_sweep
 from raybench.spec.sweep_spec import ModelSpec
 

@@ -3,6 +3,6 @@
     wanted(train: TrainSpec) -> bool            does this trial ask for it?
     apply(model, train: TrainSpec) -> model     apply it (in place where it can), return the model
 
-`worker.TECHNIQUES` fixes the order they are applied in. Techniques import neither each other nor the
+`build.TECHNIQUES` fixes the order they are applied in. Techniques import neither each other nor the
 strategies or executors.
 """

@@ -9,7 +9,7 @@ gain). tensorwise under fsdp2 all-gathers the weights in FP8 (torchao's enable_f
 bytes of bf16; not for a frozen LoRA base, whose weights torchao's FP8 all-gather does not take.
 
 torchao is an optional extra (`raybench[gpu]`), imported only on a worker that asked for it. The technique runs
-before activation checkpointing and compile (worker.TECHNIQUES): both see the Float8Linear modules.
+before activation checkpointing and compile (build.TECHNIQUES): both see the Float8Linear modules.
 
 Under LoRA, torchao 0.18's Float8Linear computes the frozen base's weight gradient too (and keeps its input for
 it), then drops it: the rehearsal counts that work (docs/rehearse.md, FP8), the row's FLOPs do not (`columns`).
@@ -42,7 +42,7 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
 
 def check_device(train: TrainSpec) -> None:
     """Refuse a rank whose GPU has no FP8 tensor cores (the plan refuses CPU trials; it cannot see the GPU)."""
-    # The model is still on the meta device (worker.build_and_wrap materializes it after the techniques): ask the
+    # The model is still on the meta device (build.build_and_wrap materializes it after the techniques): ask the
     # device, not the parameters.
     if not torch.cuda.is_available():
         raise ValueError(f"train.fp8={train.fp8} needs CUDA GPUs with FP8 tensor cores; on CPU set train.fp8: off")

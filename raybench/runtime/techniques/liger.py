@@ -23,7 +23,7 @@ def wanted(train: TrainSpec) -> bool:
 
 
 def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
-    # The model is still on the meta device here (worker.build_and_wrap materializes it after the techniques):
+    # The model is still on the meta device here (build.build_and_wrap materializes it after the techniques):
     # ask for CUDA, not for the parameters' device.
     if not torch.cuda.is_available():
         raise ValueError("train.liger=true needs CUDA GPUs (Triton kernels); on CPU set train.liger: false")
