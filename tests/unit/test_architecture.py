@@ -147,6 +147,7 @@ def test_the_module_table_reads_layers_subpackages_and_the_root():
 
 
 WALK_TABLE_HEADER = "| # | depth | module | function | what the trial becomes there | ↩ |"
+MOST_WALK_RETURNS = 6
 WALK_COUNT = re.compile(r"\*\*(\d+) returns to a file already visited\*\* in (\d+) lines")
 
 
@@ -195,6 +196,9 @@ def test_the_trial_walk_names_real_functions_and_counts_its_returns():
     returns = returns_to_visited_files([r[2] for r in rows])
     assert [r[0] for r, back in zip(rows, returns) if back != r[4]] == [], "lines whose ↩ mark is wrong"
     assert WALK_COUNT.search(page).groups() == (str(sum(returns)), str(len(rows)))
+    # Half of the 13 returns the same walk had at commit 760bdd6, at most: the payload reaches the ranks without
+    # conversions and one module builds the model. A change that sends the trial back and forth again shows here.
+    assert sum(returns) <= MOST_WALK_RETURNS
 
 
 def test_the_package_root_holds_only_the_layers():
