@@ -148,7 +148,7 @@ def _pickled_state(spec: ModelSpec, path: str) -> dict:
 # before the blocks are wrapped, so that they are inside each block's checkpoint and compiled graph.
 # Checkpointing before compile: the compiled graph then contains the checkpoint boundary and can plan the
 # recomputation itself (not under TP, where torch 2.13 cannot: compile.compiled_region). Sharding/wrapping (the
-# strategy) comes last, in the caller, because it must see the final modules and parameters: anything swapped in
+# strategy) comes last, in build_and_wrap, because it must see the final modules and parameters: anything swapped in
 # later would escape sharding and gradient reduction.
 TECHNIQUES = (liger, qlora, lora, fp8, activation_checkpointing, compile)
 
