@@ -1,17 +1,16 @@
 """`raybench rehearse`: one CPU process traces a trial's step as rank 0 of its full world (fake tensors, fake
-process group). Its per-rank tensor memory must match the same trial run for real on gloo ranks, and the
-private torch pieces raybench/rehearse/ relies on are pinned here so that a torch upgrade fails loudly."""
+process group). Its per-rank tensor memory matches the same trial run for real on gloo ranks
+(tests/integration/test_rehearse_real_ranks.py), and the private torch pieces raybench/rehearse/ relies on are
+pinned here so that a torch upgrade fails loudly."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
-import multiprocessing as mp
 import re
 import shutil
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -43,148 +42,17 @@ from raybench.spec.schema import GIB
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compiled_blocks import saved_by_real_inductor  # noqa: E402
-
-TINY_TRAIN = {"steps": 2, "warmup_steps": 1, "seq_len": 64, "micro_batch": 2, "precision": "bf16"}
-# Rehearsed vs real tensor memory per rank: the issue's bound.
-MEMORY_TOLERANCE = 0.10
-
-
-# Techniques a sweep refuses on CPU, set after planning: trace and real ranks both run them on CPU (Liger's
-# reference operators; torchao's Float8Linear through CPU's own _scaled_mm).
-REFUSED_ON_CPU = ("liger", "fp8")
-
-
-def tiny_trial(workers: int, gpus: int = 0, **train):
-    after_plan = {name: train.pop(name) for name in REFUSED_ON_CPU if name in train}
-    spec = parse_sweep({"name": "rehearse", "model": {"preset": "tiny"}, "train": {**TINY_TRAIN, **train},
-                        "resources": {"workers": workers, "gpus_per_worker": gpus}, "estimate": {"gpu": "H100 SXM"}})
-    (trial,) = plan(spec)
-    if after_plan:
-        config = trial.config.model_copy(update={"train": trial.config.train.model_copy(update=after_plan)})
-        trial = dataclasses.replace(trial, payload=trial.payload.replace(config=config))
-    return trial
-
-
-def fake_trace(trial, skip_propagation: bool = True, gpu: str | None = None) -> trace.StepTrace:
-    fake_world.init_fake_world(0, trial.world_size)
-    try:
-        ctx = RankContext(0, trial.world_size, 0, torch.device("cpu"))
-        return trace.trace_step(trial.config, trial.shape, ctx, fake=True, skip_propagation=skip_propagation,
-                                gpu=gpu)
-    finally:
-        dist.destroy_process_group()
-
-
-# Liger at a longer sequence: at 64 tokens its step (no logits) peaks as backward ends, where a real gloo rank
-# still holds the last reduce-scatter's input and the fake rank has let it go (2 MiB of this tiny model). At 256
-# tokens the activations peak, which would be 17% over the real ones if the trace built an attention mask
-# (trace.one_sequence_per_row).
-REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size": 2},
-              "ddp": {"strategy": "ddp"}, "ddp-lora": {"strategy": "ddp", "finetune": "lora"},
-              # Adapters split with their projections: the replicated ones' partial gradients, the joined sums.
-              "tp-lora": {"strategy": "tp", "tp_size": 2, "finetune": "lora"},
-              "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256},
-              "ddp-liger": {"strategy": "ddp", "liger": True, "seq_len": 256},
-              "tp-liger": {"strategy": "tp", "tp_size": 2, "liger": True, "seq_len": 256},
-              # FP8 linears: casts and scales as temporaries, weights all-gathered in FP8 (tensorwise), and under
-              # LoRA the base's input kept for a weight gradient torchao computes even for frozen weights.
-              "fsdp2-fp8": {"strategy": "fsdp2", "fp8": "tensorwise"},
-              "ddp-lora-fp8": {"strategy": "ddp", "finetune": "lora", "fp8": "rowwise"},
-              "fsdp2-bf16-reduce": {"strategy": "fsdp2", "reduce_dtype": "bf16"},
-              # Two micro-batches per step: the first without gradient sync, the last with it
-              # (test_rehearse_accumulation.py).
-              "fsdp2-accum": {"strategy": "fsdp2", "grad_accum": 2},
-              "fsdp2-lora-accum": {"strategy": "fsdp2", "finetune": "lora", "grad_accum": 2},
-              "ddp-accum": {"strategy": "ddp", "grad_accum": 2},
-              "tp-accum": {"strategy": "tp", "tp_size": 2, "grad_accum": 2}}
-
-
-def _real_rank(rank: int, world: int, init_file: str, out, cases: list[str]) -> None:
-    """One real gloo rank running the named cases of REAL_CASES; rank 0 reports its figures."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    results = {}
-    for name in cases:
-        trial = tiny_trial(world, **REAL_CASES[name])
-        step = trace.trace_step(trial.config, trial.shape, RankContext(rank, world, 0, torch.device("cpu")),
-                                fake=False)
-        results[name] = {"memory_gib": step.memory_gib, "resident_gib": step.resident_gib}
-    if rank == 0:
-        out.put(results)
-    dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def real(tmp_path_factory) -> dict:
-    """The same steps, for real, on 1 and on 2 gloo processes with real tensors: {world: {case: rank 0's}}.
-
-    Every case on 2 ranks; on 1 rank only fsdp2, the one case the tests read at both world sizes."""
-    ctx = mp.get_context("spawn")
-    results = {}
-    for world, cases in ((1, ["fsdp2"]), (2, list(REAL_CASES))):
-        out = ctx.Queue()
-        init = tmp_path_factory.mktemp(f"gloo{world}") / "init"
-        procs = [ctx.Process(target=_real_rank, args=(r, world, str(init), out, cases)) for r in range(world)]
-        for p in procs:
-            p.start()
-        results[world] = out.get(timeout=300)
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
-    return results
-
-
-def assert_close(rehearsed: float, real: float, what: str) -> None:
-    assert abs(rehearsed - real) <= MEMORY_TOLERANCE * real + 1e-6, f"{what}: rehearsed {rehearsed}, real {real}"
-
-
-@pytest.mark.parametrize("case", list(REAL_CASES))
-def test_fake_rank_matches_real_gloo_ranks(case, real):
-    """World size 2: the fake rank's tensor memory by category is the real rank 0's, within 10%."""
-    fake = fake_trace(tiny_trial(2, **REAL_CASES[case]))
-    measured = real[2][case]
-    for category in ("parameters", "gradients", "optimizer_state", "activations"):
-        assert_close(fake.memory_gib[category], measured["memory_gib"][category], f"peak {category}")
-    for category, real_gib in measured["resident_gib"].items():
-        assert_close(fake.resident_gib[category], real_gib, f"resident {category}")
-    assert_close(fake.peak_gib, sum(measured["memory_gib"].values()), "peak")
+from rehearse_cases import TINY_TRAIN, fake_trace, tiny_trial  # noqa: E402
 
 
 def test_liger_is_traced_under_every_traced_strategy():
     """Liger's reference operators take plain tensors, and under Liger tensor parallelism leaves the norms, the
     embedding and the head whole (no sequence parallelism), so every traced strategy traces a Liger trial; the
-    fake ranks match real ones above (ddp, fsdp2, tp; tp_fsdp2 matched 4 real gloo ranks to the byte,
+    fake ranks match real ones (tests/integration/test_rehearse_real_ranks.py: ddp, fsdp2, tp; tp_fsdp2 matched 4 real gloo ranks to the byte,
     docs/results/rehearse-2026-11-26.md §9)."""
     for world, train in ((2, {"strategy": "fsdp2"}), (2, {"strategy": "ddp"}), (2, {"strategy": "tp", "tp_size": 2}),
                          (4, {"strategy": "tp_fsdp2", "tp_size": 2})):
         assert rehearsal.why_not_traceable(tiny_trial(world, liger=True, **train).config) is None
-
-
-@pytest.mark.parametrize("world", [1, 2, 8])
-def test_fake_world_sizes_shard_as_real_ranks_do(world, real):
-    """World sizes 1, 2 and 8 (fake) against the real 1- and 2-rank runs: FSDP2 shards parameters and optimizer
-    state evenly (the tiny shapes divide by 8), so a rank of `world` holds real_ranks/world of a real rank's."""
-    fake = fake_trace(tiny_trial(world, strategy="fsdp2")).resident_gib
-    for real_world in (1, 2):
-        measured = real[real_world]["fsdp2"]["resident_gib"]
-        for category in ("parameters", "optimizer_state"):
-            assert_close(fake[category], measured[category] * real_world / world,
-                         f"world {world} vs real {real_world}: {category}")
-
-
-@pytest.mark.parametrize("world", [1, 2, 8])
-def test_ddp_ranks_hold_a_whole_replica_at_every_world_size(world, real):
-    """DDP replicates: a fake rank of any world holds what a real rank of 2 holds, and its step all-reduces
-    every trainable gradient once (fp32 gradients: autocast keeps fp32 parameters)."""
-    for case in ("ddp", "ddp-lora"):
-        trial = tiny_trial(world, **REAL_CASES[case])
-        fake = fake_trace(trial)
-        for category, real_gib in real[2][case]["resident_gib"].items():
-            assert_close(fake.resident_gib[category], real_gib, f"{case} world {world}: resident {category}")
-        assert_close(fake.peak_gib, sum(real[2][case]["memory_gib"].values()), f"{case} world {world}: peak")
-        assert fake.comm_bytes["allreduce"] == 4 * trial.assessment.analytic.params_trainable
-        assert fake.overlapped_comm == ("allreduce",)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])

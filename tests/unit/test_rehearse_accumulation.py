@@ -1,6 +1,6 @@
 """`raybench rehearse` for steps of several micro-batches (train.grad_accum): the trace runs one micro-batch of
 each kind the step has (the first, a middle one, the last) and counts the middle one for all of them. What a
-rank holds is checked against real gloo ranks in test_rehearse.py (its *-accum cases)."""
+rank holds is checked against real gloo ranks in tests/integration/test_rehearse_real_ranks.py (its *-accum cases)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.distributed as dist
 from raybench.rehearse import fake_world, rehearsal, trace
 from raybench.runtime.strategies import RankContext
 from raybench.spec.schema import GIB
-from test_rehearse import tiny_trial
+from rehearse_cases import tiny_trial
 
 GPU = "H100 SXM"
 CASES = {"fsdp2": (2, {"strategy": "fsdp2"}), "ddp": (2, {"strategy": "ddp"}),

@@ -14,6 +14,7 @@ from raybench.results import store
 
 WRITERS, ROWS = 8, 1000
 SWEEP = "concurrent"
+pytestmark = pytest.mark.integration
 
 
 def _writer(root: str, writer: int, rows: int) -> None:
