@@ -8,23 +8,30 @@ Weights load from safetensors only unless the sweep sets model.allow_pickle; not
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass
-from pathlib import Path
+import os
 
-import torch
-from torch import nn
+# Never reach for a model hub while building: models and tokenizers come from local directories only, whoever
+# builds them (a rank, the rehearsal).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from raybench.runtime import strategies, weights
-from raybench.runtime.materialize import base_state, materialize
-from raybench.runtime.model import count_params, with_layers
-from raybench.runtime.strategies import RankContext
-from raybench.runtime.techniques import activation_checkpointing, compile, fp8, liger, lora, qlora
-from raybench.spec.load import check_model_dir
-from raybench.spec.payload import TrialPayload
-from raybench.spec.presets import PRESETS, ModelShape
-from raybench.spec.sweep_spec import ModelSpec, TrainSpec
+import logging  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from raybench.runtime import strategies, weights  # noqa: E402
+from raybench.runtime.materialize import base_state, materialize  # noqa: E402
+from raybench.runtime.model import count_params, with_layers  # noqa: E402
+from raybench.runtime.strategies import RankContext  # noqa: E402
+from raybench.runtime.techniques import activation_checkpointing, compile, fp8, liger, lora, qlora  # noqa: E402
+from raybench.spec.load import check_model_dir  # noqa: E402
+from raybench.spec.payload import TrialPayload  # noqa: E402
+from raybench.spec.presets import PRESETS, ModelShape  # noqa: E402
+from raybench.spec.sweep_spec import ModelSpec, TrainSpec  # noqa: E402
 
 log = logging.getLogger(__name__)
 
