@@ -55,7 +55,7 @@ class TrialMetrics:
     flops_per_token: float | None
     loss_first: float | None
     loss_final: float | None
-    loss_by_step: list[float | None] | None  # every step's loss, warm-up included (results.losses compares them)
+    loss_by_step: list[float | None] | None  # every step's loss, warm-up included (reports.losses compares them)
     peak_rss_gib: float
     peak_alloc_gib: float | None
     peak_reserved_gib: float | None

@@ -1,4 +1,4 @@
-"""`raybench losses`: each point's loss by step against its axis's baseline point (results/losses.py). The real
+"""`raybench losses`: each point's loss by step against its axis's baseline point (reports/losses.py). The real
 rows' check is tests/integration/test_ray_sweep.py (sAC against none, on the smoke sweep's store)."""
 
 from __future__ import annotations
