@@ -1,5 +1,5 @@
 """What an embedded Ray costs a test process that starts its own: `drivers.ray_cluster.ray_cluster(None)`'s start,
-its first task, its shutdown (the test suite shares one Ray per process where it can: tests/conftest.py).
+its first task, its shutdown: what a test file that runs sweeps on Ray pays once.
 
     .venv/bin/python bench/ray_start.py [--repeats 3]
 """

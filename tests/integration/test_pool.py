@@ -27,10 +27,6 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A Ray of this file's own: its tests count the pool's actors and groups, and a Ray shared by an earlier file of
-    this test process (conftest.shared_ray) may still hold that file's warm pool."""
-    if "ray" in sys.modules:
-        sys.modules["ray"].shutdown()
     with ray_cluster(None):
         yield
 

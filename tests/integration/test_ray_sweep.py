@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def smoke_run(shared_ray, tmp_path_factory):
+def smoke_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smoke")
     sweep = tmp / "smoke-cpu.yaml"
     shutil.copy(REPO / "sweeps" / "smoke-cpu.yaml", sweep)

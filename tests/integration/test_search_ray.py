@@ -7,6 +7,7 @@ import pytest
 
 from raybench.cli import main as cli
 from raybench.drivers.api import run_sweep
+from raybench.drivers.ray_cluster import ray_cluster
 from raybench.results import store
 from raybench.spec.load import parse_sweep
 
@@ -31,12 +32,14 @@ search: {{algo: optuna, seed: 0, max_concurrent: 1{extra}}}
 
 
 @pytest.fixture(scope="module")
-def warm_pool(shared_ray, tmp_path_factory):
+def warm_pool(tmp_path_factory):
     """One Ray for the three runs, its pool group warmed by a plain trial first: a worker's first trial imports
     libraries, and under a 0.3 GiB cap that import fails (an error row) before the model can run out (oom)."""
-    warm = parse_sweep({"name": "warm", "model": {"preset": "tiny"}, "executor": "pool",
-                        "train": {"steps": 2, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"}})
-    run_sweep(warm, store_path=str(tmp_path_factory.mktemp("warm")), progress=lambda line: None)
+    with ray_cluster(None):
+        warm = parse_sweep({"name": "warm", "model": {"preset": "tiny"}, "executor": "pool",
+                            "train": {"steps": 2, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"}})
+        run_sweep(warm, store_path=str(tmp_path_factory.mktemp("warm")), progress=lambda line: None)
+        yield
 
 
 def test_optuna_sweep_records_infeasible_and_resumes_without_duplicates(warm_pool, tmp_path, capsys):

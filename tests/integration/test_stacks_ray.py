@@ -21,6 +21,7 @@ import yaml
 
 from raybench import read_results
 from raybench.cli import main as cli
+from raybench.drivers.ray_cluster import ray_cluster
 from tests.conftest import WORDS, make_model_dir
 
 pytestmark = pytest.mark.integration
@@ -70,7 +71,7 @@ def _sweep(model: Path, data: Path, chat: Path, tokenizer: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def rows(shared_ray, tmp_path_factory, chat_file, chat_tokenizer):
+def rows(tmp_path_factory, chat_file, chat_tokenizer):
     tmp = tmp_path_factory.mktemp("stacks")
     model = make_model_dir(tmp / "model")
     data = tmp / "text.jsonl"
@@ -84,8 +85,9 @@ def rows(shared_ray, tmp_path_factory, chat_file, chat_tokenizer):
     loop.write_text(yaml.safe_dump({"name": "stacks-loop", "model": {"path": str(model)},
                                     "resources": {"workers": WORKERS, "cpus_per_worker": 1},
                                     "axes": {"case": [_same_tokens(model, chat_file, chat_tokenizer)]}}))
-    assert cli.main(["run", str(sweep), "--store", str(tmp / "store")]) == 1  # two trials were not ok
-    assert cli.main(["run", str(loop), "--store", str(tmp / "store")]) == 0
+    with ray_cluster(None):
+        assert cli.main(["run", str(sweep), "--store", str(tmp / "store")]) == 1  # two trials were not ok
+        assert cli.main(["run", str(loop), "--store", str(tmp / "store")]) == 0
     frame = read_results(str(tmp / "store"), "stacks")  # read back from the Parquet files
     by_case = {}
     for row in frame.itertuples():
