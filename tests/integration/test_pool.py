@@ -190,24 +190,6 @@ def test_deepspeed_zero3_after_zero2_in_one_warm_group(deepspeed_rows):
     assert list(rows.process_trial_index) == [rows.process_trial_index.iloc[0], rows.process_trial_index.iloc[0] + 1]
 
 
-def test_compiled_and_eager_trials_share_a_group(cluster, tmp_path):
-    setups = [{"train.compile": True}, {"train.compile": False}, {"train.compile": True, "train.lr": 1e-4}]
-    rows = run(pool_sweep("pool-compile", {"setup": setups}), tmp_path)
-    assert list(rows.status) == ["ok"] * 3
-    # One group ran all three: neither the compile cache's variables nor what compiling sets ended it.
-    assert sorted(rows.process_trial_index) == [min(rows.process_trial_index) + i for i in range(3)]
-    # Each trial had the environment a fresh process would have had: the store's compile cache when compiling,
-    # else inductor's default (importing inductor sets it in any process).
-    cache_dirs = {r.train_compile: json.loads(r.env_json).get("TORCHINDUCTOR_CACHE_DIR") for r in rows.itertuples()}
-    assert cache_dirs[True] == str(tmp_path / "_cache" / "compile") and cache_dirs[False] != cache_dirs[True]
-    # The second compiled trial compiled what the first did (dynamo reset between them), with no graph break in
-    # the tiny Llama blocks; the eager trial reports none.
-    counts = {(r.train_compile, r.train_lr): (r.compile_graphs, r.compile_graph_breaks) for r in rows.itertuples()}
-    compiled = [v for (on, _), v in counts.items() if on]
-    assert compiled[0] == compiled[1] and compiled[0][0] >= 1 and compiled[0][1] == 0, counts
-    assert rows.loc[~rows.train_compile, "compile_graphs"].isna().all()
-
-
 def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(cluster, tmp_path, deepspeed_rows):
     # DeepSpeed ZeRO-3 replaces torch.nn.functional.linear for its whole process; a plain trial changes nothing.
     plain = run(pool_sweep("pool-plain", {"train.micro_batch": [1, 2]}), tmp_path)
@@ -221,13 +203,26 @@ def test_a_trial_that_patches_globals_gets_them_restored_and_its_group_replaced(
         assert deepspeed_groups == []  # replaced after the trial that patched F.linear
 
 
+def _compiled_and_eager_shared_the_group(rows, compile_cache):
+    """Neither the compile cache's variables nor what compiling sets ended the group: each trial had the
+    environment a fresh process would have had (the store's compile cache when compiling, else inductor's default,
+    which importing inductor sets in any process), and the second compiled trial compiled what the first did
+    (dynamo reset between them), with no graph break in the tiny Llama blocks; eager trials report none."""
+    cache_dirs = {r.train_compile: json.loads(r.env_json).get("TORCHINDUCTOR_CACHE_DIR") for r in rows.itertuples()}
+    assert cache_dirs[True] == str(compile_cache) and cache_dirs[False] != cache_dirs[True]
+    compiled = [(r.compile_graphs, r.compile_graph_breaks) for r in rows.itertuples() if r.train_compile]
+    assert len(compiled) == 2 and compiled[0] == compiled[1] and compiled[0][0] >= 1 and compiled[0][1] == 0, compiled
+    assert rows.loc[~rows.train_compile, "compile_graphs"].isna().all()
+
+
 def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
-    """The same trial fresh (torchrun) and as a later trial of a pool group that first ran other kinds."""
+    """The same trial fresh (torchrun) and as a later trial of a pool group that first ran other kinds, compiled
+    and eager among them."""
     base = {"steps": 6, "warmup_steps": 1, "seq_len": 32, "precision": "fp32"}
     # LoRA dropout draws from the global generator, which a warm actor's earlier trials have advanced.
     target = {"strategy": "fsdp2", "ac_ratio": "1/2", "finetune": "lora", "lora.dropout": 0.1}
     # Kinds that share the target's group (a DeepSpeed trial would run in a group of its own: another shape).
-    before = [{"compile": True}, {"finetune": "lora"}, {"micro_batch": 2}]
+    before = [{"compile": True}, {"compile": True, "lr": 1e-4}, {"finetune": "lora"}, {"micro_batch": 2}]
     spec = parse_sweep({"name": "warm-fresh", "model": {"preset": "tiny"}, "executor": "pool", "train": base,
                         "resources": {"workers": 2},
                         "axes": {"setup": [{f"train.{k}": v for k, v in t.items()} for t in [*before, target]]}})
@@ -242,6 +237,8 @@ def test_warm_trial_equals_fresh_after_other_trials(cluster, tmp_path):
     assert warm.process_trial_index == first + len(before) and fresh.process_trial_index == 0
     for column in ("loss_first", "loss_final", "params_total", "flops_per_token"):
         assert warm[column] == fresh[column], column
+    warm_rows = store.read_results(tmp_path / "warm", spec.name)
+    _compiled_and_eager_shared_the_group(warm_rows, tmp_path / "warm" / "_cache" / "compile")
     # Training's own host memory: the peak above the RSS just before the build, per rank.
     growth = [[p - b for p, b in zip(row.peak_rss_gib_by_rank, row.rss_before_build_gib_by_rank)]
               for row in (warm, fresh)]
