@@ -24,13 +24,12 @@ from pathlib import Path
 
 from raybench.spec.errors import Problem
 from raybench.spec.sweep_spec import DataSpec
-from raybench.spec.tokenized_data import TokenizedData, alpaca_prompt, format_record, lengths, load, offline_datasets
+from raybench.spec.tokenized_data import (TokenizedData, alpaca_prompt, format_record, lengths, load, offline_datasets,
+                                          tokenizer_digest)
 
 # Bump when what a cache directory holds changes: older entries are then never read.
 CACHE_VERSION = 1
 META_FILE = "raybench.json"  # what a cache entry is, written into it before it becomes visible
-# Tokenizer files whose content decides the token ids (chat_template.jinja: the template of messages).
-TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template")
 # The data fields that decide the token ids (packing, seq_len and the loader's fields are per trial).
 CONTENT_FIELDS = ("format", "field", "loss_on", "split", "max_samples")
 # Above this many records the build tokenizes in several processes (below, starting them costs more).
@@ -240,18 +239,16 @@ def spec_key(data: DataSpec, model_path: str | None) -> tuple[str, str]:
 
 
 def cache_key(data: DataSpec, tokenizer_dir: str, hashed_data: str) -> str:
-    """Hash of the data's content, the tokenizer files' content, the options that change the token ids, and the
+    """Hash of the data's content, the tokenizer's (the key every tokenization cache shares), the options that change the token ids, and the
     versions of the code that produces them: a changed file or option never hits a stale entry."""
     import tokenizers
     import transformers
 
     options = data.model_dump(include=set(CONTENT_FIELDS))
-    h = hashlib.sha256(json.dumps({"v": CACHE_VERSION, "data": hashed_data, "options": options,
-                                   "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
-                                  sort_keys=True).encode())
-    root = Path(tokenizer_dir)
-    _digest(h, root, sorted(p for p in root.iterdir() if p.is_file() and p.name.startswith(TOKENIZER_FILES)))
-    return h.hexdigest()[:24]
+    return hashlib.sha256(json.dumps({"v": CACHE_VERSION, "data": hashed_data, "options": options,
+                                      "tokenizer": tokenizer_digest(tokenizer_dir),
+                                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+                                     sort_keys=True).encode()).hexdigest()[:24]
 
 
 def prepare(data: DataSpec, tokenizer_dir: str, cache_root: str | Path) -> TokenizedData:

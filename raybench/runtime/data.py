@@ -101,20 +101,13 @@ def memory_cache_bytes() -> int:
     return sum(t.numel() * t.element_size() for dataset in _MEMORY_CACHE.values() for t in dataset.tensors)
 
 
-def _digest_files(h, paths: list[Path]) -> None:
-    for path in paths:
-        h.update(path.name.encode())
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-
-
 def dataset_cache_key(data: DataSpec, tokenizer_dir: str, seq_len: int) -> str:
-    """Content hash of (data file, tokenizer files, seq_len, packing): a changed file never hits a stale entry."""
-    h = hashlib.sha256(f"v1:{seq_len}:{data.packing}".encode())
-    tokenizer_files = sorted(p for p in Path(tokenizer_dir).iterdir()
-                             if p.is_file() and p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")))
-    _digest_files(h, [Path(data.path), *tokenizer_files])
+    """Content hash of (data file, tokenizer, seq_len, packing): a changed file never hits a stale entry. The
+    tokenizer's part is the hf cache's too (tokenized_data.tokenizer_digest)."""
+    h = hashlib.sha256(f"v2:{seq_len}:{data.packing}:{tokenized_data.tokenizer_digest(tokenizer_dir)}".encode())
+    with open(data.path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
     return h.hexdigest()[:24]
 
 

@@ -9,9 +9,15 @@ first use: the spec layer stays light.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
+# Tokenizer files whose content decides the token ids: the vocabulary and merges (tokenizer.json, vocab.*,
+# merges.txt, a sentencepiece model), added and special tokens, the tokenizer config (which may hold the chat
+# template) and the chat template of its own (chat_template.jinja or .json).
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template", "spiece")
 PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
 
 
@@ -37,6 +43,20 @@ class TokenizedData:
                 "data_cache": self.cache, "data_build_s": self.build_s, "data_samples": self.samples,
                 "sample_tokens_mean": self.tokens_mean, "sample_tokens_max": self.tokens_max,
                 "packing_efficiency": self.packing_efficiency}
+
+
+def tokenizer_digest(directory: str) -> str:
+    """Hash of a tokenizer directory's files that decide the token ids (TOKENIZER_FILES): the one tokenizer key of
+    every tokenization cache (the hf data's, planning.tokenized; the JSON data's, runtime.data), so a changed
+    chat template, added token or tokenizer config never hits a stale entry."""
+    h = hashlib.sha256()
+    root = Path(directory)
+    for path in sorted(p for p in root.iterdir() if p.is_file() and p.name.startswith(TOKENIZER_FILES)):
+        h.update(path.name.encode())
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def format_record(rec: dict) -> str:

@@ -197,3 +197,29 @@ def test_bad_data_is_refused_before_anything_starts(tmp_path, capsys, model_dir,
     err = capsys.readouterr().err
     assert f"  - {field} = " in err and "nothing was launched or written" in err and "Traceback" not in err
     assert not store.exists()
+
+
+@pytest.mark.parametrize("changed_file, content", [
+    ("chat_template.jinja", "{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+    ("added_tokens.json", '{"<tool>": 5000}'),
+    ("tokenizer_config.json", None),  # a chat template in the config
+])
+def test_both_tokenization_caches_key_on_the_same_tokenizer_files(tmp_path, chat_file, alpaca_file, chat_tokenizer,
+                                                                   changed_file, content):
+    """The JSON-data cache (runtime.data) and the hf cache (planning.tokenized) share one key of the tokenizer:
+    a changed chat template, added tokens or tokenizer config changes both keys."""
+    other = tmp_path / "tok"
+    other.mkdir()
+    for f in chat_tokenizer.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    if content is None:
+        config = json.loads((other / changed_file).read_text())
+        content = json.dumps({**config, "chat_template": "{{ messages }}"})
+    (other / changed_file).write_text(content)
+    json_spec = DataSpec(source="json", path=str(alpaca_file))
+    assert data.dataset_cache_key(json_spec, str(other), 32) != data.dataset_cache_key(json_spec, str(chat_tokenizer),
+                                                                                       32)
+    hashed = tokenized.data_hash(str(chat_file))
+    spec = chat_spec(chat_file)
+    assert tokenized.cache_key(spec, str(other), hashed) != tokenized.cache_key(spec, str(chat_tokenizer), hashed)
+    assert tokenized_data.tokenizer_digest(str(other)) != tokenized_data.tokenizer_digest(str(chat_tokenizer))
