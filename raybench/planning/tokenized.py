@@ -150,6 +150,9 @@ def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
     try:
         with tempfile.TemporaryDirectory(prefix="raybench-data-check-") as scratch:
             first = next(iter(read_split(data, streaming=True, cache_dir=scratch)), None)
+    except StopIteration:  # datasets' JSON reader on empty files: nothing to infer the columns from
+        return [Problem("data.path", data.path, f"holds no records: split '{data.split}' of {data.path} is empty; "
+                        "point data.path at records")]
     except KeyError as err:
         return [Problem("data.split", data.split, f"{err.args[0]}; set data.split to one of them")]
     except ValueError as err:  # datasets' unknown split: 'Unknown split "x". Should be one of [...]'
@@ -159,7 +162,8 @@ def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
     except Exception as err:  # a malformed file: datasets raises many kinds of errors
         return [Problem("data.path", data.path, f"cannot be read as a dataset: {type(err).__name__}: {err}")]
     if first is None:
-        return [Problem("data.path", data.path, f"split '{data.split}' holds no records")]
+        return [Problem("data.path", data.path, f"holds no records: split '{data.split}' of {data.path} is empty; "
+                        "point data.path at records")]
     found = _record_problem(first, data)
     if found:
         return [found]

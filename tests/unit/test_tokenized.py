@@ -223,3 +223,16 @@ def test_both_tokenization_caches_key_on_the_same_tokenizer_files(tmp_path, chat
     spec = chat_spec(chat_file)
     assert tokenized.cache_key(spec, str(other), hashed) != tokenized.cache_key(spec, str(chat_tokenizer), hashed)
     assert tokenized_data.tokenizer_digest(str(other)) != tokenized_data.tokenizer_digest(str(chat_tokenizer))
+
+
+@pytest.mark.parametrize("name", ["empty_records.jsonl", "empty_records_dir"])
+def test_empty_data_says_it_holds_no_records(name, chat_tokenizer):
+    """Empty JSON Lines files (datasets' reader raises StopIteration on them) are refused by name, not as a
+    StopIteration."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "bad_sweeps" / name
+    found = tokenized.problems(DataSpec(source="hf", path=str(path)), str(chat_tokenizer))
+    assert [p.field for p in found] == ["data.path"]
+    assert "holds no records" in found[0].message and str(path) in found[0].message
+    assert "StopIteration" not in found[0].message
