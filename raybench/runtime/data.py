@@ -8,8 +8,8 @@ as non-padding, and the model is not handed an all-ones mask that transformers w
 and in the non-padding token count.
 
 hf data is read from the memory-mapped cache by index, and each batch is built by the loader's collate function
-(in its worker processes when data.num_workers > 0): samples truncated to seq_len (or split into seq_len-long
-pieces, data.overflow), padded one per row or packed several per row (in order or best fit, data.pack_order),
+(in its worker processes when data.num_workers > 0): samples longer than seq_len truncated, dropped or split into
+seq_len-long pieces (data.overflow), padded one per row or packed several per row (in order or best fit, data.pack_order),
 labels, masks and position ids; the batch is seq_len wide, or as wide as its longest row (data.pad_to longest,
 so [micro_batch, width] with width <= seq_len). A packed row gives each sample its own position ids from 0 and no
 attention_mask: transformers then finds the sequences from the position ids (masking_utils'
@@ -176,8 +176,8 @@ class _ListColumn:
 
 class TokenRows(Dataset):
     """The rows of a trial over cached tokenized data: row r holds the pieces packing.layout_rows assigns it
-    (whole samples truncated to seq_len, or with overflow split seq_len-long pieces of longer ones), as views of
-    the memory-mapped cache (every rank and loader worker shares it)."""
+    (whole samples truncated to seq_len; with overflow drop, the longer ones left out; with split, seq_len-long
+    pieces of them), as views of the memory-mapped cache (every rank and loader worker shares it)."""
 
     def __init__(self, path: str, seq_len: int, packing: bool, overflow: str = "truncate",
                  pack_order: str = "in_order"):
