@@ -268,8 +268,9 @@ def spec_key(data: DataSpec, model_path: str | None) -> tuple[str, str]:
 
 
 def cache_key(data: DataSpec, tokenizer_dir: str, hashed_data: str) -> str:
-    """Hash of the data's content, the tokenizer's (the key every tokenization cache shares), the options that change the token ids, and the
-    versions of the code that produces them: a changed file or option never hits a stale entry."""
+    """Hash of the data's content, the tokenizer's (the key every tokenization cache shares), the options that
+    change the token ids, and the versions of the code that produces them: a changed file or option never hits a
+    stale entry."""
     import tokenizers
     import transformers
 

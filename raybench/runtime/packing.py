@@ -1,9 +1,9 @@
 """A trial's rows over tokenized data (data.source hf): which samples, or pieces of samples, each row of seq_len
 tokens holds.
 
-Truncating, dropping or splitting samples longer than seq_len (data.overflow), padding or packing (data.packing) in order or best fit
-(data.pack_order) are per trial: one tokenized cache (spec.tokenized_data) serves every seq_len and layout.
-`layout_rows` is a pure function of the samples' lengths, so every rank computes the same rows with no
+Truncating, dropping or splitting samples longer than seq_len (data.overflow), padding or packing (data.packing)
+in order or best fit (data.pack_order) are per trial: one tokenized cache (spec.tokenized_data) serves every seq_len
+and layout. `layout_rows` is a pure function of the samples' lengths, so every rank computes the same rows with no
 communication; runtime.data builds the batches from them. The sweep's driver computes the layout's packing
 efficiency and what the overflow cuts before launch (`for_trial`), for the row. numpy loads on first use.
 """
