@@ -11,8 +11,8 @@ hf data is read from the memory-mapped cache by index, and each batch is built b
 (in its worker processes when data.num_workers > 0): samples longer than seq_len truncated, dropped or split into
 seq_len-long pieces (data.overflow), padded one per row or packed several per row (in order or best fit,
 data.pack_order), labels, masks and position ids; the batch is seq_len wide, or as wide as its longest row
-(data.pad_to longest, so [micro_batch, width] with width <= seq_len). A packed row gives each sample its own position ids from 0 and no
-attention_mask: transformers then finds the sequences from the position ids (masking_utils'
+(data.pad_to longest, so [micro_batch, width] with width <= seq_len). A packed row gives each sample its own
+position ids from 0 and no attention_mask: transformers then finds the sequences from the position ids (masking_utils'
 find_packed_sequence_indices) and masks attention block-causally, each sample attending to itself only; sdpa and
 eager get that as a mask, flash_attention_2 gets the sequences' boundaries (cu_seq_lens) and runs its
 variable-length kernel with no mask at all. A packed row's padded tail is a sequence of its own, out of the loss.
