@@ -89,12 +89,18 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
                                                    f"{type(err).__name__}: {err}")]) from None
             took = f" in {ref.build_s:.1f} s" if ref.build_s is not None else ""
             progress(f"data {ref.name}: {ref.samples} samples, cache {ref.cache}{took} ({ref.key})")
-            prepared[key] = ref, tokenized_data.lengths(tokenized_data.load(ref.path))
+            cached = tokenized_data.load(ref.path)
+            masks = cached.data.column("assistant_masks") if "assistant_masks" in cached.column_names else None
+            prepared[key] = ref, tokenized_data.lengths(cached), masks
         # A sweep's trials share a few layouts: each one's rows are laid out once (best fit over 10^6 samples: ~1 s).
         layout = (key, t.config.train.seq_len, data.packing, data.overflow, data.pack_order)
         if layout not in laid_out:
-            ref, counts = prepared[key]
-            laid_out[layout] = packing.for_trial(ref, t.config.train.seq_len, data, counts)
+            ref, counts, masks = prepared[key]
+            laid_out[layout] = packing.for_trial(ref, t.config.train.seq_len, data, counts, masks)
+            note = laid_out[layout].cut_note()
+            if note:  # never silent: the trial trains on less than the data holds
+                progress(f"data {ref.name} at seq_len {t.config.train.seq_len}: {note} ({data.overflow}; "
+                         "data.overflow split or drop, or a longer train.seq_len, keeps more)")
         out.append(dataclasses.replace(t, payload=t.payload.replace(tokenized=laid_out[layout])))
     return out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from raybench.spec.payload import TrialPayload
 from raybench.spec.redact import ANSI_ESCAPE, without_secrets
 from raybench.spec.schema import DataTaken, RankResult
 from raybench.spec.stacks import RAYBENCH
+from raybench.spec.tokenized_data import CUT_LABEL_NOTE_FRAC
 
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
 # "ValueError: ...", and a qualified exception of any name ("torch._dynamo.exc.FailOnRecompileLimitHit: ...").
@@ -147,6 +149,9 @@ def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
     detail = None
     try:
         result, status, message = execute(payload), "ok", ""
+        diverged = nonfinite_loss(result)
+        if diverged:  # measured, but not a training anyone wants: never an ok row
+            status, message = "error", diverged
     except Exception as exc:  # any failure of the benchmark becomes the row's status
         result = None
         (status, message), detail = classify(exc), error_detail(exc)
@@ -156,11 +161,30 @@ def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
     return row
 
 
+def nonfinite_loss(result: RankResult) -> str | None:
+    """Why a measured trial is an error all the same: a step's loss that is nan or infinite (None: every known loss
+    is finite)."""
+    losses = result.metrics.loss_by_step or []
+    bad = [(step, loss) for step, loss in enumerate(losses) if loss is not None and not math.isfinite(loss)]
+    if not bad:
+        return None
+    step, loss = bad[0]
+    return (f"the loss is {loss} at step {step} ({len(bad)} of {len(losses)} steps not finite): a batch with no label "
+            "tokens (data.overflow, data.loss_on), a learning rate too high (train.lr) or fp16 without "
+            "train.grad_scaler")
+
+
 def summary(row: dict) -> str:
-    """One progress line for a finished trial."""
+    """One progress line for a finished trial (and what data.overflow cut, above CUT_LABEL_NOTE_FRAC)."""
     axes = json.loads(row["axis_values_json"] or "{}")
     where = " ".join(f"{k.split('.')[-1]}={v}" for k, v in axes.items())
     if row["status"] == "ok":
-        return (f"{row['trial_id']} ok  {where}  {row['tok_per_s_per_device']:.0f} tok/s/device  "
+        line = (f"{row['trial_id']} ok  {where}  {row['tok_per_s_per_device']:.0f} tok/s/device  "
                 f"step p50 {row['step_time_p50_s'] * 1000:.0f} ms")
-    return f"{row['trial_id']} {row['status']}  {where}  {row['message']}"
+    else:
+        line = f"{row['trial_id']} {row['status']}  {where}  {row['message']}"
+    cut = row.get("label_tokens_cut_frac")
+    if cut is not None and cut > CUT_LABEL_NOTE_FRAC:
+        line += (f"  [data.overflow {row.get('data_overflow') or 'truncate'} cut {row['samples_cut']} samples, "
+                 f"{cut:.1%} of label tokens]")
+    return line

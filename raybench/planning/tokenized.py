@@ -14,9 +14,11 @@ other training stack. datasets, transformers and numpy load on first use: planni
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -24,15 +26,17 @@ from pathlib import Path
 
 from raybench.spec.errors import Problem
 from raybench.spec.sweep_spec import DataSpec
-from raybench.spec.tokenized_data import TokenizedData, alpaca_prompt, format_record, lengths, load, offline_datasets
+from raybench.spec.tokenized_data import (TokenizedData, alpaca_prompt, format_record, lengths, load, offline_datasets,
+                                          tokenizer_digest)
 
-# Bump when what a cache directory holds changes: older entries are then never read.
-CACHE_VERSION = 1
+# Bump when what a cache directory holds changes: older entries are then never read (2: no label on the
+# whitespace after an assistant turn; the {% generation %} markers' mask).
+CACHE_VERSION = 2
 META_FILE = "raybench.json"  # what a cache entry is, written into it before it becomes visible
-# Tokenizer files whose content decides the token ids (chat_template.jinja: the template of messages).
-TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_template")
 # The data fields that decide the token ids (packing, seq_len and the loader's fields are per trial).
 CONTENT_FIELDS = ("format", "field", "loss_on", "split", "max_samples")
+# A chat template's marker of the assistant's tokens (transformers' return_assistant_tokens_mask reads it).
+GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Above this many records the build tokenizes in several processes (below, starting them costs more).
 PARALLEL_RECORDS = 50_000
 
@@ -87,8 +91,10 @@ def _render(rec: dict, data: DataSpec, tokenizer) -> tuple[str, list[tuple[int, 
 
 def _assistant_spans(messages: list[dict], text: str, tokenizer) -> list[tuple[int, int]]:
     """Where each assistant turn sits in the rendered conversation: after the conversation before it with the
-    generation prompt, up to the conversation including it. Works with any template that renders a
-    conversation's beginning the same whatever follows (most do; `{% generation %}` markers are not needed)."""
+    generation prompt, up to the conversation including it, less the whitespace the template writes after the
+    turn's end (the newline after Qwen's <|im_end|>: the model is not taught to write it, as it is not after the
+    last turn). Works with any template that renders a conversation's beginning the same whatever follows (most
+    do); a template with `{% generation %}` markers gets their mask instead (`encoder`)."""
     spans = []
     for i, message in enumerate(messages):
         if message.get("role") != "assistant":
@@ -98,20 +104,30 @@ def _assistant_spans(messages: list[dict], text: str, tokenizer) -> list[tuple[i
         if not (upto.startswith(before) and text.startswith(upto)):
             raise ValueError("the chat template renders an earlier turn differently once later turns follow, so "
                              "assistant turns cannot be located; use loss_on: all")
-        spans.append((len(before), len(upto)))
+        spans.append((len(before), len(upto.rstrip())))
     return spans
+
+
+def has_generation_markers(tokenizer) -> bool:
+    """Whether the tokenizer's chat template marks the assistant's tokens with {% generation %} blocks."""
+    return bool(GENERATION_MARKER.search(tokenizer.chat_template or ""))
 
 
 def encoder(data: DataSpec, tokenizer):
     """The batched map function: records → input_ids, and assistant_masks (1: in the loss) for loss_on assistant.
 
     Plain text and Alpaca records get the tokenizer's special tokens and an end-of-sequence token; a chat
-    template writes its own. assistant_masks is the column name TRL's SFTTrainer reads for the same purpose."""
+    template writes its own. assistant_masks is the column name TRL's SFTTrainer reads for the same purpose.
+    Messages under a template with {% generation %} markers take the mask the markers give (transformers'
+    return_assistant_tokens_mask, as TRL's assistant_only_loss); other templates, each assistant turn's span
+    (`_assistant_spans`)."""
     import numpy as np
 
     special = data.format != "messages"
     eos = tokenizer.eos_token_id
     masked = data.loss_on == "assistant"
+    if masked and data.format == "messages" and has_generation_markers(tokenizer):
+        return functools.partial(_encode_marked, field=_field(data), tokenizer=tokenizer)
 
     def encode(batch: dict) -> dict:
         records = [dict(zip(batch, values)) for values in zip(*batch.values())]
@@ -135,6 +151,14 @@ def encoder(data: DataSpec, tokenizer):
     return encode
 
 
+def _encode_marked(batch: dict, field: str, tokenizer) -> dict:
+    """Conversations tokenized by their template, the assistant's tokens those inside its {% generation %} blocks."""
+    enc = tokenizer.apply_chat_template(batch[field], tokenize=True, return_dict=True,
+                                        return_assistant_tokens_mask=True)
+    return {"input_ids": [list(ids) for ids in enc["input_ids"]],
+            "assistant_masks": [list(mask) for mask in enc["assistant_masks"]]}
+
+
 def _features(data: DataSpec):
     datasets = offline_datasets()
     columns = {"input_ids": datasets.List(datasets.Value("int32"))}
@@ -151,6 +175,9 @@ def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
     try:
         with tempfile.TemporaryDirectory(prefix="raybench-data-check-") as scratch:
             first = next(iter(read_split(data, streaming=True, cache_dir=scratch)), None)
+    except StopIteration:  # datasets' JSON reader on empty files: nothing to infer the columns from
+        return [Problem("data.path", data.path, f"holds no records: split '{data.split}' of {data.path} is empty; "
+                        "point data.path at records")]
     except KeyError as err:
         return [Problem("data.split", data.split, f"{err.args[0]}; set data.split to one of them")]
     except ValueError as err:  # datasets' unknown split: 'Unknown split "x". Should be one of [...]'
@@ -160,7 +187,8 @@ def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
     except Exception as err:  # a malformed file: datasets raises many kinds of errors
         return [Problem("data.path", data.path, f"cannot be read as a dataset: {type(err).__name__}: {err}")]
     if first is None:
-        return [Problem("data.path", data.path, f"split '{data.split}' holds no records")]
+        return [Problem("data.path", data.path, f"holds no records: split '{data.split}' of {data.path} is empty; "
+                        "point data.path at records")]
     found = _record_problem(first, data)
     if found:
         return [found]
@@ -240,18 +268,17 @@ def spec_key(data: DataSpec, model_path: str | None) -> tuple[str, str]:
 
 
 def cache_key(data: DataSpec, tokenizer_dir: str, hashed_data: str) -> str:
-    """Hash of the data's content, the tokenizer files' content, the options that change the token ids, and the
-    versions of the code that produces them: a changed file or option never hits a stale entry."""
+    """Hash of the data's content, the tokenizer's (the key every tokenization cache shares), the options that
+    change the token ids, and the versions of the code that produces them: a changed file or option never hits a
+    stale entry."""
     import tokenizers
     import transformers
 
     options = data.model_dump(include=set(CONTENT_FIELDS))
-    h = hashlib.sha256(json.dumps({"v": CACHE_VERSION, "data": hashed_data, "options": options,
-                                   "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
-                                  sort_keys=True).encode())
-    root = Path(tokenizer_dir)
-    _digest(h, root, sorted(p for p in root.iterdir() if p.is_file() and p.name.startswith(TOKENIZER_FILES)))
-    return h.hexdigest()[:24]
+    return hashlib.sha256(json.dumps({"v": CACHE_VERSION, "data": hashed_data, "options": options,
+                                      "tokenizer": tokenizer_digest(tokenizer_dir),
+                                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+                                     sort_keys=True).encode()).hexdigest()[:24]
 
 
 def prepare(data: DataSpec, tokenizer_dir: str, cache_root: str | Path) -> TokenizedData:

@@ -24,6 +24,7 @@ from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
 from raybench.spec.stats import format_ci, pareto_mask, repeat_summary
 from raybench.spec.sweep_settings import default_mode
+from raybench.spec.tokenized_data import CUT_LABEL_NOTE_FRAC
 from raybench.spec.validate import metric_problem
 
 
@@ -201,5 +202,25 @@ def run_report(rows, run_ids: set[str], search, store_path: str) -> tuple[str, i
         parts.append(front_report(rows, search.objectives()))
     ran = rows[rows.trial_id.isin(run_ids)]
     failed = int((ran.status != "ok").sum())
+    cut = cut_report(ran)
+    if cut:
+        parts.append(cut)
     parts.append(f"{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
     return "\n\n".join(parts), failed
+
+
+def cut_report(rows) -> str | None:
+    """The trials whose data.overflow cut more than CUT_LABEL_NOTE_FRAC of the label tokens, one line each (None:
+    none did): what they trained on is less than the data holds."""
+    if "label_tokens_cut_frac" not in rows:
+        return None
+    cut = rows[rows.label_tokens_cut_frac.fillna(0) > CUT_LABEL_NOTE_FRAC]
+    if cut.empty:
+        return None
+    # The default, truncate, is stored as null (a missing value to pandas).
+    lines = [f"{r.trial_id}: data.overflow {r.data_overflow if isinstance(r.data_overflow, str) else 'truncate'} "
+             f"at seq_len {r.train_seq_len} cut "
+             f"{r.samples_cut} samples, {r.tokens_cut} tokens, {r.label_tokens_cut_frac:.1%} of the label tokens"
+             for r in cut.itertuples()]
+    return "\n".join(["data cut by data.overflow (data.overflow split or drop, or a longer train.seq_len, keeps "
+                       "more):", *lines])

@@ -161,6 +161,16 @@ DESCRIPTIONS = {
                            "(data.packing, overflow, pack_order), over the whole dataset, each row counted seq_len "
                            "wide whatever data.pad_to: 1 is no padding (packed rows' tails and padded rows are "
                            "padding)."),
+    "samples_cut": ("Samples longer than seq_len that data.overflow cut: truncate, those that lost their tail; "
+                    "drop, those left out whole; split, 0 (none is cut, each is laid out in pieces)."),
+    "tokens_cut": ("Tokens data.overflow left out of the whole dataset at the trial's seq_len: the truncated "
+                   "tails (truncate) or the dropped samples (drop); 0 with split."),
+    "label_tokens_cut": ("Label tokens (those the loss counts: the assistant's with data.loss_on assistant, every "
+                         "one but a sample's first otherwise) data.overflow left out: in the truncated tails, in "
+                         "the dropped samples, or (split) the first token of each piece after a sample's first, "
+                         "which is never a label."),
+    "label_tokens_cut_frac": ("label_tokens_cut over all the dataset's label tokens; above 0.01 the live view and "
+                              "the trial's summary line say so."),
     # provenance
     "device_type": "cuda or cpu.",
     "gpu_name": "GPU model as CUDA reports it; null on CPU.",
@@ -203,6 +213,8 @@ UNITS = {
     "tflops_per_device": "TFLOP/s", "flops_per_token": "FLOP/token", "mfu": "fraction (0–1)",
     "tokens_per_step": "tokens", "nonpad_tokens_per_step": "tokens", "sample_tokens_mean": "tokens",
     "sample_tokens_max": "tokens", "data_samples": "samples", "packing_efficiency": "fraction (0–1)",
+    "samples_cut": "samples", "tokens_cut": "tokens", "label_tokens_cut": "tokens",
+    "label_tokens_cut_frac": "fraction (0–1)",
     "steps_timed": "steps", "projected_steps": "steps", "projected_hours": "h",
     "projected_device_hours": "device-hours", "phase_sum_over_step": "ratio", "est_peak_error": "fraction",
     "loss_first": "nats", "loss_final": "nats", "loss_by_step": "nats",

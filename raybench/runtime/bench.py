@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
-from raybench.runtime.data import NONPAD_TOKENS
+from raybench.runtime.data import IGNORE_INDEX, NONPAD_TOKENS
 from raybench.runtime.probe import PHASES, LoopRecord
 from raybench.runtime.sampler import Sampler
 from raybench.runtime.strategies import Trainable
@@ -78,19 +79,42 @@ def _nonpad_tokens(batch: dict) -> int:
     return batch["input_ids"].numel() if mask is None else int(mask.sum())
 
 
+def _label_tokens(batch: dict) -> int | None:
+    """A batch's label tokens (those the loss counts), counted on the host before the batch moves (no sync); None
+    for labels that are not a plain host tensor (the rehearsal's fake batches: no values to count)."""
+    labels = batch["labels"]
+    if type(labels) is not torch.Tensor or labels.device.type != "cpu":
+        return None
+    return int((labels != IGNORE_INDEX).sum())
+
+
+@dataclass
+class StepCounts:
+    """One step's tokens on this rank: all of them, the non-padding ones, the labels (None: not counted) and the
+    micro-batches with none."""
+
+    tokens: int = 0
+    nonpad: int = 0
+    labels: int | None = 0
+    unlabelled: int = 0
+
+
 def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
-               clock: PhaseClock, sync: bool = True) -> tuple:
-    """One optimizer step over grad_accum micro-batches; returns (loss tensor, tokens, non-padding tokens).
+               clock: PhaseClock, sync: bool = True) -> tuple[torch.Tensor, StepCounts]:
+    """One optimizer step over grad_accum micro-batches; returns (loss tensor, its counts).
 
     sync=False skips the gradient reduction of the last micro-batch too (see `backward_with_and_without_sync`).
     """
     total_loss = torch.zeros((), device=device)
-    tokens = nonpad = 0
+    counts = StepCounts()
     clock.start()
     for micro in range(train.grad_accum):
         host_batch = next(batches)
-        tokens += host_batch["input_ids"].numel()
-        nonpad += _nonpad_tokens(host_batch)
+        counts.tokens += host_batch["input_ids"].numel()
+        counts.nonpad += _nonpad_tokens(host_batch)
+        labels = _label_tokens(host_batch)
+        counts.labels = None if labels is None or counts.labels is None else counts.labels + labels
+        counts.unlabelled += labels == 0
         batch = _to_device(host_batch, device)
         clock.mark("data")
         last = micro == train.grad_accum - 1
@@ -104,7 +128,7 @@ def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
         total_loss += loss.detach()
     trainable.step()
     clock.mark("optimizer")
-    return total_loss, tokens, nonpad
+    return total_loss, counts
 
 
 def timed_loop(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
@@ -116,14 +140,17 @@ def timed_loop(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
     for _ in range(train.steps):
         start = time.perf_counter()
         record.step_starts.append(start)
-        loss, tokens, nonpad = train_step(trainable, batches, train, device, clock)
+        loss, counts = train_step(trainable, batches, train, device, clock)
         synchronize(device)
         record.step_times_s.append(time.perf_counter() - start)
         for phase, seconds in clock.totals_s().items():
             record.phase_times_s[phase].append(seconds)
         losses.append(loss)
-        record.tokens.append(tokens)
-        record.nonpad_tokens.append(nonpad)
+        record.tokens.append(counts.tokens)
+        record.nonpad_tokens.append(counts.nonpad)
+        if counts.labels is not None:
+            record.label_tokens.append(counts.labels)
+            record.unlabelled_micro_batches.append(counts.unlabelled)
         if sampler is not None:
             sampler.tick()
     # Losses stay on the device until the end so reading them never adds a sync inside the timed steps.

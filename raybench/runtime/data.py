@@ -8,11 +8,11 @@ as non-padding, and the model is not handed an all-ones mask that transformers w
 and in the non-padding token count.
 
 hf data is read from the memory-mapped cache by index, and each batch is built by the loader's collate function
-(in its worker processes when data.num_workers > 0): samples truncated to seq_len (or split into seq_len-long
-pieces, data.overflow), padded one per row or packed several per row (in order or best fit, data.pack_order),
-labels, masks and position ids; the batch is seq_len wide, or as wide as its longest row (data.pad_to longest,
-so [micro_batch, width] with width <= seq_len). A packed row gives each sample its own position ids from 0 and no
-attention_mask: transformers then finds the sequences from the position ids (masking_utils'
+(in its worker processes when data.num_workers > 0): samples longer than seq_len truncated, dropped or split into
+seq_len-long pieces (data.overflow), padded one per row or packed several per row (in order or best fit,
+data.pack_order), labels, masks and position ids; the batch is seq_len wide, or as wide as its longest row
+(data.pad_to longest, so [micro_batch, width] with width <= seq_len). A packed row gives each sample its own
+position ids from 0 and no attention_mask: transformers then finds the sequences from the position ids (masking_utils'
 find_packed_sequence_indices) and masks attention block-causally, each sample attending to itself only; sdpa and
 eager get that as a mask, flash_attention_2 gets the sequences' boundaries (cu_seq_lens) and runs its
 variable-length kernel with no mask at all. A packed row's padded tail is a sequence of its own, out of the loss.
@@ -101,20 +101,13 @@ def memory_cache_bytes() -> int:
     return sum(t.numel() * t.element_size() for dataset in _MEMORY_CACHE.values() for t in dataset.tensors)
 
 
-def _digest_files(h, paths: list[Path]) -> None:
-    for path in paths:
-        h.update(path.name.encode())
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-
-
 def dataset_cache_key(data: DataSpec, tokenizer_dir: str, seq_len: int) -> str:
-    """Content hash of (data file, tokenizer files, seq_len, packing): a changed file never hits a stale entry."""
-    h = hashlib.sha256(f"v1:{seq_len}:{data.packing}".encode())
-    tokenizer_files = sorted(p for p in Path(tokenizer_dir).iterdir()
-                             if p.is_file() and p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")))
-    _digest_files(h, [Path(data.path), *tokenizer_files])
+    """Content hash of (data file, tokenizer, seq_len, packing): a changed file never hits a stale entry. The
+    tokenizer's part is the hf cache's too (tokenized_data.tokenizer_digest)."""
+    h = hashlib.sha256(f"v2:{seq_len}:{data.packing}:{tokenized_data.tokenizer_digest(tokenizer_dir)}".encode())
+    with open(data.path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
     return h.hexdigest()[:24]
 
 
@@ -183,8 +176,8 @@ class _ListColumn:
 
 class TokenRows(Dataset):
     """The rows of a trial over cached tokenized data: row r holds the pieces packing.layout_rows assigns it
-    (whole samples truncated to seq_len, or with overflow split seq_len-long pieces of longer ones), as views of
-    the memory-mapped cache (every rank and loader worker shares it)."""
+    (whole samples truncated to seq_len; with overflow drop, the longer ones left out; with split, seq_len-long
+    pieces of them), as views of the memory-mapped cache (every rank and loader worker shares it)."""
 
     def __init__(self, path: str, seq_len: int, packing: bool, overflow: str = "truncate",
                  pack_order: str = "in_order"):

@@ -1,11 +1,11 @@
 """A trial's rows over tokenized data (data.source hf): which samples, or pieces of samples, each row of seq_len
 tokens holds.
 
-Truncating or splitting to seq_len (data.overflow), padding or packing (data.packing) in order or best fit
-(data.pack_order) are per trial: one tokenized cache (spec.tokenized_data) serves every seq_len and layout.
-`layout_rows` is a pure function of the samples' lengths, so every rank computes the same rows with no
+Truncating, dropping or splitting samples longer than seq_len (data.overflow), padding or packing (data.packing)
+in order or best fit (data.pack_order) are per trial: one tokenized cache (spec.tokenized_data) serves every seq_len
+and layout. `layout_rows` is a pure function of the samples' lengths, so every rank computes the same rows with no
 communication; runtime.data builds the batches from them. The sweep's driver computes the layout's packing
-efficiency before launch (`for_trial`), for the row. numpy loads on first use.
+efficiency and what the overflow cuts before launch (`for_trial`), for the row. numpy loads on first use.
 """
 
 from __future__ import annotations
@@ -59,12 +59,16 @@ class Rows:
 
 def pieces(counts, seq_len: int, overflow: str = "truncate"):
     """(sample, start, length) of every piece, in sample order: truncate keeps each sample's first seq_len tokens;
-    split cuts a longer sample into seq_len-long pieces, the last one shorter (an empty sample stays one piece)."""
+    drop leaves out every sample longer than seq_len; split cuts a longer sample into seq_len-long pieces, the last
+    one shorter (an empty sample stays one piece)."""
     import numpy as np
 
     counts = np.asarray(counts, dtype=np.int64)
     if overflow == "truncate":
         return np.arange(len(counts)), np.zeros(len(counts), dtype=np.int64), np.minimum(counts, seq_len)
+    if overflow == "drop":
+        kept = np.flatnonzero(counts <= seq_len)
+        return kept, np.zeros(len(kept), dtype=np.int64), counts[kept]
     per_sample = np.maximum(1, -(-counts // seq_len))
     sample = np.repeat(np.arange(len(counts)), per_sample)
     first_piece = np.cumsum(per_sample) - per_sample
@@ -178,8 +182,64 @@ def packing_efficiency(counts, seq_len: int, packing: bool, overflow: str = "tru
     return float(rows.length.sum() / (len(rows) * seq_len))
 
 
-def for_trial(ref: TokenizedData, seq_len: int, data: DataSpec, counts) -> TokenizedData:
-    """The trial's TokenizedData: its packing efficiency at its seq_len and data layout."""
+@dataclass(frozen=True)
+class Cut:
+    """What a layout leaves out of the data at seq_len (data.overflow): samples cut (truncate: their tails; drop:
+    whole), their tokens, and the label tokens (those the loss would count) lost, of all the data's labels."""
+
+    samples: int
+    tokens: int
+    label_tokens: int
+    labels_total: int
+
+    def label_fraction(self) -> float:
+        return self.label_tokens / self.labels_total if self.labels_total else 0.0
+
+
+# Labels are counted this many samples at a time (bounded memory on any dataset).
+_CUT_SAMPLES_PER_SLICE = 4096
+
+
+def cut(counts, seq_len: int, overflow: str, masks=None) -> Cut:
+    """What data.overflow leaves out at seq_len. counts: tokens per sample; masks: the assistant_masks column (an
+    Arrow list column, 1 where the loss counts the token), None when the loss counts every token. A sample's first
+    token is never a label (runtime.data.collate_rows), nor is each split piece's: split loses those."""
+    import numpy as np
+
+    counts = np.asarray(counts, dtype=np.int64)
+    longer = counts > seq_len
+    samples = 0 if overflow == "split" else int(longer.sum())
+    tokens = {"truncate": int((counts - seq_len)[longer].sum()), "drop": int(counts[longer].sum()), "split": 0}
+    if masks is None:
+        labels = np.maximum(counts - 1, 0)
+        lost = {"truncate": np.maximum(counts - seq_len, 0), "drop": np.where(longer, labels, 0),
+                "split": np.maximum(-(-counts // seq_len) - 1, 0)}[overflow]
+        return Cut(samples, tokens[overflow], int(lost.sum()), int(labels.sum()))
+    total = lost = 0
+    for chunk in masks.chunks:
+        offsets, values = chunk.offsets.to_numpy(), chunk.values.to_numpy(zero_copy_only=False)
+        for lo in range(0, len(chunk), _CUT_SAMPLES_PER_SLICE):
+            bounds = offsets[lo:lo + _CUT_SAMPLES_PER_SLICE + 1]
+            lengths = np.diff(bounds)
+            position = np.arange(bounds[0], bounds[-1]) - np.repeat(bounds[:-1], lengths)
+            labelled = (values[bounds[0]:bounds[-1]] > 0) & (position >= 1)
+            if overflow == "truncate":
+                gone = position >= seq_len
+            elif overflow == "drop":
+                gone = np.repeat(lengths > seq_len, lengths)
+            else:
+                gone = (position >= seq_len) & (position % seq_len == 0)
+            total += int(labelled.sum())
+            lost += int((labelled & gone).sum())
+    return Cut(samples, tokens[overflow], lost, total)
+
+
+def for_trial(ref: TokenizedData, seq_len: int, data: DataSpec, counts, masks=None) -> TokenizedData:
+    """The trial's TokenizedData: its packing efficiency and what its overflow cuts, at its seq_len and data
+    layout (masks: the assistant_masks column, None without one)."""
     efficiency = packing_efficiency(counts, seq_len, data.packing, data.overflow, data.pack_order)
-    return dataclasses.replace(ref, packing_efficiency=efficiency)
+    left_out = cut(counts, seq_len, data.overflow, masks)
+    return dataclasses.replace(ref, packing_efficiency=efficiency, samples_cut=left_out.samples,
+                               tokens_cut=left_out.tokens, label_tokens_cut=left_out.label_tokens,
+                               label_tokens_cut_frac=left_out.label_fraction())
 

@@ -46,7 +46,10 @@ class LoopRecord:
 
     step_times_s: list[float] = field(default_factory=list)  # every step, warm-up included
     step_starts: list[float] = field(default_factory=list)  # perf_counter() at each step's start
-    losses: list[float] = field(default_factory=list)  # nan: not known
+    losses: list[float | None] = field(default_factory=list)  # None: not known (nan: the loss was nan)
+    # raybench's own loop: this rank's label tokens per step, and its micro-batches with none (a user's loop: empty).
+    label_tokens: list[int] = field(default_factory=list)
+    unlabelled_micro_batches: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # this rank's tokens per step, padding included
     nonpad_tokens: list[int] = field(default_factory=list)  # this rank's non-padding tokens per step
     # Per phase, seconds per step: raybench's own loop only (a user's loop has no phase boundaries: empty).
@@ -76,7 +79,7 @@ class StepProbe:
         self.record.step_times_s.append(now - self._last)
         self.record.tokens.append(int(tokens))
         self.record.nonpad_tokens.append(int(tokens if nonpad_tokens is None else nonpad_tokens))
-        self.record.losses.append(float("nan") if loss is None else float(loss))
+        self.record.losses.append(None if loss is None else float(loss))
         if self.on_step is not None:
             self.on_step()
         self._last = time.perf_counter()

@@ -69,6 +69,7 @@ class RankMeasurement:
         return {
             "step_times_s": self.loop.step_times_s, "step_starts_wall": [s + offset for s in self.loop.step_starts],
             "tokens": self.loop.tokens, "nonpad_tokens": self.loop.nonpad_tokens, "losses": self.loop.losses,
+            "label_tokens": self.loop.label_tokens, "unlabelled_micro_batches": self.loop.unlabelled_micro_batches,
             "phase_times_s": self.loop.phase_times_s, "sampled": self.sampled,
             "peaks": dataclasses.asdict(self.peaks),
             "build_peaks": dataclasses.asdict(self.build_peaks) if self.build_peaks else None,
@@ -85,7 +86,7 @@ class RankReduction:
     step_times_s: list[float]  # per step, the slowest rank's
     timed_window_s: float  # earliest start of the first timed step to the latest end of the last one
     mean_rank_step_times_s: list[float]
-    losses: list[float]  # nan where the stack reported none
+    losses: list[float | None]  # None where the stack reported none (nan: the loss was nan)
     tokens: list[float]
     nonpad_tokens: list[float]
     phase_times_s: dict[str, list[float]]  # empty for a user's stack
@@ -147,6 +148,7 @@ def combine(ranks: list[dict], tp_size: int, warmup_steps: int) -> RankReduction
     if len(steps) <= warmup_steps:
         raise RuntimeError(f"the ranks recorded {len(steps)} step(s), no more than the {warmup_steps} warm-up "
                            "step(s): no step was timed")
+    check_labels(ranks)
     phases = {}
     for phase in ranks[0].get("phase_times_s") or {}:
         phases[phase] = [_mean(step) for step in zip(*(r["phase_times_s"][phase] for r in ranks))]
@@ -161,7 +163,7 @@ def combine(ranks: list[dict], tp_size: int, warmup_steps: int) -> RankReduction
         step_times_s=[max(step) for step in steps],
         timed_window_s=window_end - min(starts[warmup_steps]),
         mean_rank_step_times_s=[_mean(step) for step in steps],
-        losses=[_mean(step) for step in _per_step(ranks, "losses")],
+        losses=[None if None in step else _mean(step) for step in _per_step(ranks, "losses")],
         tokens=[math.fsum(step) / tp_size for step in _per_step(ranks, "tokens")],
         nonpad_tokens=[math.fsum(step) / tp_size for step in _per_step(ranks, "nonpad_tokens")],
         phase_times_s=phases,
@@ -178,6 +180,29 @@ def combine(ranks: list[dict], tp_size: int, warmup_steps: int) -> RankReduction
         model_build_s=_slowest(ranks, "model_build_s"), wrap_s=_slowest(ranks, "wrap_s"),
         time_to_first_step_s=_slowest(ranks, "time_to_first_step_s"),
     )
+
+
+# Why a batch holds no label tokens, and what gives it some.
+_NO_LABELS_CAUSE = ("its samples' label tokens were all cut or masked: data.overflow truncate keeps each sample's "
+                    "first train.seq_len tokens, and with data.loss_on assistant an assistant turn past them leaves "
+                    "none; use a longer train.seq_len, data.overflow split or drop, or data.loss_on all")
+
+
+def check_labels(ranks: list[dict]) -> None:
+    """Refuse a trial whose loss cannot be a number: a step whose global batch holds no label tokens, or (raybench's
+    loop takes each micro-batch's mean loss) a micro-batch with none, whose loss is nan. Every rank runs it on the
+    same records, so every rank raises alike. Records without label counts (a user's loop) pass."""
+    if not all(r.get("label_tokens") for r in ranks):
+        return
+    for step, counts in enumerate(_per_step(ranks, "label_tokens")):
+        if sum(counts) == 0:
+            raise ValueError(f"step {step}: the global batch holds no label tokens, so its loss is nan; "
+                             f"{_NO_LABELS_CAUSE}")
+    for step, unlabelled in enumerate(_per_step(ranks, "unlabelled_micro_batches")):
+        if any(unlabelled):
+            rank = next(r for r, n in enumerate(unlabelled) if n)
+            raise ValueError(f"step {step}: {unlabelled[rank]} micro-batch(es) of rank {rank} hold no label tokens, "
+                             f"so their loss (a mean over none) is nan; {_NO_LABELS_CAUSE}")
 
 
 @dataclass(frozen=True)
@@ -240,9 +265,10 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         tflops_per_device=per_device * flops / 1e12 if flops is not None else None,
         mfu=metrics.mfu(per_device, flops, facts.peak_tflops) if flops is not None else None,
         flops_per_token=flops,
-        loss_first=_known(r.losses[0]),
-        loss_final=_known(r.losses[-1]),
-        loss_by_step=[_known(x) for x in r.losses] if any(not math.isnan(x) for x in r.losses) else None,
+        # A nan loss stays nan: the trial's row is then an error (drivers.trial), never ok with a gap.
+        loss_first=r.losses[0],
+        loss_final=r.losses[-1],
+        loss_by_step=list(r.losses) if any(x is not None for x in r.losses) else None,
         peak_rss_gib=max(r.peak_rss_gib_by_rank),
         peak_alloc_gib=_max(r.peak_alloc_gib_by_rank),
         peak_reserved_gib=_max(r.peak_reserved_gib_by_rank),
@@ -284,10 +310,6 @@ def _phase_columns(phase_times_s: dict[str, list[float]], step_times_s: list[flo
         return metrics.phase_stats(phase_times_s, step_times_s)
     none = {f"phase_{p}_{stat}_s": None for p in PHASES for stat in ("p50", "p90", "mean", "std")}
     return {**none, "phase_sum_over_step": None}
-
-
-def _known(value: float) -> float | None:
-    return None if math.isnan(value) else value
 
 
 def _max(values: list[float] | None) -> float | None:

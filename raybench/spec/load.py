@@ -56,6 +56,15 @@ def _check_data(data: DataSpec, model_path: str | None) -> list[Problem]:
     return problems
 
 
+def _holds_nothing(path: Path) -> bool:
+    """A JSON/JSONL file of nothing but whitespace (read until its first other byte: a real file stops at once)."""
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            if chunk.strip():
+                return False
+    return True
+
+
 def _check_data_files(data: DataSpec, model_path: str | None) -> list[Problem]:
     problems = []
     path = Path(data.path) if data.path is not None else None
@@ -70,6 +79,9 @@ def _check_data_files(data: DataSpec, model_path: str | None) -> list[Problem]:
     elif path.is_file() and data.source == "hf" and not path.name.endswith(HF_FILE_SUFFIXES):
         problems.append(Problem("data.path", data.path, f"unknown data file type; use one of "
                                 f"{', '.join(HF_FILE_SUFFIXES)}, or a directory"))
+    elif path.is_file() and path.suffix in (".json", ".jsonl") and _holds_nothing(path):
+        problems.append(Problem("data.path", data.path, f"holds no records: the file {path} is empty; point "
+                                "data.path at a file of records"))
     tokenizer = data.tokenizer or model_path
     if tokenizer is None:
         problems.append(Problem("data.tokenizer", None, "text data needs a local tokenizer directory "

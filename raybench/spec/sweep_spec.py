@@ -63,10 +63,11 @@ class DataSpec(Section):
         "hf: tokens the loss counts: all, or assistant (the assistant turns of messages, the response of alpaca)."))
     split: str = Field("train", description="hf: the split to read (a saved dataset of one split has no splits).")
     max_samples: int | None = Field(None, ge=1, description="hf: the first N records of the split only; null: all.")
-    overflow: Literal["truncate", "split"] = Field("truncate", description=(
-        "hf: a sample longer than train.seq_len is truncated (its tail dropped), or split into seq_len-long "
-        "pieces (the last one shorter), each laid out as a sample of its own: its first token unlabelled, its "
-        "position ids from 0. Result rows hold null for truncate."))
+    overflow: Literal["truncate", "drop", "split"] = Field("truncate", description=(
+        "hf: a sample longer than train.seq_len is truncated (its tail dropped), dropped (left out whole), or "
+        "split into seq_len-long pieces (the last one shorter), each laid out as a sample of its own: its first "
+        "token unlabelled, its position ids from 0. What it cuts is in the row (samples_cut, tokens_cut, "
+        "label_tokens_cut). Result rows hold null for truncate."))
     pack_order: Literal["in_order", "best_fit"] = Field("in_order", description=(
         "hf, packing: in_order fills rows in the data's order, a new row when the next sample does not fit; "
         "best_fit sorts samples longest first and puts each in the open row with the least room that holds it, "

@@ -119,3 +119,17 @@ def test_front_report_lists_non_dominated_configs(store_dir):
     # (1000, 15), (900, 12.5), (800, 10). Only (1000, 15) is dominated, by (1600, 15).
     assert "ac_ratio=1 micro_batch=1" in text and "ac_ratio=0 micro_batch=1" not in text
     assert len(text.splitlines()) == 3 + 5  # title, header, rule, 5 configurations
+
+
+def test_the_closing_report_names_trials_whose_overflow_cut_labels():
+    import pandas as pd
+
+    from raybench.reports.best import cut_report
+
+    rows = pd.DataFrame({"trial_id": ["a", "b", "c"], "data_overflow": [None, "drop", None],
+                         "train_seq_len": [256, 256, 512], "samples_cut": [27, 27, 1], "tokens_cut": [9000, 20000, 10],
+                         "label_tokens_cut_frac": [0.166, 0.3, 0.005]})
+    text = cut_report(rows)
+    assert "a: data.overflow truncate at seq_len 256 cut 27 samples, 9000 tokens, 16.6% of the label tokens" in text
+    assert "b: data.overflow drop" in text and "c:" not in text
+    assert cut_report(rows.iloc[2:]) is None and cut_report(rows.drop(columns="label_tokens_cut_frac")) is None

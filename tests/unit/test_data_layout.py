@@ -61,6 +61,78 @@ def test_split_cuts_long_samples_into_seq_len_pieces_laid_out_as_samples():
     assert row_pieces(packed) == [[(0, 0, 5)], [(1, 0, 8)], [(1, 8, 8)], [(1, 16, 4), (2, 0, 3)], [(3, 0, 2)]]
 
 
+def test_drop_leaves_out_every_sample_longer_than_seq_len():
+    padded = packing.layout_rows(COUNTS, SEQ_LEN, packing=False, overflow="drop")
+    assert row_pieces(padded) == [[(0, 0, 5)], [(2, 0, 3)], [(3, 0, 2)]]
+    packed = packing.layout_rows(COUNTS, SEQ_LEN, packing=True, overflow="drop")
+    assert row_pieces(packed) == [[(0, 0, 5), (2, 0, 3)], [(3, 0, 2)]]
+
+
+# Samples of 3, 10, 6 and 12 tokens at seq_len 8, with their assistant masks; counted by hand below. A sample's first
+# token is never a label (each row's sequence starts there), so labels are the masked positions from 1 on.
+CUT_COUNTS = [3, 10, 6, 12]
+CUT_MASKS = [[0, 1, 1],  # labels at 1, 2
+             [0, 0, 0, 1, 1, 1, 1, 1, 1, 1],  # labels at 3..9: 8 and 9 past seq_len
+             [1, 1, 1, 0, 0, 0],  # labels at 1, 2 (0 is the first token)
+             [0] * 9 + [1, 1, 1]]  # labels at 9, 10, 11: all past seq_len
+
+
+@pytest.mark.parametrize("overflow, samples, tokens, labels_cut", [
+    ("truncate", 2, 2 + 4, 2 + 3),  # the tails 8..9 and 8..11
+    ("drop", 2, 10 + 12, 7 + 3),  # the two long samples whole
+    ("split", 0, 0, 1),  # each second piece's first token (position 8): labelled in sample 1 only
+])
+def test_cut_counts_what_overflow_leaves_out_by_hand(overflow, samples, tokens, labels_cut):
+    import pyarrow as pa
+
+    masks = pa.chunked_array([pa.array(CUT_MASKS[:1], pa.list_(pa.int8())),  # two chunks, as Arrow may hold them
+                              pa.array(CUT_MASKS[1:], pa.list_(pa.int8()))])
+    cut = packing.cut(CUT_COUNTS, 8, overflow, masks)
+    assert (cut.samples, cut.tokens, cut.label_tokens, cut.labels_total) == (samples, tokens, labels_cut, 14)
+    assert cut.label_fraction() == pytest.approx(labels_cut / 14)
+    sliced = pa.chunked_array([pa.array(CUT_MASKS, pa.list_(pa.int8())).slice(1)])  # a chunk that is a slice
+    # Sample 0 left out: none of its labels is ever cut.
+    assert packing.cut(CUT_COUNTS[1:], 8, overflow, sliced).label_tokens == labels_cut
+
+
+@pytest.mark.parametrize("overflow, samples, tokens, labels_cut", [
+    ("truncate", 2, 2 + 4, 2 + 4),  # every token but a sample's first is a label
+    ("drop", 2, 10 + 12, 9 + 11),
+    ("split", 0, 0, 1 + 1),
+])
+def test_cut_counts_every_token_as_a_label_without_masks(overflow, samples, tokens, labels_cut):
+    cut = packing.cut(CUT_COUNTS, 8, overflow)
+    assert (cut.samples, cut.tokens, cut.label_tokens, cut.labels_total) == (samples, tokens, labels_cut,
+                                                                             2 + 9 + 5 + 11)
+
+
+def test_cut_counts_in_bounded_slices(monkeypatch):
+    import pyarrow as pa
+
+    masks = pa.chunked_array([pa.array(CUT_MASKS, pa.list_(pa.int8()))])
+    whole = packing.cut(CUT_COUNTS, 8, "truncate", masks)
+    monkeypatch.setattr(packing, "_CUT_SAMPLES_PER_SLICE", 1)
+    assert packing.cut(CUT_COUNTS, 8, "truncate", masks) == whole
+
+
+def test_a_trials_data_columns_say_what_truncation_cut(tmp_path, chat_file, chat_tokenizer, chat_tokens):
+    """The row's cut columns over the real chat data, against an independent count of its tokens and labels."""
+    spec = DataSpec(source="hf", path=str(chat_file), format="messages", loss_on="assistant")
+    ref = tokenized.prepare(spec, str(chat_tokenizer), tmp_path)
+    cached = tokenized.load(ref.path)
+    seq_len = 16
+    trial = packing.for_trial(ref, seq_len, spec, tokenized.lengths(cached), cached.data.column("assistant_masks"))
+    longer = [(ids, mask) for ids, mask in chat_tokens if len(ids) > seq_len]
+    labels = sum(sum(mask[1:]) for _, mask in chat_tokens)
+    lost = sum(sum(mask[seq_len:]) for _, mask in longer)
+    assert longer and lost
+    row = trial.row_fields()
+    assert (row["samples_cut"], row["tokens_cut"], row["label_tokens_cut"]) == (
+        len(longer), sum(len(ids) - seq_len for ids, _ in longer), lost)
+    assert row["label_tokens_cut_frac"] == pytest.approx(lost / labels)
+    assert "of the label tokens" in trial.cut_note()
+
+
 def test_best_fit_puts_each_piece_in_the_fullest_row_that_holds_it():
     rows = packing.layout_rows(COUNTS, SEQ_LEN, packing=True, overflow="split", pack_order="best_fit")
     # Longest first: 8, 8 fill two rows; 5 opens a third (room 3), 4 a fourth (room 4); 3 goes to the row with

@@ -131,12 +131,13 @@ def test_only_padded_batches_reach_the_model_with_a_mask(model_dir, alpaca_file,
 
     trainable = Trainable(model, None, backward=lambda loss: None, step=lambda: None,
                           no_grad_sync=contextlib.nullcontext, autocast=contextlib.nullcontext)
-    _, _, nonpad = bench.train_step(trainable, recorded(), config.train, torch.device("cpu"),
+    _, counts = bench.train_step(trainable, recorded(), config.train, torch.device("cpu"),
                                  bench.PhaseClock(torch.device("cpu")))
+    nonpad = counts.nonpad
     assert len(calls) == 2
     assert all(("attention_mask" in call) == (not packing) for call in calls)
     real = sum(int((b["labels"] != data.IGNORE_INDEX).sum()) for b in seen)  # padding is masked in the labels
-    assert nonpad == real
+    assert nonpad == real and counts.labels == real and counts.unlabelled == 0
     if packing:
         assert nonpad == 2 * 4 * 64
         assert all(torch.equal(b["labels"], b["input_ids"]) for b in seen)

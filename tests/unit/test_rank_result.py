@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import pytest
 
@@ -27,7 +26,7 @@ def _record(starts, times, losses):
 
 
 def _result() -> RankResult:
-    ranks = [_record([100.0, 101.0, 102.0], [1.0, 1.0, 1.5], [2.0, 1.5, math.nan]),
+    ranks = [_record([100.0, 101.0, 102.0], [1.0, 1.0, 1.5], [2.0, 1.5, None]),
              _record([100.0, 101.0, 102.5], [1.0, 1.25, 1.0], [2.5, 1.25, 1.0])]
     reduced = rank_metrics.combine(ranks, tp_size=1, warmup_steps=1)
     facts = TrialFacts(train=TrainSpec(steps=3, warmup_steps=1), world_size=2, dp_size=2, params_total=10,
@@ -66,3 +65,38 @@ def test_build_row_makes_the_typed_result_the_row():
         build_row(trial.payload, "typed", "ok", "", misspelled)
     failed = build_row(trial.payload, "typed", "error", "boom")
     assert failed["env_json"] is None and failed["system"] == fingerprint.system_label() and "tok_per_s" not in failed
+
+
+def test_a_trial_with_a_nan_loss_is_an_error_row_saying_so(tmp_path):
+    """No nan loss ever ends as ok: the row keeps what was measured, with status error and the step."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    from raybench.drivers.trial import run_trial
+
+    (trial,) = plan(parse_sweep({"name": "nan", "model": {"preset": "tiny"}, "resources": {"workers": 2}}))
+    ranks = [_record([100.0, 101.0, 102.0], [1.0, 1.0, 1.5], [2.0, math.nan, 1.0]),
+             _record([100.0, 101.0, 102.5], [1.0, 1.25, 1.0], [2.5, 1.25, 1.0])]
+    facts = TrialFacts(train=TrainSpec(steps=3, warmup_steps=1), world_size=2, dp_size=2, params_total=10,
+                       params_trainable=10, flops_per_token=None, peak_tflops=None, comm_exposed_p50_s=None,
+                       weights_cache=None, weights_copy_s=None, worker_wall_s=9.0, process_trial_index=0)
+    diverged = rank_metrics.rank_result(rank_metrics.combine(ranks, tp_size=1, warmup_steps=1), facts,
+                                        {"device_type": "cpu"})
+    row = run_trial(trial.payload, "nan", str(tmp_path), "torchrun", lambda payload: diverged)
+    assert row["status"] == "error" and "the loss is nan at step 1 (1 of 3 steps not finite)" in row["message"]
+    assert row["tok_per_s"] == diverged.metrics.tok_per_s  # what was measured is kept
+    stored = pq.read_table(next(tmp_path.rglob("*.parquet"))).to_pylist()  # read back by pyarrow itself
+    assert [r["status"] for r in stored] == ["error"] and math.isnan(stored[0]["loss_by_step"][1])
+    fine = run_trial(trial.payload, "nan", str(tmp_path), "torchrun", lambda payload: _result())
+    assert fine["status"] == "ok"  # a loss the stack did not report (None) is no finding
+
+
+def test_the_summary_line_says_what_overflow_cut_above_one_percent_of_labels():
+    from raybench.drivers.trial import summary
+
+    row = {"trial_id": "t1", "status": "ok", "axis_values_json": '{"train.seq_len": 256}', "step_time_p50_s": 0.5,
+           "tok_per_s_per_device": 1000.0, "data_overflow": None, "samples_cut": 27, "label_tokens_cut_frac": 0.166}
+    assert summary(row).endswith("[data.overflow truncate cut 27 samples, 16.6% of label tokens]")
+    assert "cut" not in summary({**row, "label_tokens_cut_frac": 0.01})
+    assert "cut" not in summary({**row, "label_tokens_cut_frac": None})

@@ -197,3 +197,94 @@ def test_bad_data_is_refused_before_anything_starts(tmp_path, capsys, model_dir,
     err = capsys.readouterr().err
     assert f"  - {field} = " in err and "nothing was launched or written" in err and "Traceback" not in err
     assert not store.exists()
+
+
+@pytest.mark.parametrize("changed_file, content", [
+    ("chat_template.jinja", "{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+    ("added_tokens.json", '{"<tool>": 5000}'),
+    ("tokenizer_config.json", None),  # a chat template in the config
+])
+def test_both_tokenization_caches_key_on_the_same_tokenizer_files(tmp_path, chat_file, alpaca_file, chat_tokenizer,
+                                                                   changed_file, content):
+    """The JSON-data cache (runtime.data) and the hf cache (planning.tokenized) share one key of the tokenizer:
+    a changed chat template, added tokens or tokenizer config changes both keys."""
+    other = tmp_path / "tok"
+    other.mkdir()
+    for f in chat_tokenizer.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    if content is None:
+        config = json.loads((other / changed_file).read_text())
+        content = json.dumps({**config, "chat_template": "{{ messages }}"})
+    (other / changed_file).write_text(content)
+    json_spec = DataSpec(source="json", path=str(alpaca_file))
+    assert data.dataset_cache_key(json_spec, str(other), 32) != data.dataset_cache_key(json_spec, str(chat_tokenizer),
+                                                                                       32)
+    hashed = tokenized.data_hash(str(chat_file))
+    spec = chat_spec(chat_file)
+    assert tokenized.cache_key(spec, str(other), hashed) != tokenized.cache_key(spec, str(chat_tokenizer), hashed)
+    assert tokenized_data.tokenizer_digest(str(other)) != tokenized_data.tokenizer_digest(str(chat_tokenizer))
+
+
+@pytest.mark.parametrize("name", ["empty_records.jsonl", "empty_records_dir"])
+def test_empty_data_says_it_holds_no_records(name, chat_tokenizer):
+    """Empty JSON Lines files (datasets' reader raises StopIteration on them) are refused by name, not as a
+    StopIteration."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "bad_sweeps" / name
+    found = tokenized.problems(DataSpec(source="hf", path=str(path)), str(chat_tokenizer))
+    assert [p.field for p in found] == ["data.path"]
+    assert "holds no records" in found[0].message and str(path) in found[0].message
+    assert "StopIteration" not in found[0].message
+
+
+def _chat_tokenizer_with(directory, source, template: str):
+    """A copy of the tiny chat tokenizer with another template, and the newline as a token of its own."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(source)
+    tok.add_tokens(["\n"])
+    tok.chat_template = template
+    tok.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def _labelled(ids, mask) -> list[int]:
+    return [t for t, m in zip(ids, mask) if m]
+
+
+def _words(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_assistant_mask_leaves_out_the_newline_after_the_end_of_turn(tmp_path, chat_file, chat_tokenizer):
+    """A template without generation markers that writes a newline after each turn's end token (as Qwen's after
+    <|im_end|>): the assistant's words and end token are labelled, the newline after it is not."""
+    template = ("{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s>{{ '\\n' }}{% endfor %}"
+                "{% if add_generation_prompt %}<s> assistant :{% endif %}")
+    tok = _chat_tokenizer_with(tmp_path / "tok", chat_tokenizer, template)
+    assert not tokenized.has_generation_markers(tok)
+    built = tokenized.dataset(chat_spec(chat_file), tmp_path / "cache", str(tmp_path / "tok"))
+    records = [json.loads(line)["messages"] for line in chat_file.read_text().splitlines()]
+    for messages, row in zip(records, built):
+        assert tok.convert_ids_to_tokens(row["input_ids"]).count("\n") == len(messages)
+        want = [t for m in messages if m["role"] == "assistant" for t in _words(tok, m["content"]) + [tok.eos_token_id]]
+        assert _labelled(row["input_ids"], row["assistant_masks"]) == want
+
+
+def test_generation_markers_give_the_assistant_mask(tmp_path, chat_file, chat_tokenizer):
+    """A template with {% generation %} markers: the mask is the one they give (transformers'
+    return_assistant_tokens_mask), here the assistant's words without its end token."""
+    template = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<s> assistant : {% generation %}"
+                "{{ m['content'] }}{% endgeneration %} </s>{{ '\\n' }}{% else %}<s> {{ m['role'] }} : "
+                "{{ m['content'] }} </s>{{ '\\n' }}{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}<s> assistant :{% endif %}")
+    tok = _chat_tokenizer_with(tmp_path / "tok", chat_tokenizer, template)
+    assert tokenized.has_generation_markers(tok)
+    built = tokenized.dataset(chat_spec(chat_file), tmp_path / "cache", str(tmp_path / "tok"))
+    records = [json.loads(line)["messages"] for line in chat_file.read_text().splitlines()]
+    for messages, row in zip(records, built):
+        given = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        assert row["input_ids"] == list(given["input_ids"]) and row["assistant_masks"] == list(given["assistant_masks"])
+        want = [t for m in messages if m["role"] == "assistant" for t in _words(tok, m["content"])]
+        assert _labelled(row["input_ids"], row["assistant_masks"]) == want
