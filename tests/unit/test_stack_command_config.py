@@ -44,6 +44,8 @@ BAD = {
     "null model path": (_sweep().replace("{mode}", "{model_path}").replace("overrides: {mode: ok}", ""),
                         "stack.command[5]", "model.path is null"),
     "pool executor": (_sweep(executor="pool"), "executor", "raybench's own loop only"),
+    "no raybench field taken": (_sweep().replace('"--steps", "{steps}", ', ""), "train.steps",
+                                "(it takes none of raybench's train fields; docs/stacks/command.md)"),
 }
 
 
