@@ -43,10 +43,12 @@ def format_problem(data: DataSpec) -> Problem | None:
     path = Path(data.path)
     if not path.is_dir() or is_saved_dataset(path):
         return None
+    ignored = offline_datasets().data_files.FILES_TO_IGNORE  # a repository's card and metadata, never records
     by_format: dict[str, list[str]] = {}
     for file in sorted(path.rglob("*")):
         relative = file.relative_to(path)
-        if file.is_file() and file.suffix in FORMATS and not any(p.startswith(".") for p in relative.parts):
+        if (file.is_file() and file.suffix in FORMATS and file.name not in ignored
+                and not any(p.startswith(".") for p in relative.parts)):
             by_format.setdefault(FORMATS[file.suffix], []).append(str(relative))
     if len(by_format) < 2:
         return None

@@ -30,6 +30,7 @@ def test_a_directory_of_mixed_formats_is_refused(tmp_path, chat_tokenizer):
     write_lines(data / "part-a.jsonl", [{"text": f"the fox {i}"} for i in range(100)])
     pq.write_table(pa.table({"text": [f"a dog {i}" for i in range(300)]}), data / "part-b.parquet")
     (data / "README.md").write_text("# a dataset card is not a record file")
+    (data / "dataset_infos.json").write_text("{}")  # nor its metadata, which datasets never reads as records
     found = tokenized.problems(text_spec(data), str(chat_tokenizer))
     assert [(p.field, p.value) for p in found] == [("data.path", str(data))]
     assert "json (1 file(s): part-a.jsonl), parquet (1 file(s): part-b.parquet)" in found[0].message
