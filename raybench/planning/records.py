@@ -60,8 +60,8 @@ def format_problem(data: DataSpec) -> Problem | None:
 
 
 def problems(data: DataSpec) -> list[Problem]:
-    """A directory of one format, then every record of the split checked, streaming, up to MAX_PROBLEMS problems. Files it cannot list (an unknown
-    split, an unreadable directory) give none here: reading the split reports those."""
+    """A directory of one format, then every record of the split, streamed, up to MAX_PROBLEMS problems. Files it
+    cannot list (an unknown split, an unreadable directory) give none here: reading the split reports those."""
     mixed = format_problem(data)
     if mixed is not None:
         return [mixed]
@@ -71,7 +71,7 @@ def problems(data: DataSpec) -> list[Problem]:
         if isinstance(record, Problem):
             found.append(record)
         elif index < limit:
-            if index == 0 and (column := column_problem(record, data)) is not None:
+            if index == 0 and isinstance(record, dict) and (column := column_problem(record, data)) is not None:
                 return [column]  # the wrong column or format: every record would say so
             why = record_problem(record, data)
             if why is not None:
