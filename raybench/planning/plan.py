@@ -250,6 +250,17 @@ def _data_problems(config: TrialConfig, checked: dict[str, list[Problem]]) -> li
     return checked[key]
 
 
+def _vocabulary_problems(config: TrialConfig, shape: ModelShape, checked: set[tuple]) -> list[Problem]:
+    """The data's tokenizer against the model's embeddings, once per tokenizer and model."""
+    _, tokenizer_dir = tokenized.spec_key(config.data, config.model.path)
+    model = f"model.preset {config.model.preset}" if config.model.preset else f"model.path {config.model.path}"
+    if tokenizer_dir is None or (tokenizer_dir, model) in checked:
+        return []
+    checked.add((tokenizer_dir, model))
+    found = tokenized.vocabulary_problem(tokenizer_dir, shape.vocab_size, model)
+    return [found] if found else []
+
+
 def _stack_problems(config: TrialConfig, checked: dict[str, list[Problem]]) -> list[Problem]:
     """What is wrong with a trial's stack section (its entry, its own keys, raybench fields it does not take),
     checked once per distinct stack and train section. Like bad data, bad input whatever --keep-invalid says."""
@@ -284,6 +295,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
     trials, problems = [], []
     data_checked: dict[str, list[Problem]] = {}
     stack_checked: dict[str, list[Problem]] = {}
+    vocabulary_checked: set[tuple] = set()
     for grid_values in _grid(spec):
         raw = copy_trial(base)
         # Bundle axes set several fields per value; trials show every field an axis set, by its dotted path.
@@ -297,6 +309,8 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
         reasons = trial_problems(config, shape)
         if config.data.source == "hf":
             problems += _data_problems(config, data_checked)
+        if config.data.source != "synthetic":
+            problems += _vocabulary_problems(config, shape, vocabulary_checked)
         problems += _stack_problems(config, stack_checked)
         cid = config_id(config)
         blocks = tuple(checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))

@@ -14,6 +14,7 @@ other training stack. datasets, transformers and numpy load on first use: planni
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -24,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from raybench.planning.records import is_saved_dataset, text_field
+from raybench.planning.records import problems as record_problems
 from raybench.spec.errors import Problem
 from raybench.spec.sweep_spec import DataSpec
 from raybench.spec.tokenized_data import (TokenizedData, alpaca_prompt, format_record, lengths, load, offline_datasets,
@@ -47,16 +50,12 @@ def load_tokenizer(directory: str):
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
-def _is_saved_dataset(path: Path) -> bool:
-    return path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json"))
-
-
 def read_split(data: DataSpec, streaming: bool, cache_dir: str):
     """The records of data.split: a saved dataset is memory-mapped as it is; files are read by the builder
     their suffix names (or, for a directory, the one datasets infers), converted to Arrow in cache_dir."""
     datasets = offline_datasets()
     path = Path(data.path)
-    if _is_saved_dataset(path):
+    if is_saved_dataset(path):
         saved = datasets.load_from_disk(str(path))
         if isinstance(saved, datasets.DatasetDict):
             if data.split not in saved:
@@ -71,18 +70,14 @@ def read_split(data: DataSpec, streaming: bool, cache_dir: str):
                                  cache_dir=cache_dir)
 
 
-def _field(data: DataSpec) -> str:
-    return data.field or ("messages" if data.format == "messages" else "text")
-
-
 def _render(rec: dict, data: DataSpec, tokenizer) -> tuple[str, list[tuple[int, int]]]:
     """A record's text and the character spans the loss counts (empty: all of it)."""
     if data.format == "text":
-        return rec[_field(data)], []
+        return rec[text_field(data)], []
     if data.format == "alpaca":
         prompt, text = alpaca_prompt(rec), format_record(rec)
         return text, [(len(prompt), len(text))]
-    messages = rec[_field(data)]
+    messages = rec[text_field(data)]
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     if data.loss_on == "all":
         return text, []
@@ -170,8 +165,12 @@ def _features(data: DataSpec):
 # ---- checks before anything starts --------------------------------------------------------------------------
 
 def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
-    """What is wrong with a data spec's content: unreadable data, a missing split or column, records of the wrong
-    shape, a tokenizer without a chat template when messages need one. Reads the first record only."""
+    """What is wrong with a data spec's content: a directory of mixed formats, records of the wrong shape (every
+    record: planning.records), unreadable data, a missing split, a tokenizer without a chat template when messages
+    need one, a first record the tokenizer cannot render."""
+    found = record_problems(data)
+    if found:
+        return found
     try:
         with tempfile.TemporaryDirectory(prefix="raybench-data-check-") as scratch:
             first = next(iter(read_split(data, streaming=True, cache_dir=scratch)), None)
@@ -189,9 +188,6 @@ def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
     if first is None:
         return [Problem("data.path", data.path, f"holds no records: split '{data.split}' of {data.path} is empty; "
                         "point data.path at records")]
-    found = _record_problem(first, data)
-    if found:
-        return [found]
     try:
         tokenizer = load_tokenizer(tokenizer_dir)
     except Exception as err:
@@ -210,29 +206,19 @@ def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
     return []
 
 
-def _record_problem(rec: dict, data: DataSpec) -> Problem | None:
-    columns = ", ".join(rec) or "none"
-    if data.format == "alpaca":
-        if data.field is not None:
-            return Problem("data.field", data.field, "alpaca records are read from instruction, input and output; "
-                           "remove data.field")
-        if not {"instruction", "output"} <= set(rec):
-            return Problem("data.format", data.format, f"alpaca records need instruction and output columns; "
-                           f"{data.path} has {columns}")
+def vocabulary_problem(tokenizer_dir: str, vocab_size: int, model: str) -> Problem | None:
+    """A tokenizer with more tokens than the model has embedding rows: every trial would die on an IndexError.
+    A tokenizer that does not load gives none here (the data checks, or the trial, say why)."""
+    try:
+        size = len(load_tokenizer(tokenizer_dir))  # added tokens included: they are ids the data can hold
+    except Exception:
         return None
-    field = _field(data)
-    if field not in rec:
-        return Problem("data.field", data.field, f"no column '{field}' in {data.path} (its columns: {columns}); "
-                       "set data.field")
-    value = rec[field]
-    if data.format == "text" and not isinstance(value, str):
-        return Problem("data.field", field, f"holds {type(value).__name__}, not text; name a text column, or use "
-                       "format: messages for conversations")
-    if data.format == "messages" and not (isinstance(value, list) and value and all(
-            isinstance(m, dict) and {"role", "content"} <= set(m) for m in value)):
-        return Problem("data.field", field, "holds no list of {role, content} messages; name the messages column, "
-                       "or use format: text")
-    return None
+    if size <= vocab_size:
+        return None
+    return Problem("data.tokenizer", tokenizer_dir, f"has {size} tokens (len(tokenizer), added tokens included) but "
+                   f"the model ({model}) has vocab_size {vocab_size}, so token ids from {vocab_size} on have no "
+                   f"embedding row; use the model's own tokenizer, or a model with vocab_size of at least {size} "
+                   "(resize its embeddings first)")
 
 
 # ---- the cache ----------------------------------------------------------------------------------------------
@@ -291,7 +277,7 @@ def prepare(data: DataSpec, tokenizer_dir: str, cache_root: str | Path) -> Token
         meta = json.loads((final / META_FILE).read_text())
         return TokenizedData(**{**meta, "path": str(final)}, cache="hit", build_s=None)
     t0 = time.perf_counter()
-    Path(cache_root).mkdir(parents=True, exist_ok=True)
+    made = _make_dirs(Path(cache_root))
     work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=cache_root))
     try:
         meta = _build(data, tokenizer_dir, key, hashed, final, work)
@@ -302,7 +288,19 @@ def prepare(data: DataSpec, tokenizer_dir: str, cache_root: str | Path) -> Token
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        # A failed build leaves nothing in the store, not even the folders it made for the entry; a built entry (or
+        # another build's) is in them, and a folder that is not empty stays.
+        for directory in made:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
     return TokenizedData(**meta, cache="build", build_s=time.perf_counter() - t0)
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """Make path and its missing parents; those it made, deepest first."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    return missing
 
 
 def _build(data: DataSpec, tokenizer_dir: str, key: str, hashed: str, final: Path, work: Path) -> dict:

@@ -36,7 +36,7 @@ def results_rows(df) -> tuple[list[str], list[list[str]], str]:
                .sort_values(["sweep", "started_at", "trial_id"], na_position="last").to_dict("records"))
     axis_values = [json.loads(r["axis_values_json"] or "{}") for r in records]
     axes = list(dict.fromkeys(k for a in axis_values for k in a))
-    on_gpu = all(r["device_type"] == "cuda" for r in records if r["status"] == "ok")
+    on_gpu = _on_gpu(records)
     per = "GPU" if on_gpu else "worker"
     by_system = len({r["system_label"] for r in records}) > 1  # a column once a store holds several systems
     headers = ["sweep", *(["system"] if by_system else []), "trial_id", "status", *(a.split(".")[-1] for a in axes),
@@ -56,6 +56,15 @@ def results_rows(df) -> tuple[list[str], list[list[str]], str]:
         ])
     note = "" if on_gpu else "CPU run: throughput is per worker process, not per GPU; peak is host RSS"
     return headers, rows, note
+
+
+def _on_gpu(records: list[dict]) -> bool:
+    """Whether throughput is per GPU: the devices the ok rows ran on or, where none ran, the GPUs the trials
+    asked for (a CPU sweep whose trials all failed is still a CPU sweep)."""
+    ok = [r for r in records if r["status"] == "ok"]
+    if ok:
+        return all(r["device_type"] == "cuda" for r in ok)
+    return all((r["resources_gpus_per_worker"] or 0) > 0 for r in records)
 
 
 def format_table(table, fmt: str) -> str:

@@ -23,7 +23,9 @@ def _check_paths(spec: SweepSpec) -> list[Problem]:
         problems.append(Problem("model", model.model_dump(include={"preset", "path"}),
                                 "set exactly one of model.preset or model.path"))
     if model.path is not None:
-        problems += check_model_dir(model.path, model.allow_pickle)
+        # A command stack's command loads the model itself, in its own format; raybench reads only config.json
+        # (the row's parameter count and FLOPs).
+        problems += check_model_dir(model.path, model.allow_pickle, weights=spec.stack.kind != "command")
     python = spec.stack.python
     if python is not None and python.startswith(PLACEHOLDER):  # a stack's own environment (docs/stacks/)
         problems.append(Problem("stack.python", python, "a placeholder: set it to the Python interpreter of the "
@@ -94,7 +96,8 @@ def _check_data_files(data: DataSpec, model_path: str | None) -> list[Problem]:
     return problems
 
 
-def check_model_dir(path: str, allow_pickle: bool) -> list[Problem]:
+def check_model_dir(path: str, allow_pickle: bool, weights: bool = True) -> list[Problem]:
+    """A model directory's config.json and, where raybench loads them (`weights`), safetensors weights."""
     root = Path(path)
     if path.startswith(PLACEHOLDER):
         return [Problem("model.path", path, "a placeholder: set it to your local model directory")]
@@ -102,7 +105,7 @@ def check_model_dir(path: str, allow_pickle: bool) -> list[Problem]:
         return [Problem("model.path", path, "directory not found")]
     if not (root / "config.json").is_file():
         return [Problem("model.path", path, "no config.json; point at a Hugging Face model directory")]
-    if any(root.glob("*.safetensors")):
+    if not weights or any(root.glob("*.safetensors")):
         return []
     pickles = sorted(p.name for p in root.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
     if pickles and not allow_pickle:

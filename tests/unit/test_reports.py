@@ -64,3 +64,18 @@ def test_nothing_in_doubt_writes_no_settling_sweep(tmp_path):
     out = tmp_path / "settle.yaml"
     said = prediction.write_settle_sweep(spec, [{"in_doubt": []}], str(out), "train.ac_ratio")
     assert said == f"nothing in doubt: {out} not written" and not out.exists()
+
+
+def test_a_cpu_sweep_whose_trials_all_failed_is_not_reported_per_gpu(tmp_path):
+    from raybench.drivers.trial import build_row
+    from raybench.results import store
+    from raybench.reports.report import results_table
+
+    for gpus, per in ((0, "tok/s/worker"), (1, "tok/s/GPU")):
+        trials = plan(parse_sweep({"name": f"failed{gpus}", "model": {"preset": "tiny"},
+                                   "resources": {"gpus_per_worker": gpus}}))
+        root = tmp_path / str(gpus)
+        store.write_row(root, build_row(trials[0].payload, f"failed{gpus}", "error", "boom"))
+        table = results_table(store.read_results(root, f"failed{gpus}"))
+        assert per in table.splitlines()[0]
+        assert ("CPU run" in table) == (gpus == 0)

@@ -3,6 +3,7 @@ value and the fix, and writes nothing."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from raybench.drivers.executors import command as command_executor
 from raybench.planning.plan import plan
 from raybench.planning.stacks import command
+from raybench.spec.errors import ConfigError
 from raybench.spec.load import load_sweep
 from tests.conftest import assert_plan_refuses, write_sweep
 
@@ -44,6 +46,8 @@ BAD = {
     "null model path": (_sweep().replace("{mode}", "{model_path}").replace("overrides: {mode: ok}", ""),
                         "stack.command[5]", "model.path is null"),
     "pool executor": (_sweep(executor="pool"), "executor", "raybench's own loop only"),
+    "no raybench field taken": (_sweep().replace('"--steps", "{steps}", ', ""), "train.steps",
+                                "(it takes none of raybench's train fields; docs/stacks/command.md)"),
 }
 
 
@@ -64,6 +68,23 @@ def test_a_good_command_fills_its_placeholders(tmp_path):
         "/env/bin/python", f"{tmp_path.resolve()}/train.py", "--steps", "7", "--lr=0.0001", "--mode", "ok"]
     assert set(command.mapped(config)) == {"steps", "lr"}  # the train fields its placeholders take
     assert command_executor._name(command.argv(config, sys.executable)) == Path(sys.executable).name
+
+
+def test_a_command_stacks_model_needs_only_its_config(tmp_path):
+    """raybench reads only config.json of a command's model (the row's parameters and FLOPs); the command loads the
+    weights itself, in whatever format it reads."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 128}))
+    (model / "consolidated.00.pth").write_bytes(b"")  # torchtune's own checkpoint format
+    text = _sweep().replace("{mode}", "{model_path}").replace("overrides: {mode: ok}", "")
+    sweep = write_sweep(tmp_path / "sweep.yaml", text.replace("model: {preset: tiny}", f"model: {{path: {model}}}"))
+    assert command.argv(plan(load_sweep(sweep))[0].config, "python")[-1] == str(model)
+    (model / "config.json").unlink()
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_sweep(sweep)
 
 
 def test_the_last_error_line_of_the_command_is_the_message():

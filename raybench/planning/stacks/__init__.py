@@ -68,8 +68,10 @@ def _unmapped_fields(train: TrainSpec, kind: str, mapped: dict[str, tuple[str, .
         own = own_keys.get(name)
         fix = (f"set the stack's own key instead ({own})" if own else
                "the stack has no exact equivalent; configure it in the stack itself")
+        takes = (f"fields it takes: {', '.join(sorted(mapped))}" if mapped else
+                 "it takes none of raybench's train fields")
         found.append(Problem(f"train.{name}", value, f"stack {kind} does not take raybench's train.{name}; {fix} "
-                             f"(fields it takes: {', '.join(sorted(mapped))}; docs/stacks/{kind}.md)"))
+                             f"({takes}; docs/stacks/{kind}.md)"))
     if train.finetune == "full" and train.lora != defaults.lora:
         found.append(Problem("train.lora", train.lora.model_dump(), f"stack {kind} does not take raybench's "
                              "LoRA settings; configure adapters in the stack itself"))
