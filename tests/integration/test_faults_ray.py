@@ -1,5 +1,5 @@
 """Faults of a real Ray sweep (`raybench run` in a subprocess, embedded Ray): a hung Ray Train trial, a killed
-Ray Train worker, SIGTERM and kill -9 of the driver followed by a resume. Each sweep keeps to a few trials.
+Ray Train worker, SIGTERM, and kill -9 of the driver with its Ray head (the head node dies) followed by a resume. Each sweep keeps to a few trials.
 What ended Ray Train trials leave behind is checked in test_faults_ray_leftovers.py (a file of its own, so that it can
 run in another test process than the driver's kill and resume)."""
 
@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 
 from raybench.drivers.ray_cluster import OWNER_FILE, TEMP_ROOT
@@ -105,21 +106,36 @@ def test_sigterm_flushes_rows_then_resume_completes(tmp_path):
     _assert_complete_once(tmp_path, 2)
 
 
-def test_kill_driver_then_resume_completes_without_duplicates(tmp_path):
+HEAD_PROCESSES = ("gcs_server", "raylet")  # the Ray head itself: its control store and its node manager
+
+
+def test_kill_driver_and_ray_head_then_resume_completes_without_duplicates(tmp_path):
+    # The head node dies: the driver and its Ray head's own processes are killed -9 at once (no handler, no
+    # finally, no Ray shutdown). What they leave (Ray's agents and workers, torchrun and its ranks, the temp dir)
+    # must die or be reaped, and must not block the next run.
     sweep = _write(tmp_path, TORCHRUN_SWEEP)
     proc = _start(sweep)
     _wait_for_line(proc, "[1/2]")
     tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    proc.kill()  # kill -9: no handler, no finally
+    head = [p for p in tree if _process_name(p) in HEAD_PROCESSES]
+    assert sorted(_process_name(p) for p in head) == sorted(HEAD_PROCESSES), [_safe_name(p) for p in tree]
+    for victim in (proc, *head):
+        victim.kill()
     proc.wait()
     orphaned = _temp_dirs_of(proc.pid)
     assert len(orphaned) == 1  # the dead driver's embedded Ray left its temp dir behind
+    before = store.result_files(tmp_path / "store", "faults")
+    assert before and all(pq.read_table(path).num_rows == 1 for path in before)  # rows written before: whole
     code, out = _finish(_start(sweep))
     assert code == 0, out[-3000:]
+    assert f"{len(before)} trial(s) already stored as ok" in out  # resumed: only the missing trial ran
     _assert_complete_once(tmp_path, 2)
+    assert all(path.exists() for path in before)
     assert not any(d.exists() for d in orphaned)  # the next run reaped it ...
     _, alive = psutil.wait_procs(tree, timeout=10)
     assert not alive, alive  # ... and no process of the killed run survives (Ray agents, torchrun, ranks)
+    print(f"\nhead killed: faults 1, rows expected 2, found {len(_rows(tmp_path))}, "
+          f"duplicates {len(_rows(tmp_path)) - _rows(tmp_path).trial_id.nunique()}")
 
 
 @pytest.mark.slow  # ~55 s; the timeout path stays in the default run through torchrun (test_faults_torchrun)
@@ -176,5 +192,12 @@ def _wait_for_train_worker(driver_pid: int, limit_s: float = 120) -> psutil.Proc
 def _safe_name(p: psutil.Process) -> str:
     try:
         return p.name() if p.name().startswith("ray::") else " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _process_name(p: psutil.Process) -> str:
+    try:
+        return p.name()
     except psutil.Error:
         return ""
