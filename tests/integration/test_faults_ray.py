@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import psutil
 import pyarrow.parquet as pq
 import pytest
@@ -23,9 +24,9 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _write(tmp_path, body: str) -> Path:
-    path = tmp_path / "sweep.yaml"
-    path.write_text(f"name: faults\nmodel: {{preset: tiny}}\nstore: {tmp_path / 'store'}\n{body}")
+def _write(tmp_path, body: str, name: str = "faults") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\nmodel: {{preset: tiny}}\nstore: {tmp_path / 'store'}\n{body}")
     return path
 
 
@@ -136,6 +137,92 @@ def test_kill_driver_and_ray_head_then_resume_completes_without_duplicates(tmp_p
     assert not alive, alive  # ... and no process of the killed run survives (Ray agents, torchrun, ranks)
     print(f"\nhead killed: faults 1, rows expected 2, found {len(_rows(tmp_path))}, "
           f"duplicates {len(_rows(tmp_path)) - _rows(tmp_path).trial_id.nunique()}")
+
+
+# One trial at a time (each takes both CPUs): a full disk stops the sweep at the first row it cannot write.
+ONE_AT_A_TIME_SWEEP = TORCHRUN_SWEEP.replace("[0, 1]", "[0, 1, 2]")
+
+
+@pytest.mark.slow  # ~2 min; the default run covers the store's and the CLI's side: tests/unit/test_store_full.py
+def test_full_store_stops_the_sweep_loudly_then_a_rerun_fills_the_gap(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs to fill needs root")
+    mount = tmp_path / "store"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"mount -t tmpfs refused here: {mounted.stderr.strip()}")
+    try:
+        sweep = _write(tmp_path, ONE_AT_A_TIME_SWEEP)
+        proc = _start(sweep)
+        _wait_for_line(proc, "[1/3]")
+        filler = _fill(mount)  # the disk fills while the second trial runs
+        code, out = _finish(proc)
+        assert code == 1, out[-3000:]
+        assert "cannot write the result file" in out and "No space left on device" in out, out[-3000:]
+        assert "MiB free of 2.0 MiB" in out and "run the same command again" in out, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        stored = [p for p in mount.rglob("*") if p.is_file() and p != filler and "_cache" not in p.parts]
+        assert stored == store.result_files(mount, "faults")  # no temp file, torn or empty, left behind
+        assert 1 <= len(stored) < 3 and all(pq.read_table(path).num_rows == 1 for path in stored)
+        filler.unlink()
+        code, out = _finish(_start(sweep))
+        assert code == 0, out[-3000:]
+        assert f"{len(stored)} trial(s) already stored as ok" in out  # only the missing trials ran
+        _assert_complete_once(tmp_path, 3)
+        rows = _rows(tmp_path)
+        print(f"\nfull disk: faults 1, rows before {len(stored)}, rows expected 3, found {len(rows)}, "
+              f"duplicates {len(rows) - rows.trial_id.nunique()}")
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def _fill(directory: Path) -> Path:
+    """Write one file until the filesystem is full; returns it (delete it to free the space)."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"x" * 65536)
+    except OSError as err:
+        assert err.errno == 28  # ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.mark.slow  # ~2 min; the default run covers the store's side: test_store_concurrency.py (8 writers, a reader)
+def test_two_sweeps_write_one_store_at_once_while_query_and_report_read_it(tmp_path):
+    # Two jobs: two `raybench run` drivers, each with its own embedded Ray, write two sweeps into one store, while
+    # `raybench query` and `raybench report` read that store over and over.
+    body = TORCHRUN_SWEEP.replace("workers: 2", "workers: 1").replace("[0, 1]", "[0, 1, 2]")
+    drivers = [_start(_write(tmp_path, body, name)) for name in ("left", "right")]
+    root = str(tmp_path / "store")
+    readers = {"query": [sys.executable, "-m", "raybench", "query", root, "--format", "csv",
+                         "select sweep, count(*) as n, count(distinct trial_id) as ids from attempts group by 1"],
+               "report": [sys.executable, "-m", "raybench", "report", root]}
+    reads = {name: 0 for name in readers}
+    while any(d.poll() is None for d in drivers):
+        for name, argv in readers.items():
+            if not Path(root).is_dir():
+                continue  # no row yet: the first trials are still running
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0 and "Traceback" not in done.stderr, (name, done.stderr[-3000:])
+            if name == "query":  # each trial once (one attempt each), never more than its sweep has
+                for line in done.stdout.splitlines()[1:]:
+                    _, n, ids = line.split(",")
+                    assert n == ids and int(n) <= 3, done.stdout
+            reads[name] += 1
+    for driver in drivers:
+        code, out = _finish(driver)
+        assert code == 0, out[-3000:]
+    rows = duckdb.sql(f"select sweep, trial_id, status from read_parquet('{root}/*/*.parquet')").fetchall()
+    assert len(rows) == len(set(rows)) == 6 and {status for _, _, status in rows} == {"ok"}, rows
+    assert {sweep for sweep, _, _ in rows} == {"left", "right"}
+    assert all(reads.values()), reads
+    print(f"\ntwo sweeps: rows expected 6, found {len(rows)}, duplicates {len(rows) - len(set(rows))}, "
+          f"reads while writing {reads}")
 
 
 @pytest.mark.slow  # ~55 s; the timeout path stays in the default run through torchrun (test_faults_torchrun)
