@@ -1,5 +1,7 @@
 """Faults of a real Ray sweep (`raybench run` in a subprocess, embedded Ray): a hung Ray Train trial, a killed
-Ray Train worker, SIGTERM, and kill -9 of the driver with its Ray head (the head node dies) followed by a resume. Each sweep keeps to a few trials.
+Ray Train worker, SIGTERM, and kill -9 of the driver with its Ray head (the head node dies) followed by a resume;
+the store's filesystem filling mid-sweep (a tmpfs, as root); two sweeps from two drivers writing one store while
+`raybench query` and `report` read it. Each sweep keeps to a few trials.
 What ended Ray Train trials leave behind is checked in test_faults_ray_leftovers.py (a file of its own, so that it can
 run in another test process than the driver's kill and resume)."""
 
@@ -150,7 +152,7 @@ def test_full_store_stops_the_sweep_loudly_then_a_rerun_fills_the_gap(tmp_path):
     mount = tmp_path / "store"
     mount.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, check=False)
     if mounted.returncode:
         pytest.skip(f"mount -t tmpfs refused here: {mounted.stderr.strip()}")
     try:
@@ -207,7 +209,8 @@ def test_two_sweeps_write_one_store_at_once_while_query_and_report_read_it(tmp_p
         for name, argv in readers.items():
             if not Path(root).is_dir():
                 continue  # no row yet: the first trials are still running
-            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300,
+                                  check=False)
             assert done.returncode == 0 and "Traceback" not in done.stderr, (name, done.stderr[-3000:])
             if name == "query":  # each trial once (one attempt each), never more than its sweep has
                 for line in done.stdout.splitlines()[1:]:
