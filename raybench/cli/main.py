@@ -1,7 +1,8 @@
 """raybench command line: a thin layer over raybench.drivers.api.
 
-Exit codes: 0 success (every trial ok), 1 the sweep ran but some trials did not end ok, 2 bad input
-(nothing was launched or written).
+Exit codes: 0 success (every trial ok), 1 the sweep ran but some trials did not end ok, or a row could not be
+stored (a full disk: the sweep stops, saying which file and how much space is left), 2 bad input (nothing was
+launched or written).
 
 Commands that need heavy libraries import them when they run (the API and sweep driver load Optuna and,
 when a sweep starts, Ray; `best` and result views load pandas), so `validate`, `plan` and `estimate` stay fast.
@@ -20,6 +21,7 @@ from raybench.drivers.slurm import SlurmError, SlurmOptions
 from raybench.planning.plan import matching, plan
 from raybench.reports.report import results_table
 from raybench.reports.tables import estimate_summary, estimate_table, plan_table, rehearsal_report
+from raybench.results.store import StoreWriteError
 from raybench.runtime import cuda_snapshot
 from raybench.spec.errors import ConfigError
 from raybench.spec.load import load_sweep
@@ -404,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     except SlurmError as err:
         print(f"raybench: {err}", file=sys.stderr)
         return err.exit_code
+    except StoreWriteError as err:  # a full disk, a quota: the sweep stopped, since every later row would be lost
+        print(f"raybench: {err}\nEvery row stored before is intact. Make room there and run the same command "
+              "again: a sweep runs only the trials not stored as ok.", file=sys.stderr)
+        return EXIT_TRIALS_FAILED
 
 
 if __name__ == "__main__":

@@ -74,7 +74,13 @@ def _trial_driver(config: dict, payloads: dict[str, bytes]) -> None:
     rows = []
     # A grid trial is one payload; a searched point is one payload per repeat.
     for payload in trial_payloads(config, payloads):
-        rows.append(run_trial(payload, job["sweep"], job["store"], job["executor"], executors.get(job["executor"])))
+        try:
+            rows.append(run_trial(payload, job["sweep"], job["store"], job["executor"],
+                                  executors.get(job["executor"])))
+        except store.StoreWriteError as err:  # the sweep driver stops the sweep: every later row would be lost too
+            tune.report({"status": "error", "store_error": str(err), "trial_id": payload.trial_id,
+                         "tok_per_s_per_device": 0.0, "summary": f"{payload.trial_id} not stored: {err}"})
+            return
         row = rows[-1]
         # A searcher learns the point's outcome from the rows it reported (JSON: Tune results stay flat).
         fields = ("trial_id", "status", "message", "trial_wall_s", *job.get("metrics", ()))
@@ -116,6 +122,8 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
         reporter.start(total, dashboard)
         in_flight = min(max_concurrent(trials, cluster), max_in_flight or math.inf)
 
+        stopper = store_error_stopper()
+
         def fit(name: str, space: dict, payloads: dict[str, bytes], **sampling) -> None:
             callbacks = [tune_callback(reporter, axis_values)]
             if executor == "train":  # Ray Train can leave an ended trial's placement group reserved
@@ -128,8 +136,11 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
                 # A warm pool's trial drivers are as reusable as its workers.
                 tune_config=tune.TuneConfig(max_concurrent_trials=in_flight, reuse_actors=executor == "pool",
                                             **sampling),
-                run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=0, callbacks=callbacks),
+                run_config=tune.RunConfig(name=name, storage_path=tune_dir, verbose=0, callbacks=callbacks,
+                                          stop=stopper),
             ).fit()
+            if stopper.error:  # the trials in flight were stopped; the store holds every row written before
+                raise store.StoreWriteError(stopper.error)
 
         if search is None:
             # One Tuner per chunk of the grid: Tune keeps every trial of an experiment in the driver and rescans
@@ -162,6 +173,26 @@ def write_unrun(trials: list[PlannedTrial], sweep: str, store_path: str) -> None
     """Rows for planned points that are not run (invalid combinations kept with --keep-invalid)."""
     for t in trials:
         store.write_row(store_path, build_row(t.payload, sweep, t.status, "; ".join(t.reasons)))
+
+
+def store_error_stopper():
+    """A Ray Tune stopper that ends the whole experiment once a trial driver could not write its row (a full disk,
+    a lost mount): every later row would be lost the same way. Its `error` is the first such message."""
+    from ray import tune
+
+    class StoreErrorStopper(tune.Stopper):
+        def __init__(self):
+            self.error: str | None = None
+
+        def __call__(self, trial_id: str, result: dict) -> bool:
+            if result.get("store_error") and self.error is None:
+                self.error = result["store_error"]
+            return bool(result.get("store_error"))
+
+        def stop_all(self) -> bool:
+            return self.error is not None
+
+    return StoreErrorStopper()
 
 
 def tune_searcher(search: PlannedSearch):

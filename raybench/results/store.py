@@ -18,8 +18,10 @@ too, and visible to `raybench query`. Adding a column does not bump SCHEMA_VERSI
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import time
 import types
 import typing
@@ -140,16 +142,46 @@ def file_stamp() -> str:
     return f"{time.time_ns()}_{os.getpid()}"
 
 
+class StoreWriteError(OSError):
+    """A result file could not be written (a full filesystem, a quota, no permission): the message names the file,
+    the operating system's reason and the space left there. Nothing of the file is left behind."""
+
+
 def write_file_atomic(final: Path, table: pa.Table) -> None:
-    """Write `table` to `final` so that it appears whole or not at all (dot-temp file, fsync, rename)."""
-    final.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    """Write `table` to `final` so that it appears whole or not at all (dot-temp file, fsync, rename).
+    Raises StoreWriteError when it cannot, after removing the temp file (a full disk leaves it empty or torn)."""
     tmp = final.parent / f".{final.name}.tmp"
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)  # results are shared read-only; nobody else may rewrite them
-    os.replace(tmp, final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # results are shared read-only; nobody else may rewrite them
+        os.replace(tmp, final)
+    except OSError as err:
+        _remove(tmp)
+        raise StoreWriteError(f"cannot write the result file {final}: {err.strerror or err}; "
+                              f"{_space_left(final.parent)}") from err
+    except BaseException:  # Ctrl-C, SIGTERM as Terminated: no temp file either
+        _remove(tmp)
+        raise
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):  # the reason the write failed is the error to report, not this one
+        path.unlink(missing_ok=True)
+
+
+def _space_left(directory: Path) -> str:
+    """The free space of the filesystem holding `directory` (or its nearest existing parent), in words."""
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    try:
+        usage = shutil.disk_usage(directory)
+    except OSError as err:
+        return f"free space of {directory} unknown ({err.strerror or err})"
+    return f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB on the filesystem of {directory}"
 
 
 def result_files(store: str | Path, sweep: str | None = None) -> list[Path]:

@@ -1,5 +1,7 @@
 """Faults of a real Ray sweep (`raybench run` in a subprocess, embedded Ray): a hung Ray Train trial, a killed
-Ray Train worker, SIGTERM and kill -9 of the driver followed by a resume. Each sweep keeps to a few trials.
+Ray Train worker, SIGTERM, and kill -9 of the driver with its Ray head (the head node dies) followed by a resume;
+the store's filesystem filling mid-sweep (a tmpfs, as root); two sweeps from two drivers writing one store while
+`raybench query` and `report` read it. Each sweep keeps to a few trials.
 What ended Ray Train trials leave behind is checked in test_faults_ray_leftovers.py (a file of its own, so that it can
 run in another test process than the driver's kill and resume)."""
 
@@ -12,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import psutil
+import pyarrow.parquet as pq
 import pytest
 
 from raybench.drivers.ray_cluster import OWNER_FILE, TEMP_ROOT
@@ -22,9 +26,9 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _write(tmp_path, body: str) -> Path:
-    path = tmp_path / "sweep.yaml"
-    path.write_text(f"name: faults\nmodel: {{preset: tiny}}\nstore: {tmp_path / 'store'}\n{body}")
+def _write(tmp_path, body: str, name: str = "faults") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\nmodel: {{preset: tiny}}\nstore: {tmp_path / 'store'}\n{body}")
     return path
 
 
@@ -105,21 +109,123 @@ def test_sigterm_flushes_rows_then_resume_completes(tmp_path):
     _assert_complete_once(tmp_path, 2)
 
 
-def test_kill_driver_then_resume_completes_without_duplicates(tmp_path):
+HEAD_PROCESSES = ("gcs_server", "raylet")  # the Ray head itself: its control store and its node manager
+
+
+def test_kill_driver_and_ray_head_then_resume_completes_without_duplicates(tmp_path):
+    # The head node dies: the driver and its Ray head's own processes are killed -9 at once (no handler, no
+    # finally, no Ray shutdown). What they leave (Ray's agents and workers, torchrun and its ranks, the temp dir)
+    # must die or be reaped, and must not block the next run.
     sweep = _write(tmp_path, TORCHRUN_SWEEP)
     proc = _start(sweep)
     _wait_for_line(proc, "[1/2]")
     tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    proc.kill()  # kill -9: no handler, no finally
+    head = [p for p in tree if _process_name(p) in HEAD_PROCESSES]
+    assert sorted(_process_name(p) for p in head) == sorted(HEAD_PROCESSES), [_safe_name(p) for p in tree]
+    for victim in (proc, *head):
+        victim.kill()
     proc.wait()
     orphaned = _temp_dirs_of(proc.pid)
     assert len(orphaned) == 1  # the dead driver's embedded Ray left its temp dir behind
+    before = store.result_files(tmp_path / "store", "faults")
+    assert before and all(pq.read_table(path).num_rows == 1 for path in before)  # rows written before: whole
     code, out = _finish(_start(sweep))
     assert code == 0, out[-3000:]
+    assert f"{len(before)} trial(s) already stored as ok" in out  # resumed: only the missing trial ran
     _assert_complete_once(tmp_path, 2)
+    assert all(path.exists() for path in before)
     assert not any(d.exists() for d in orphaned)  # the next run reaped it ...
     _, alive = psutil.wait_procs(tree, timeout=10)
     assert not alive, alive  # ... and no process of the killed run survives (Ray agents, torchrun, ranks)
+    print(f"\nhead killed: faults 1, rows expected 2, found {len(_rows(tmp_path))}, "
+          f"duplicates {len(_rows(tmp_path)) - _rows(tmp_path).trial_id.nunique()}")
+
+
+# One trial at a time (each takes both CPUs): a full disk stops the sweep at the first row it cannot write.
+ONE_AT_A_TIME_SWEEP = TORCHRUN_SWEEP.replace("[0, 1]", "[0, 1, 2]")
+
+
+@pytest.mark.slow  # ~2 min; the default run covers the store's and the CLI's side: tests/unit/test_store_full.py
+def test_full_store_stops_the_sweep_loudly_then_a_rerun_fills_the_gap(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs to fill needs root")
+    mount = tmp_path / "store"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode:
+        pytest.skip(f"mount -t tmpfs refused here: {mounted.stderr.strip()}")
+    try:
+        sweep = _write(tmp_path, ONE_AT_A_TIME_SWEEP)
+        proc = _start(sweep)
+        _wait_for_line(proc, "[1/3]")
+        filler = _fill(mount)  # the disk fills while the second trial runs
+        code, out = _finish(proc)
+        assert code == 1, out[-3000:]
+        assert "cannot write the result file" in out and "No space left on device" in out, out[-3000:]
+        assert "MiB free of 2.0 MiB" in out and "run the same command again" in out, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        stored = [p for p in mount.rglob("*") if p.is_file() and p != filler and "_cache" not in p.parts]
+        assert stored == store.result_files(mount, "faults")  # no temp file, torn or empty, left behind
+        assert 1 <= len(stored) < 3 and all(pq.read_table(path).num_rows == 1 for path in stored)
+        filler.unlink()
+        code, out = _finish(_start(sweep))
+        assert code == 0, out[-3000:]
+        assert f"{len(stored)} trial(s) already stored as ok" in out  # only the missing trials ran
+        _assert_complete_once(tmp_path, 3)
+        rows = _rows(tmp_path)
+        print(f"\nfull disk: faults 1, rows before {len(stored)}, rows expected 3, found {len(rows)}, "
+              f"duplicates {len(rows) - rows.trial_id.nunique()}")
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def _fill(directory: Path) -> Path:
+    """Write one file until the filesystem is full; returns it (delete it to free the space)."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"x" * 65536)
+    except OSError as err:
+        assert err.errno == 28  # ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.mark.slow  # ~2 min; the default run covers the store's side: test_store_concurrency.py (8 writers, a reader)
+def test_two_sweeps_write_one_store_at_once_while_query_and_report_read_it(tmp_path):
+    # Two jobs: two `raybench run` drivers, each with its own embedded Ray, write two sweeps into one store, while
+    # `raybench query` and `raybench report` read that store over and over.
+    body = TORCHRUN_SWEEP.replace("workers: 2", "workers: 1").replace("[0, 1]", "[0, 1, 2]")
+    drivers = [_start(_write(tmp_path, body, name)) for name in ("left", "right")]
+    root = str(tmp_path / "store")
+    readers = {"query": [sys.executable, "-m", "raybench", "query", root, "--format", "csv",
+                         "select sweep, count(*) as n, count(distinct trial_id) as ids from attempts group by 1"],
+               "report": [sys.executable, "-m", "raybench", "report", root]}
+    reads = {name: 0 for name in readers}
+    while any(d.poll() is None for d in drivers):
+        for name, argv in readers.items():
+            if not Path(root).is_dir():
+                continue  # no row yet: the first trials are still running
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300,
+                                  check=False)
+            assert done.returncode == 0 and "Traceback" not in done.stderr, (name, done.stderr[-3000:])
+            if name == "query":  # each trial once (one attempt each), never more than its sweep has
+                for line in done.stdout.splitlines()[1:]:
+                    _, n, ids = line.split(",")
+                    assert n == ids and int(n) <= 3, done.stdout
+            reads[name] += 1
+    for driver in drivers:
+        code, out = _finish(driver)
+        assert code == 0, out[-3000:]
+    rows = duckdb.sql(f"select sweep, trial_id, status from read_parquet('{root}/*/*.parquet')").fetchall()
+    assert len(rows) == len(set(rows)) == 6 and {status for _, _, status in rows} == {"ok"}, rows
+    assert {sweep for sweep, _, _ in rows} == {"left", "right"}
+    assert all(reads.values()), reads
+    print(f"\ntwo sweeps: rows expected 6, found {len(rows)}, duplicates {len(rows) - len(set(rows))}, "
+          f"reads while writing {reads}")
 
 
 @pytest.mark.slow  # ~55 s; the timeout path stays in the default run through torchrun (test_faults_torchrun)
@@ -176,5 +282,12 @@ def _wait_for_train_worker(driver_pid: int, limit_s: float = 120) -> psutil.Proc
 def _safe_name(p: psutil.Process) -> str:
     try:
         return p.name() if p.name().startswith("ray::") else " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _process_name(p: psutil.Process) -> str:
+    try:
+        return p.name()
     except psutil.Error:
         return ""
