@@ -122,7 +122,7 @@ def encoder(data: DataSpec, tokenizer):
     eos = tokenizer.eos_token_id
     masked = data.loss_on == "assistant"
     if masked and data.format == "messages" and has_generation_markers(tokenizer):
-        return functools.partial(_encode_marked, field=_field(data), tokenizer=tokenizer)
+        return functools.partial(_encode_marked, field=text_field(data), tokenizer=tokenizer)
 
     def encode(batch: dict) -> dict:
         records = [dict(zip(batch, values)) for values in zip(*batch.values())]
