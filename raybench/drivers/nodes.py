@@ -24,8 +24,9 @@ LOST_NODE_WAIT_S = 20.0
 POLL_S = 0.5
 # Text of a failure that a lost process or connection can cause (a rank killed with its node, a collective
 # whose peer vanished): only those wait for a node's death to be declared, so an ordinary error row is not slower.
-_LOST_PROCESS_MARKERS = ("died", "Died", "Crashed", "onnection", "unexpected", "Unavailable", "gloo", "NCCL",
-                         "Socket", "socket", "RaySystemError")
+# Ray Train's ControllerError covers a worker lost while its group starts ("failed to initialize").
+LOST_PROCESS_MARKERS = ("died", "Died", "Crashed", "onnection", "unexpected", "Unavailable", "gloo", "NCCL",
+                         "Socket", "socket", "RaySystemError", "ControllerError", "failed to initialize")
 
 
 class NodeLost(RuntimeError):
@@ -117,7 +118,7 @@ def lost_during(failure: str, alive_at_start: set[str], wait_s: float = LOST_NOD
     """The nodes alive at a trial's start that are gone after it failed with `failure` (its text). A process on a
     lost node fails before the GCS declares the node dead, so this waits up to `wait_s` for that; only on a
     multi-node cluster and for a failure a lost process can cause (one node: the driver's own is alive)."""
-    if len(alive_at_start) < 2 or not any(m in failure for m in _LOST_PROCESS_MARKERS):
+    if len(alive_at_start) < 2 or not any(m in failure for m in LOST_PROCESS_MARKERS):
         return []
     deadline = time.monotonic() + wait_s
     while not (gone := lost_since(alive_at_start, current())) and time.monotonic() < deadline:

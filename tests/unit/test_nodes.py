@@ -43,6 +43,9 @@ def test_lost_since_lists_only_nodes_alive_at_the_start():
     # One node (an embedded Ray: the driver's own) or an ordinary error: no wait for a death to be declared.
     assert nodes.lost_during("WorkerCrashedError: died", {"a" * 56}) == []
     assert nodes.lost_during("ValueError: bad value", {"a" * 56, "b" * 56}) == []
+    # A worker killed while its group starts fails the trial with Train's ControllerError: that one waits.
+    assert any(m in "ray.train.ControllerError: Training failed due to controller error: At least one of the "
+               "worker actors failed to initialize" for m in nodes.LOST_PROCESS_MARKERS)
 
 
 def test_a_lost_node_is_an_error_row_whose_message_names_it():
