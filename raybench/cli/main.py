@@ -244,9 +244,23 @@ def _cluster_up(args) -> int:
 def _cluster_status(args) -> int:
 
     status = slurm.cluster_status(args.name)
-    print(json.dumps(status) if args.json else
-          f"cluster {status['name']}: job {status['job_id']} {status['state']}, address {status['address'] or '-'}")
+    print(json.dumps(status) if args.json else cluster_status_text(status))
     return EXIT_OK if status["state"] != "GONE" else EXIT_TRIALS_FAILED
+
+
+def cluster_status_text(status: dict) -> str:
+    """`cluster status` as a line, then one line per Ray node: a node lost mid-sweep is named with Ray's reason."""
+    lines = [f"cluster {status['name']}: job {status['job_id']} {status['state']}, "
+             f"address {status['address'] or '-'}"]
+    if status.get("nodes_error"):
+        lines.append(f"  Ray nodes: cannot ask the cluster ({status['nodes_error']})")
+    for node in status.get("nodes") or ():
+        where = node["name"] if node["name"] == node["ip"] else f"{node['name']} ({node['ip']})"
+        lines.append(f"  node {where}: " + ("alive" if node["alive"] else f"GONE ({node['cause']})"))
+    if any(not node["alive"] for node in status.get("nodes") or ()):
+        lines.append("  degraded: trials that need the lost nodes end as 'not enough nodes'; "
+                     f"`raybench cluster down {status['name']}` and `up` again to heal it")
+    return "\n".join(lines)
 
 
 def _cluster_down(args) -> int:

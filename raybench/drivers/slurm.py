@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from raybench.drivers import nodes
 from raybench.planning.plan import plan
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
@@ -128,9 +129,16 @@ def render(opts: SlurmOptions, job_dir: Path, payload: str, template: Path | Non
     return re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], text)
 
 
-HOLD_PAYLOAD = """# Hold the cluster until scancel (`raybench cluster down`) or the time limit; end if a Ray step dies.
-wait -n "${step_pids[@]}"
-echo "raybench: a Ray node step ended; the cluster goes down" >&2
+HOLD_PAYLOAD = """# Hold the cluster until scancel (`raybench cluster down`) or the time limit; end if the head's step dies.
+# A worker node's step that ends (the node lost) leaves the cluster up, degraded: `raybench cluster status`
+# names the node, and trials that need more nodes than remain end at once as "not enough nodes".
+if ((${#step_pids[@]} > 1)); then
+  wait -n "${step_pids[@]}"
+  kill -0 "${step_pids[0]}" 2>/dev/null &&
+    echo "raybench: a Ray worker node's step ended; the cluster stays up on the nodes that remain" >&2
+fi
+wait "${step_pids[0]}"
+echo "raybench: the Ray head's step ended; the cluster goes down" >&2
 exit 1
 """
 
@@ -293,11 +301,20 @@ def _address(record: dict) -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
-def cluster_status(name: str) -> dict:
+def cluster_status(name: str, with_nodes: bool = True) -> dict:
+    """The cluster's job state and address; with `with_nodes`, its Ray nodes as Ray sees them (a node lost
+    mid-sweep is listed dead with Ray's reason: SLURM may still count it as allocated). Asking Ray imports it:
+    run in a process that has not imported Ray yet (the CLI)."""
     record = load_record(name)
     state = job_state(record["job_id"])
-    return {"name": name, "job_id": record["job_id"], "state": state or "GONE",
-            "address": _address(record) if state else None, "job_dir": record["job_dir"]}
+    status = {"name": name, "job_id": record["job_id"], "state": state or "GONE",
+              "address": _address(record) if state else None, "job_dir": record["job_dir"], "nodes": None}
+    if with_nodes and state == "RUNNING" and status["address"]:
+        try:
+            status["nodes"] = nodes.cluster_nodes(connect(name))
+        except Exception as err:  # a head that does not answer is a finding to show, not a crash
+            status["nodes_error"] = f"{type(err).__name__}: {err}"
+    return status
 
 
 def cluster_down(name: str, timeout: float = 300) -> str:

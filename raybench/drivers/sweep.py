@@ -10,6 +10,7 @@ functions: Ray fixes its auth mode when it is first imported (`use_token_auth` m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -20,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from raybench.drivers import executors
 from raybench.drivers.executors import train
 from raybench.drivers.progress import SweepProgress, as_progress, peak_gib
-from raybench.drivers.ray_cluster import DRIVER_RESOURCE, ray_cluster, terminate_on_sigterm, use_token_auth
+from raybench.drivers.ray_cluster import (DRIVER_RESOURCE, Terminated, ray_cluster, terminate_on_sigterm,
+                                          use_token_auth)
 from raybench.drivers.search import ANSWERED, FINISHED, PlannedSearch, SearchSpace, make_sampler, stored_rows
 from raybench.drivers.trial import build_row, run_trial, summary
 from raybench.planning.plan import PlannedTrial
@@ -112,7 +115,9 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     reporter = as_progress(progress)  # a plain function gets one line per finished trial
 
     # ray.init installs its own SIGTERM handler (a stack dump, then death with no cleanup): ours goes on after it.
-    with ray_cluster(address, verbose) as dashboard, terminate_on_sigterm(), \
+    # On the way out of a stop, Ray shut down, the trials it cut get `interrupted` rows.
+    with record_interrupted(reporter, trials, sweep, store_path, executor, listed), \
+            ray_cluster(address, verbose) as dashboard, terminate_on_sigterm(), \
             tempfile.TemporaryDirectory(prefix="raybench-tune-") as tune_dir:
         if executor != "pool":
             from raybench.drivers.executors import pool  # imports Ray, which must follow use_token_auth
@@ -167,6 +172,37 @@ def write_died_rows(trials: list[PlannedTrial], sweep: str, store_path: str, exe
             store.write_row(store_path, build_row(t.payload, sweep, "error",
                                                   "trial driver died before storing a row",
                                                   executor=executor))
+
+
+INTERRUPTED_MESSAGE = ("the sweep was stopped while this trial ran ({why}); nothing of it is kept, and the next run "
+                       "of the sweep runs it again")
+
+
+@contextlib.contextmanager
+def record_interrupted(progress: SweepProgress, trials: list[PlannedTrial], sweep: str, store_path: str,
+                       executor: str, listed: set[Path]):
+    """On SIGTERM (end of allocation, scancel, preemption) or Ctrl-C: an `interrupted` row for each trial that was
+    running, once Ray is shut down (entered first, it exits last). Its partial measurement is never a row; an
+    error row that the stop itself caused (ranks killed with the job) is superseded, being older."""
+    try:
+        yield
+    except (Terminated, KeyboardInterrupt) as why:
+        running = {trial_id for trial_id, state in progress.states.items() if state.status == "running"}
+        write_interrupted_rows([t for t in trials if t.trial_id in running], sweep, store_path, executor, listed,
+                               str(why) or "Ctrl-C")
+        raise
+
+
+def write_interrupted_rows(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
+                           listed: set[Path], why: str) -> None:
+    """An `interrupted` row for each of `trials` that stored no ok row since the sweep's files were `listed`."""
+    new = [path for path in store.result_files(store_path, sweep) if path not in listed]
+    ok = {store.trial_id_of(path) for path in new
+          if pq.read_table(path, columns=["status"]).column("status").to_pylist() == ["ok"]}
+    for t in trials:
+        if t.trial_id not in ok:
+            store.write_row(store_path, build_row(t.payload, sweep, "interrupted",
+                                                  INTERRUPTED_MESSAGE.format(why=why), executor=executor))
 
 
 def write_unrun(trials: list[PlannedTrial], sweep: str, store_path: str) -> None:

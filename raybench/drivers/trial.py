@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from raybench.drivers.nodes import NodeLost
 from raybench.planning import assessment
 from raybench.results import store
 from raybench.results.store import SCHEMA, flatten_config, json_column
@@ -25,7 +26,9 @@ from raybench.spec.schema import DataTaken, RankResult
 from raybench.spec.stacks import RAYBENCH
 from raybench.spec.tokenized_data import CUT_LABEL_NOTE_FRAC
 
-STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped")
+# interrupted: the sweep was stopped (SIGTERM at the end of an allocation, scancel, Ctrl-C) while the trial ran;
+# no measurement is kept and the next run of the sweep runs it again (sweep.write_interrupted_rows).
+STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped", "interrupted")
 # "ValueError: ...", and a qualified exception of any name ("torch._dynamo.exc.FailOnRecompileLimitHit: ...").
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s|^((?:[a-z_]\w*\.)+[A-Z]\w*):\s")
 # CUDA OOM, and a host allocation refused under resources.memory_limit_gib (torch's CPU allocator, Python).
@@ -55,6 +58,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
     # Ray's dead-worker message lists guesses ("killed by the OOM killer", ...) after this phrase: they are
     # not findings, so they must not decide the status.
     text = error_text(exc).split("Some common causes include")[0]
+    if isinstance(exc, NodeLost):  # its first line names the node; the text after it is Ray's own guesswork
+        return "error", str(exc).splitlines()[0][:500]
     if isinstance(exc, TimeoutError):
         return "timeout", one_line_message(text)
     for status, markers in (("oom", _OOM_MARKERS), ("timeout", _TIMEOUT_MARKERS)):

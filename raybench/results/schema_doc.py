@@ -23,7 +23,8 @@ DESCRIPTIONS = {
                    "files that predate the column read as FILESTEM#ROW); a re-run is a new attempt."),
     "config_id": "Content hash of the resolved trial config (equal across repeats, sweeps and sites).",
     "repeat": "Repeat index of the configuration (`repeats:` in the sweep).",
-    "status": "ok, oom, error, timeout, invalid or skipped.",
+    "status": "ok, oom, error, timeout, invalid, skipped or interrupted (the sweep was stopped while the trial ran: "
+              "SIGTERM at the end of an allocation, scancel, Ctrl-C; the next run runs it again).",
     "message": "One line saying why the trial did not end ok (empty when ok).",
     "error_detail": ("Failed trials: the end of the error text (the failing rank's traceback, or torchrun's log "
                      "tail), with secret values removed; null otherwise."),

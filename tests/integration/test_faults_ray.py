@@ -101,11 +101,13 @@ def test_sigterm_flushes_rows_then_resume_completes(tmp_path):
     assert code == 130 and "run the same command again" in out, out[-2000:]
     assert time.perf_counter() - t0 < 30  # prompt
     stored = _rows(tmp_path)
-    assert list(stored.status) == ["ok"]  # the finished row kept, nothing half-made
+    # The finished row kept, nothing half-made: the trial that was running (if Tune had started it) is
+    # `interrupted`, never a partial ok.
+    assert sorted(stored.status) in (["ok"], ["interrupted", "ok"]), stored[["status", "message"]]
     assert not _temp_dirs_of(proc.pid)  # its embedded Ray was shut down and its temp dir removed
     code, out = _finish(_start(sweep))
     assert code == 0, out[-3000:]
-    assert f"{len(stored)} trial(s) already stored as ok" in out
+    assert "1 trial(s) already stored as ok" in out
     _assert_complete_once(tmp_path, 2)
 
 

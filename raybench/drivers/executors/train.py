@@ -21,12 +21,15 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from raybench.drivers import nodes
 from raybench.drivers.executors import RAY_WORKER_ENV
 from raybench.spec.payload import TrialPayload
 from raybench.spec.schema import RankResult
 
 # Seconds to wait for the cancelled fit task to be reported dead before giving up on it.
 CANCEL_WAIT_S = 30
+# How often a running or waiting trial checks that it still fits on the cluster's alive nodes (a node lost).
+NODE_CHECK_S = 2.0
 # How often the sweep driver looks for placement groups that dead Train controllers left reserved.
 REAP_INTERVAL_S = 2.0
 # Ray Train settings for every trial's controller, against what its defaults cost a short trial
@@ -65,7 +68,7 @@ def _fit(payload: TrialPayload) -> RankResult:
         scaling_config=ScalingConfig(
             num_workers=resources.workers,
             use_gpu=use_gpu,
-            resources_per_worker={"CPU": resources.cpus_per_worker, **({"GPU": 1} if use_gpu else {})},
+            resources_per_worker=worker_resources(payload),
         ),
         # Collectives stuck past the trial's budget fail inside the workers as well.
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(resources.timeout_s)),
@@ -94,10 +97,25 @@ def _fit(payload: TrialPayload) -> RankResult:
     return result.return_value
 
 
+def worker_resources(payload: TrialPayload) -> dict[str, float]:
+    """What each Ray Train worker of the trial reserves on its node."""
+    resources = payload.config.resources
+    return {"CPU": resources.cpus_per_worker, **({"GPU": 1} if resources.gpus_per_worker > 0 else {})}
+
+
+def _check_fits(payload: TrialPayload, alive_at_start: set[str] | None = None) -> set[str]:
+    """nodes.check_fits for this trial's workers: raises NodeLost / NotEnoughNodes, else the alive node ids."""
+    per_worker = worker_resources(payload)
+    return nodes.check_fits(payload.config.resources.workers, per_worker["CPU"], per_worker.get("GPU", 0),
+                            alive_at_start)
+
+
 def execute(payload: TrialPayload) -> RankResult:
     import ray
 
     timeout_s = payload.config.resources.timeout_s
+    # A trial that needs more nodes than are alive ends now, not at its timeout (a node was lost).
+    alive_at_start = _check_fits(payload)
     # Pinned to this node (the controller attaches to its creator's node) and never retried: a failed
     # trial is a row, not a second attempt.
     # RAY_ADDRESS names this cluster to the controller and its helpers (inherited runtime env): Train V2's
@@ -110,17 +128,27 @@ def execute(payload: TrialPayload) -> RankResult:
     fit = ray.remote(num_cpus=0, max_retries=0, runtime_env={"env_vars": env})(_fit)
     ref = fit.remote(payload)
     ready, waiting = [], ""
+    deadline = time.monotonic() + timeout_s
     try:
-        ready, _ = ray.wait([ref], timeout=timeout_s)
+        while not ready and (left := deadline - time.monotonic()) > 0:
+            ready, _ = ray.wait([ref], timeout=min(left, NODE_CHECK_S))
+            if not ready:  # a node lost while the trial runs or waits for resources ends it now
+                _check_fits(payload, alive_at_start)
         if not ready:
             waiting = _waiting_for_resources()  # before the cancel frees what this trial holds
     finally:
-        if not ready:  # timed out, or interrupted (Tune stopping): the trainer must not outlive its trial
+        if not ready:  # timed out, node lost, or interrupted (Tune stopping): the trainer must not outlive it
             _cancel(ref)
     if not ready:
         raise TimeoutError(f"trial exceeded resources.timeout_s={timeout_s:g} s; its Ray Train run was "
                            f"killed{waiting}")
-    return _unwrap(ref)
+    try:
+        return _unwrap(ref)
+    except Exception as err:  # a rank on a node that died fails first: name the node in the row
+        failure = f"{type(err).__name__}: {err}"
+        if gone := nodes.lost_during(failure, alive_at_start):
+            raise nodes.NodeLost(nodes.lost_message(gone, failure)) from err
+        raise
 
 
 def _waiting_for_resources() -> str:
