@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -63,10 +64,18 @@ def _node_lines(nodes: int) -> str:
         f"CPUs={os.cpu_count()} RealMemory={_memory_mb() // nodes}" for i in range(1, nodes + 1))
 
 
+def _first_job_id() -> int:
+    """Job ids of their own: a job's Ray keeps its files in /tmp/rbs-JOBID-*, so two test clusters on this host at
+    once (two test processes) must never both run a job 1 (SLURM's default first id). Below SLURM's limit of
+    0x03ff0000."""
+    return random.randrange(1_000, 60_000_000, 1_000)
+
+
 def write_config(root: Path, nodes: int = 1) -> Path:
     conf = root / "slurm.conf"
     conf.write_text(f"""\
 ClusterName=raybenchtest
+FirstJobId={_first_job_id()}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={_free_port()}
 AuthType=auth/munge
