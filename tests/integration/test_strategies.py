@@ -1,5 +1,11 @@
 """Every CPU-capable strategy and technique really trains: a few steps of the tiny preset on 2 gloo ranks
-(4 for TP x FSDP2) through the Ray-free torchrun path, and the loss goes down with a fixed seed.
+(4 for TP x FSDP2), and the loss goes down with a fixed seed.
+
+The trials of up to 2 ranks run in the warm pool on one local Ray (`executor: pool`): its processes import torch,
+transformers and raybench once per group, where torchrun would start fresh ones for each trial (their imports
+cost several times a tiny trial's training). A warm trial's losses equal a fresh one's
+(test_pool.py::test_warm_trial_equals_fresh_after_other_trials); the 4-rank trials, more ranks than this
+machine's CPUs, run under torchrun.
 
 The data is the alpaca-style test text (a small word-level tokenizer; ids fit the tiny preset's vocabulary),
 which a model learns within a few steps; uniform random tokens would not show learning that fast. Strategies
@@ -13,7 +19,8 @@ import itertools
 import pytest
 import torch
 
-from raybench.drivers.executors import torchrun
+from raybench.drivers.executors import pool, torchrun
+from raybench.drivers.ray_cluster import ray_cluster
 from raybench.planning.plan import plan
 from raybench.spec.load import parse_sweep
 from raybench.spec.schema import RankResult
@@ -35,9 +42,9 @@ FP16_RTOL = 8 * torch.finfo(torch.float16).eps
 
 ALL_LINEAR_LORA = {"finetune": "lora", "lora": {"targets": "all_linear"}, "ac_ratio": "1/2", "lr": 1e-2}
 CASES = {
-    # name: (train overrides, data overrides, workers)
+    # name: (train overrides, data overrides, workers), grouped by the pool group each runs in (the order the tests
+    # run them in: a group is started once for its run of cases).
     "ddp": ({}, {}, 2),
-    "ddp-1rank": ({}, {}, 1),
     "ddp-lora-sac-half-fp16": ({"finetune": "lora", "ac_ratio": "1/2", "precision": "fp16", "lr": 1e-2}, {}, 2),
     "ddp-lora-sac-half": ({"finetune": "lora", "ac_ratio": "1/2", "lr": 1e-2}, {}, 2),  # the fp16 case in fp32
     "ddp-compile-ac-full-loaders2": ({"compile": True, "ac_ratio": "1", "optimizer": "adamw_foreach"},
@@ -47,18 +54,21 @@ CASES = {
     "fsdp2-lora": ({"strategy": "fsdp2", "finetune": "lora", "lr": 1e-2}, {}, 2),
     # LoRA split with its base projections (A or B split, the other whole), all-linear targets, sAC on half.
     "tp-lora": ({"strategy": "tp", "tp_size": 2, **ALL_LINEAR_LORA}, {}, 2),
-    "ddp-1rank-lora": (ALL_LINEAR_LORA, {}, 1),
-    "zero2-accum2-adafactor": ({"strategy": "deepspeed", "zero_stage": 2, "grad_accum": 2, "optimizer": "adafactor",
-                                "lr": 1e-2}, {}, 2),
-    "zero3": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 2),
-    "zero3-1rank": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 1),
     # compiled: its checkpointed blocks compile inside their checkpoints (compile.compiled_region)
     "tp": ({"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2", "optimizer": "adamw_fused", "compile": True}, {}, 2),
-    "tp-fsdp2": ({"strategy": "tp_fsdp2", "tp_size": 2}, {}, 4),
     # Sharded builds give every rank its part of the same random init at any world size
     # (raybench/runtime/materialize.py).
     "fsdp2": ({"strategy": "fsdp2"}, {}, 2),
+    # DeepSpeed's ranks start with DS_ACCELERATOR set: a group of their own.
+    "zero2-accum2-adafactor": ({"strategy": "deepspeed", "zero_stage": 2, "grad_accum": 2, "optimizer": "adafactor",
+                                "lr": 1e-2}, {}, 2),
+    "zero3": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 2),
+    "ddp-1rank": ({}, {}, 1),
+    "ddp-1rank-lora": (ALL_LINEAR_LORA, {}, 1),
     "fsdp2-1rank": ({"strategy": "fsdp2"}, {}, 1),
+    "zero3-1rank": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 1),
+    # More ranks than CPUs: torchrun.
+    "tp-fsdp2": ({"strategy": "tp_fsdp2", "tp_size": 2}, {}, 4),
     "ddp-4ranks": ({}, {}, 4),
     "fsdp2-4ranks": ({"strategy": "fsdp2"}, {}, 4),
     "zero3-4ranks": ({"strategy": "deepspeed", "zero_stage": 3}, {}, 4),
@@ -66,15 +76,27 @@ CASES = {
 _results: dict[str, RankResult] = {}
 
 
+POOL_MAX_WORKERS = 2  # this machine's CPUs: a pool group holds a CPU per rank
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One local Ray for the file's pool groups (a pool's groups live as long as its Ray)."""
+    with ray_cluster(None):
+        yield
+
+
 def run_trial(train: dict, data: dict, workers: int, model_dir, alpaca_file) -> RankResult:
-    """Plan one trial of the tiny preset on the test text and run it under torchrun; rank 0's result."""
+    """Plan one trial of the tiny preset on the test text and run it, in the warm pool up to POOL_MAX_WORKERS
+    ranks, else under torchrun; rank 0's result."""
+    executor = pool if workers <= POOL_MAX_WORKERS else torchrun
     spec = parse_sweep({
-        "name": "strategies", "model": {"preset": "tiny"},
+        "name": "strategies", "model": {"preset": "tiny"}, "executor": "pool" if executor is pool else "torchrun",
         "data": {"source": "json", "path": str(alpaca_file), "tokenizer": str(model_dir), **data},
         "train": {**BASE_TRAIN, **train}, "resources": {"workers": workers, "timeout_s": 600},
     })
     (trial,) = plan(spec)
-    return torchrun.execute(trial.payload)
+    return executor.execute(trial.payload)
 
 
 def run_case(name: str, model_dir, alpaca_file) -> RankResult:
