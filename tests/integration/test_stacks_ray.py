@@ -2,9 +2,11 @@
 ranks of 1 CPU, measured by the probe and read back from Parquet:
 - hf: TRL's SFTTrainer on a tiny Llama and a local JSONL file (tests/stacks_user/hf_user.py), Ray Train workers;
 - hf on raybench's data: a plain transformers Trainer on the rows and collator raybench's loop builds from a chat data
-  spec, then (a second sweep on the same Ray and store) raybench's own loop on the same spec: the same tokens;
-- lightning: the user's LightningModule under Lightning's DDP (tests/stacks_user/lightning_user.py), Ray Train
-  workers; DDP, as on CPU Lightning runs neither DeepSpeed nor FSDP (docs/stacks/lightning.md);
+  spec, then (a second sweep on the same store, under torchrun) raybench's own loop on the same spec: the same
+  tokens;
+- lightning: the user's LightningModule under Lightning's DDP (tests/stacks_user/lightning_user.py), in the second
+  sweep (torchrun: Lightning joins the ranks' process group the same way under either executor); DDP, as on CPU
+  Lightning runs neither DeepSpeed nor FSDP (docs/stacks/lightning.md);
 - command: the user's own script under torchrun (tests/stacks_user/probe_train.py) in a Ray task, three times: one
   that trains, one that crashes, one that hangs past resources.timeout_s.
 """
@@ -50,10 +52,6 @@ def _sweep(model: Path, data: Path, chat: Path, tokenizer: Path) -> dict:
           "data.source": "hf", "data.path": str(data), "data.format": "text",
           "train.seq_len": SEQ_LEN, "train.micro_batch": MICRO_BATCH, "train.grad_accum": GRAD_ACCUM,
           "train.precision": "fp32", "train.lr": 1e-3}
-    lightning = {"stack.kind": "lightning", "stack.entry": "lightning_user:build", "stack.pythonpath": [str(USER_DIR)],
-                 "stack.overrides": {"strategy": "ddp", "model_path": str(model), "batch_size": MICRO_BATCH,
-                                     "seq_len": SEQ_LEN, "pad_tokens": PAD, "log_every_n_steps": 1},
-                 "train.grad_accum": GRAD_ACCUM, "train.precision": "fp32", "train.seed": 3}
     hf_rows = {"stack.kind": "hf", "stack.entry": "hf_user:build_plain_trainer", "stack.pythonpath": [str(USER_DIR)],
                **_same_tokens(model, chat, tokenizer)}
     command = ["{python}", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "{workers}",
@@ -66,8 +64,21 @@ def _sweep(model: Path, data: Path, chat: Path, tokenizer: Path) -> dict:
 
     return {"name": "stacks", "model": {"path": str(model)}, "train": {"steps": 4, "warmup_steps": 1},
             "resources": {"workers": WORKERS, "cpus_per_worker": 1, "timeout_s": 300},
-            "axes": {"case": [hf, hf_rows, lightning, command_case("ok"), command_case("crash"),
+            "axes": {"case": [hf, hf_rows, command_case("ok"), command_case("crash"),
                               command_case("hang", **{"resources.timeout_s": HANG_TIMEOUT_S})]}}
+
+
+def _local_sweep(model: Path, chat: Path, tokenizer: Path) -> dict:
+    """raybench's own loop on the hf-rows case's data spec, and the lightning case: trials of the Ray-free torchrun
+    executor (a Ray Train trial's actors cost about twice its CPU; the stack code they run is the same)."""
+    lightning = {"stack.kind": "lightning", "stack.entry": "lightning_user:build", "stack.pythonpath": [str(USER_DIR)],
+                 "stack.overrides": {"strategy": "ddp", "model_path": str(model), "batch_size": MICRO_BATCH,
+                                     "seq_len": SEQ_LEN, "pad_tokens": PAD, "log_every_n_steps": 1},
+                 "train.grad_accum": GRAD_ACCUM, "train.precision": "fp32", "train.seed": 3,
+                 "train.steps": 4, "train.warmup_steps": 1}
+    return {"name": "stacks-local", "model": {"path": str(model)}, "executor": "torchrun",
+            "resources": {"workers": WORKERS, "cpus_per_worker": 1},
+            "axes": {"case": [_same_tokens(model, chat, tokenizer), lightning]}}
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +91,19 @@ def rows(tmp_path_factory, chat_file, chat_tokenizer):
                               for i in range(30)))
     sweep = tmp / "stacks.yaml"
     sweep.write_text(yaml.safe_dump(_sweep(model, data, chat_file, chat_tokenizer)))
-    # raybench's own loop on the hf-rows case's data spec, after it: a second sweep on the same Ray and store.
-    loop = tmp / "loop.yaml"
-    loop.write_text(yaml.safe_dump({"name": "stacks-loop", "model": {"path": str(model)},
-                                    "resources": {"workers": WORKERS, "cpus_per_worker": 1},
-                                    "axes": {"case": [_same_tokens(model, chat_file, chat_tokenizer)]}}))
+    # raybench's own loop on the hf-rows case's data spec, after it, and lightning: a second sweep on the same store.
+    local = tmp / "local.yaml"
+    local.write_text(yaml.safe_dump(_local_sweep(model, chat_file, chat_tokenizer)))
     with ray_cluster(None):
         assert cli.main(["run", str(sweep), "--store", str(tmp / "store")]) == 1  # two trials were not ok
-        assert cli.main(["run", str(loop), "--store", str(tmp / "store")]) == 0
+    assert cli.main(["run", str(local), "--store", str(tmp / "store")]) == 0
     frame = read_results(str(tmp / "store"), "stacks")  # read back from the Parquet files
     by_case = {}
     for row in frame.itertuples():
         mode = json.loads(row.stack_overrides_json).get("mode")
         entry = row.stack_entry if isinstance(row.stack_entry, str) else ""
         by_case[f"command-{mode}" if mode else f"{row.stack_kind}-rows" if "plain" in entry else row.stack_kind] = row
-    by_case["raybench"] = next(read_results(str(tmp / "store"), "stacks-loop").itertuples())
+    by_case.update({row.stack_kind: row for row in read_results(str(tmp / "store"), "stacks-local").itertuples()})
     return by_case
 
 
@@ -133,7 +142,7 @@ def test_a_plain_trainer_and_raybenchs_loop_train_on_the_same_tokens(rows, chat_
     assert (stack.data_cache, loop.data_cache) == ("build", "hit")
 
 
-def test_lightning_trial_on_ray(rows):
+def test_lightning_trial(rows):
     row = rows["lightning"]
     assert row.status == "ok", row.message
     assert row.stack_entry == "lightning_user:build" and json.loads(row.stack_overrides_json)["pad_tokens"] == PAD
