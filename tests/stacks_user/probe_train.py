@@ -32,6 +32,7 @@ def main() -> None:
     model = DistributedDataParallel(nn.Sequential(nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     probe = StepProbe()
+    probe.count_params(model)  # what trains: the row's params_trainable (and FLOPs, where the model section's)
     probe.start()
     for step in range(args.steps):
         if args.mode == "crash" and step == 2:
