@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 import raybench
-from raybench.drivers.executors import RAY_WORKER_ENV
+from raybench.drivers.executors import RAY_WORKER_ENV, failure
 from raybench.drivers.executors.torchrun import wait_or_kill
-from raybench.drivers.trial import EXCEPTION_LINE
 from raybench.planning.stacks import planning_module
 from raybench.runtime.probe import RECORD_DIR_ENV
 from raybench.spec.payload import TrialPayload
@@ -133,21 +132,16 @@ def _child_setup(memory_limit_gib: float | None):
 
 
 def _failure_text(argv: list[str], returncode: int, output: str) -> str:
-    """The command's failure: its output's tail, then its own last error line, last, so the row's message is
-    that line and not a launcher's summary (torchrun ends with ChildFailedError, which only says a rank failed)."""
-    lines = output.splitlines()
-    tail = "\n".join(lines[-OUTPUT_TAIL_LINES:])
-    errors = [line.strip() for line in lines if EXCEPTION_LINE.match(_bare(line)) and "ChildFailedError" not in line]
+    """The command's failure: its output's tail, then, last, so that the row's message is that line and not a
+    launcher's summary (torchrun ends with ChildFailedError, which only says a rank failed): the rank (or command)
+    a signal killed, with the output's last error line, else the command's own last exception line."""
+    tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
     head = f"the command {_name(argv)} exited with status {returncode}; the end of its output:\n{tail}"
-    return f"{head}\n\nits last error line:\n{_bare(errors[-1])}" if errors else head
-
-
-def _bare(line: str) -> str:
-    """A line without torchrun's '[rank1]: ' prefix."""
-    line = line.strip()
-    if line.startswith("[") and "]: " in line[:20]:
-        line = line.split("]: ", 1)[1]
-    return line.strip()
+    killed = failure.signal_death(output, returncode, _name(argv))
+    if killed:
+        return f"{head}\n\n{killed}"
+    errors = failure.exception_lines(output)
+    return f"{head}\n\nits last error line:\n{errors[-1]}" if errors else head
 
 
 def _records(probe_dir: Path, workers: int, output: str) -> list[dict]:
