@@ -283,7 +283,8 @@ class StackSpec(Section):
         "{sweep_dir} (the sweep file's directory) and every override key (docs/stacks/command.md)."))
     overrides: dict[str, Any] = Field(default_factory=dict, description=(
         "The stack's own config keys for this trial (an axis such as stack.overrides.learning_rate sweeps one); "
-        "checked against the stack's own schema before launch."))
+        "checked against the stack's own schema before launch. {sweep_dir} in a text value is the sweep file's "
+        "directory ({sweep_dir}/example-data/alpaca.json)."))
     python: str | None = Field(None, description=(
         "command, torchtune, torchtitan: the Python interpreter of the stack's own environment ({python} in a "
         "command); null: the one running raybench."))
