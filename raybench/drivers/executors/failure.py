@@ -19,7 +19,7 @@ from raybench.drivers.trial import EXCEPTION_LINE, signal_line
 # torchrun's own log lines: "E1122 05:44:07.832000 17449 file.py:1002] ...".
 _TORCHRUN_LOG = re.compile(r"^[EWI]\d{4} [\d:.]+ \d+ \S+\] ")
 # torchrun prefixes rank output "[rank1]: " (with --tee, "[default0]:"), and its log lines as above.
-RANK_PREFIX = re.compile(r"^(\[(default)?(rank)?\d+\]:\s?|[EWI]\d{4} [\d:.]+ \d+ \S+\] )")
+_RANK_PREFIX = re.compile(r"^(\[(default)?(rank)?\d+\]:\s?|[EWI]\d{4} [\d:.]+ \d+ \S+\] )")
 # torchrun's mark of a rank's own line: "[rank1]: ...".
 _RANK_MARK = re.compile(r"^\[rank(\d+)\]:")
 # A progress bar's fragment: "45%|####  |", "| 9/20 [", "4.2it/s", "1.3s/it".
@@ -34,15 +34,15 @@ _ROOT_CAUSE = re.compile(r"Root Cause.*?\brank\s*:\s*(\d+).*?\bexitcode\s*:\s*(-
 _TORCHRUN_REPORT = re.compile(r"failed \(exitcode: -?\d+\)|ChildFailedError")
 
 
-def bare(line: str) -> str:
+def _bare(line: str) -> str:
     """A line without torchrun's prefixes."""
-    return RANK_PREFIX.sub("", line.strip()).strip()
+    return _RANK_PREFIX.sub("", line.strip()).strip()
 
 
 def exception_lines(output: str) -> list[str]:
     """The ranks' own exception lines ("ValueError: ..."), prefixes removed, torchrun's ChildFailedError left out
     (it only says that a rank failed)."""
-    lines = (bare(line) for line in output.splitlines())
+    lines = (_bare(line) for line in output.splitlines())
     return [line for line in lines if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
 
 
@@ -53,7 +53,7 @@ def last_line(output: str, rank: int | None = None) -> tuple[str, str] | None:
     peer"). Without such a line the last line left, ("output", line); None when none is left."""
     lines = output.splitlines()
     end = next((i for i, line in enumerate(lines) if _TORCHRUN_REPORT.search(line)), len(lines))
-    kept = [bare(line) for line in lines[:end]
+    kept = [_bare(line) for line in lines[:end]
             if not _TORCHRUN_LOG.match(line.strip()) and _marked_rank(line) in (None, rank)]
     kept = [line for line in kept if line and not _PROGRESS.search(line) and not set(line) <= set("*=-")]
     errors = [line for line in kept if _ERROR_WORDS.search(line)]
