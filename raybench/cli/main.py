@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+from raybench.cli import example_data as cli_example_data
 from raybench.cli import results as cli_results
 from raybench.cli import store as cli_store
 from raybench.drivers import slurm
@@ -386,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_report)
     cli_results.add_parsers(sub)  # compare, export
     cli_store.add_parsers(sub)  # query, compact
+    cli_example_data.add_parsers(sub)  # example-data
 
     p = sub.add_parser("best", help="best configuration (or best value of one axis) per GPU type and model")
     p.add_argument("source", nargs="?", default="./raybench-results", help="result store, or a sweep file")

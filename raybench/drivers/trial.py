@@ -31,6 +31,9 @@ from raybench.spec.tokenized_data import CUT_LABEL_NOTE_FRAC
 STATUSES = ("ok", "oom", "error", "timeout", "invalid", "skipped", "interrupted")
 # "ValueError: ...", and a qualified exception of any name ("torch._dynamo.exc.FailOnRecompileLimitHit: ...").
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt)):?\s|^((?:[a-z_]\w*\.)+[A-Z]\w*):\s")
+# "rank 1 was killed by signal SIGABRT (exit code -6); its last error line: ...": a rank (or a command) that died
+# by a signal raises no exception; the executors write this line for it (signal_line).
+SIGNAL_LINE = re.compile(r"^(rank \d+|the command .+?) was killed by signal \S+ \(exit code -\d+\)")
 # CUDA OOM, and a host allocation refused under resources.memory_limit_gib (torch's CPU allocator, Python).
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "OOM", "can't allocate memory",
                 "Cannot allocate memory", "MemoryError")
@@ -41,16 +44,24 @@ ERROR_DETAIL_CHARS = 8000
 
 
 def one_line_message(text: str, limit: int = 500) -> str:
-    """The most telling line of an error text: its last 'SomeError: ...' line, else its first line."""
+    """The most telling line of an error text: its last 'SomeError: ...' line (or a signal's, SIGNAL_LINE), else
+    its first line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return ""
-    picked = max((i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)), default=0)
+    picked = max((i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line) or SIGNAL_LINE.match(line)),
+                 default=0)
     message = lines[picked]
     if message.endswith(":"):  # a heading ("Training failed due to worker errors:"): the reason comes next
         reason = next((line for line in lines[picked + 1:] if not line.endswith(":")), "")
         message = f"{message} {reason}".strip()
     return message[:limit]
+
+
+def signal_line(who: str, signal_name: str, exit_code: int) -> str:
+    """The message of a rank or command killed by a signal (SIGNAL_LINE): "rank 1 was killed by signal SIGABRT (exit
+    code -6)"."""
+    return f"{who} was killed by signal {signal_name} (exit code {exit_code})"
 
 
 def classify(exc: BaseException) -> tuple[str, str]:

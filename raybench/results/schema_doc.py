@@ -80,7 +80,9 @@ DESCRIPTIONS = {
     "peak_reserved_gib_by_rank": "peak_reserved_gib of every rank, in rank order.",
     "params_total": "Parameters of the model (a QLoRA 4-bit weight counts its original shape, not its packed "
                     "storage).",
-    "params_trainable": "Parameters that receive gradients (LoRA adapters only under LoRA).",
+    "params_trainable": ("Parameters that receive gradients (LoRA adapters only under LoRA). A command stack: as its "
+                         "script reported them to the probe (StepProbe.count_params); null where it did not, and "
+                         "then flops_per_token and mfu are null too."),
     "model_build_s": ("Building the model and giving it its values (random init or a weights read; under sharding "
                       "strategies only the rank's own shards), slowest rank."),
     "weights_cache": "Pool executor: hit when the weights came from the actor's in-memory copy, else miss.",

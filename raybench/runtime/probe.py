@@ -7,6 +7,7 @@ once per optimizer step; the trial then reduces every rank's record into the sam
     from raybench.runtime.probe import StepProbe
 
     probe = StepProbe()                       # this rank's device: the current CUDA device, else the CPU
+    probe.count_params(model)                 # total and trainable parameters (a LoRA script: its adapters train)
     probe.start()                             # right before the first step
     for batch in loader:
         loss = train_step(batch)
@@ -61,7 +62,23 @@ class StepProbe:
         self.device = device if device is not None else _default_device()
         self.record = LoopRecord()
         self.on_step = None  # called after each step's record (raybench's utilization sampler ticks here)
+        self.params: dict[str, int] | None = None  # {"total", "trainable"} as the script reported them
         self._last: float | None = None
+
+    def count_params(self, model) -> None:
+        """Report the model this rank trains: its parameters and those that train (`requires_grad`), as built,
+        before or after a wrapper (DDP, FSDP2's DTensors count whole). The row's params_trainable and, from it, its
+        FLOPs per token: trainable below total is a frozen base (LoRA: 4 FLOPs a weight a token plus 2 per trainable
+        one), equal is a full fine-tune (6)."""
+        total, trainable = param_counts(model)
+        self.set_params(total=total, trainable=trainable)
+
+    def set_params(self, total: int, trainable: int) -> None:
+        """`count_params` for a script that counts its parameters itself."""
+        if not 0 < int(trainable) <= int(total):
+            raise ValueError(f"StepProbe.set_params(total={total}, trainable={trainable}): trainable parameters "
+                             "must be at least 1 and at most the total")
+        self.params = {"total": int(total), "trainable": int(trainable)}
 
     def start(self) -> None:
         """Mark the start of the first step (after the model, the optimizer and the data are ready)."""
@@ -102,7 +119,8 @@ class StepProbe:
         return {"rank": int(os.environ.get("RANK", "0")), "step_times_s": self.record.step_times_s,
                 "step_starts_wall": [s + offset for s in self.record.step_starts],
                 "tokens": self.record.tokens, "nonpad_tokens": self.record.nonpad_tokens,
-                "losses": self.record.losses, "peaks": self.peaks_gib(), "device_type": self.device.type}
+                "losses": self.record.losses, "peaks": self.peaks_gib(), "device_type": self.device.type,
+                "params": self.params}
 
     def finish(self) -> Path | None:
         """Write this rank's record where a raybench `command` trial reads it; outside one, do nothing."""
@@ -166,6 +184,13 @@ class StepCounter:
             loss = loss / self.nonpad_tokens  # no token with a label: nan, as the stacks' own division
         probe.step(tokens=self.tokens, nonpad_tokens=self.nonpad_tokens, loss=loss)
         self._reset()
+
+
+def param_counts(model) -> tuple[int, int]:
+    """(total, trainable) parameters of a torch module; a parameter DeepSpeed ZeRO-3 partitioned counts whole (its
+    ds_numel)."""
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in model.parameters()]
+    return sum(n for n, _ in sizes), sum(n for n, trainable in sizes if trainable)
 
 
 def _default_device():

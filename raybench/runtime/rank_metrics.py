@@ -213,7 +213,7 @@ class TrialFacts:
     world_size: int
     dp_size: int  # data-parallel ranks: each draws its own batch
     params_total: int
-    params_trainable: int
+    params_trainable: int | None  # None: not known (a command stack's script did not report it)
     flops_per_token: float | None  # None: not known for the model the user's stack trained
     peak_tflops: float | None  # the device's dense peak for the trial's precision; None: MFU unknown
     comm_exposed_p50_s: float | None

@@ -127,8 +127,8 @@ def _resolve_paths(raw: dict, base_dir: Path) -> None:
 
 def _resolve_command_paths(stack, base_dir: Path) -> None:
     """A user's stack's paths relative to the sweep file: its files and directories, its interpreter (not
-    resolved: a venv's python is a symlink that must stay one), and {sweep_dir} in a command, which runs in a
-    scratch directory of its own."""
+    resolved: a venv's python is a symlink that must stay one), and {sweep_dir} in a command and in the stack's
+    own keys (stack.overrides' text values), since the stack runs in a scratch directory of its own."""
     if not isinstance(stack, dict):
         return
     # hf, lightning: the config file and the entry's import directories, relative to the sweep file.
@@ -143,6 +143,10 @@ def _resolve_command_paths(stack, base_dir: Path) -> None:
         here = str(base_dir.resolve()).replace("{", "{{").replace("}", "}}")  # the command is a template
         stack["command"] = [item.replace("{sweep_dir}", here) if isinstance(item, str) else item
                             for item in stack["command"]]
+    if isinstance(stack.get("overrides"), dict):  # the stack's own keys: a path among them (torchtune's data)
+        here = str(base_dir.resolve())
+        stack["overrides"] = {key: value.replace("{sweep_dir}", here) if isinstance(value, str) else value
+                              for key, value in stack["overrides"].items()}
 
 
 def parse_sweep(raw: Any, source: str = "<sweep>", base_dir: Path | None = None) -> SweepSpec:

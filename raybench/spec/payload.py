@@ -19,6 +19,7 @@ from typing import Any
 from raybench.spec.sweep_settings import CacheSpec, PoolSpec, ProjectionSpec
 from raybench.spec.sweep_spec import TrialConfig
 from raybench.spec.tokenized_data import TokenizedData
+from raybench.spec.values import MALLOC_MMAP_THRESHOLD
 
 # glibc's default initial M_MMAP_THRESHOLD; set explicitly, glibc no longer raises it (mallopt(3)).
 MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024
@@ -130,8 +131,12 @@ class TrialPayload:
             # is freed, after which large tensors come from heap arenas it keeps resident: the peak then depends
             # on the process's allocation history (ranks of one trial differed by 0.1 GiB, a warm actor from a
             # fresh process by 25%). Fixed at glibc's own initial value, every block over 128 KiB is mapped
-            # and returned on free, and peak RSS follows live memory (docs/metrics.md).
-            env["MALLOC_MMAP_THRESHOLD_"] = str(MALLOC_MMAP_THRESHOLD_BYTES)
+            # and returned on free, and peak RSS follows live memory (docs/metrics.md). That costs a mapping and
+            # its page faults per large allocation, which can slow a loop that allocates many: train.env's
+            # value replaces it, and an empty one removes it.
+            env.setdefault(MALLOC_MMAP_THRESHOLD, str(MALLOC_MMAP_THRESHOLD_BYTES))
+        if env.get(MALLOC_MMAP_THRESHOLD) == "":  # none: glibc would read "" as 0
+            del env[MALLOC_MMAP_THRESHOLD]
         if self.config.train.strategy == "deepspeed" and on_cpu:
             env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed picks its accelerator once, at its first import
         return env

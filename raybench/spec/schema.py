@@ -69,7 +69,7 @@ class TrialMetrics:
     rss_before_build_gib_by_rank: list[float] | None
     host_held_gib: float
     params_total: int
-    params_trainable: int
+    params_trainable: int | None  # null: a command stack's script did not report it (probe.count_params)
     model_build_s: float | None
     weights_cache: str | None
     weights_copy_s: float | None

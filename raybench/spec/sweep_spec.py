@@ -15,7 +15,7 @@ from raybench.spec import stacks
 from raybench.spec.presets import PRESETS
 from raybench.spec.section import Section
 from raybench.spec.sweep_settings import CacheSpec, EstimateSpec, PoolSpec, ProjectionSpec, SearchSpec
-from raybench.spec.values import ENV_PREFIXES, Ratio, check_env, check_saved_ops
+from raybench.spec.values import ENV_PREFIXES, MALLOC_MMAP_THRESHOLD, Ratio, check_env, check_saved_ops
 
 TRIAL_SECTIONS = ("model", "data", "train", "resources", "stack")
 
@@ -184,7 +184,8 @@ class TrainSpec(Section):
     env: Annotated[dict[str, str], BeforeValidator(check_env)] = Field(default_factory=dict, description=(
         "Environment variables of this trial's worker processes, set when they start (warm pool: a group of "
         "actors per distinct environment), e.g. {NCCL_SOCKET_NTHREADS: '4'}; names must start with one of "
-        f"{', '.join(ENV_PREFIXES)}."))
+        f"{', '.join(ENV_PREFIXES)}. Also {MALLOC_MMAP_THRESHOLD}, which CPU trials get as 131072 unless set here "
+        "(bytes; '' for none: docs/metrics.md, Memory)."))
     profile_steps: int = Field(0, ge=0, le=20, description=(
         "Training steps each rank runs under torch.profiler after the timed ones (0: none): the row's profile_* "
         "columns say where a step's time goes (matmul, attention, elementwise, optimizer, communication, idle). "
@@ -282,7 +283,8 @@ class StackSpec(Section):
         "{sweep_dir} (the sweep file's directory) and every override key (docs/stacks/command.md)."))
     overrides: dict[str, Any] = Field(default_factory=dict, description=(
         "The stack's own config keys for this trial (an axis such as stack.overrides.learning_rate sweeps one); "
-        "checked against the stack's own schema before launch."))
+        "checked against the stack's own schema before launch. {sweep_dir} in a text value is the sweep file's "
+        "directory ({sweep_dir}/example-data/alpaca.json)."))
     python: str | None = Field(None, description=(
         "command, torchtune, torchtitan: the Python interpreter of the stack's own environment ({python} in a "
         "command); null: the one running raybench."))

@@ -45,18 +45,26 @@ Ratio = Annotated[str, BeforeValidator(canonical_ratio)]
 # PYTHONPATH) or leak into the launcher: only these prefixes are accepted in train.env.
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "CUDA_", "OMP_", "MKL_", "KMP_", "UCX_",
                 "FI_", "DS_")
+# glibc's mmap threshold: raybench sets it on CPU trials (spec.payload); a trial may set its own, or "" for none.
+MALLOC_MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
+# glibc ignores a threshold above its DEFAULT_MMAP_THRESHOLD_MAX: 4 MiB x sizeof(long) on 64-bit (mallopt(3)).
+MALLOC_MMAP_THRESHOLD_MAX_BYTES = 32 * 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 def check_env(value: Any) -> Any:
-    """train.env: names from ENV_PREFIXES, scalar values (numbers become strings, as a shell would pass them)."""
+    """train.env: names from ENV_PREFIXES (or MALLOC_MMAP_THRESHOLD_), scalar values (numbers become strings, as a
+    shell would pass them)."""
     if not isinstance(value, dict):
         raise ValueError("expected a mapping of environment variable names to values, e.g. {NCCL_BUFFSIZE: 4194304}")
     out = {}
     for name, val in value.items():
+        if name == MALLOC_MMAP_THRESHOLD:
+            out[name] = _mmap_threshold(val)
+            continue
         if not isinstance(name, str) or not _ENV_NAME.match(name) or not name.startswith(ENV_PREFIXES):
             raise ValueError(f"variable {name!r} is not allowed; use an upper-case name starting with one of "
-                             f"{', '.join(ENV_PREFIXES)}")
+                             f"{', '.join(ENV_PREFIXES)}, or {MALLOC_MMAP_THRESHOLD}")
         if SECRET_PATTERN.search(name):  # the sweep's config is stored with every row: no secrets in it
             raise ValueError(f"variable {name!r} looks like a secret; secrets must not be in a sweep file (it is "
                              "stored with every result row): export it in the environment that launches raybench")
@@ -64,6 +72,17 @@ def check_env(value: Any) -> Any:
             raise ValueError(f"{name}: value {val!r} must be a string or a number")
         out[name] = str(val)
     return out
+
+
+def _mmap_threshold(value: Any) -> str:
+    """MALLOC_MMAP_THRESHOLD_'s value: bytes glibc accepts, or "" (raybench sets none). An empty value must never
+    reach glibc, which reads it as 0: every allocation mapped."""
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if text == "" or (text is not None and text.isdigit() and int(text) <= MALLOC_MMAP_THRESHOLD_MAX_BYTES):
+        return text
+    raise ValueError(f"{MALLOC_MMAP_THRESHOLD}: value {value!r} must be bytes from 0 to "
+                     f"{MALLOC_MMAP_THRESHOLD_MAX_BYTES} (glibc ignores more), e.g. 131072, or '' to set none "
+                     "(glibc's own threshold, which rises as large blocks are freed)")
 
 
 _SAVED_OP = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(#[0-9]+)?")

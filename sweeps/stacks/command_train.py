@@ -2,7 +2,7 @@
 on the ranks torchrun starts, each optimizer step reported to raybench's probe. The probe needs torch and
 raybench's source only (the command stack puts raybench on PYTHONPATH), so a script like this runs in any Python
 environment; this one builds its model with transformers: the 'tiny' preset's Llama, which the sweep's
-model.preset names (the row's parameter count and FLOPs come from it).
+model.preset names (the row's FLOPs come from its shape and the parameters the script reports).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def main() -> None:
     data = torch.Generator().manual_seed(dist.get_rank())  # each rank draws its own batches
 
     probe = StepProbe()
+    probe.count_params(model)  # what trains (here all of it): the row's params_trainable, FLOPs per token and MFU
     probe.start()  # right before the first step
     for _ in range(args.steps):
         batch = torch.randint(0, shape.vocab_size, (args.micro_batch, args.seq_len), generator=data)

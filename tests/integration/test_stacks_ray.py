@@ -32,6 +32,7 @@ SCRIPT = USER_DIR / "probe_train.py"
 WORKERS, MICRO_BATCH, GRAD_ACCUM, SEQ_LEN = 2, 2, 2, 32
 PAD = 4  # lightning: padding positions at the end of each sequence
 COMMAND_SEQ_LEN, HANG_TIMEOUT_S = 16, 12
+VOCAB, HIDDEN = 64, 32  # the command script's model (tests/stacks_user/probe_train.py)
 # The same-tokens cases: the chat data (tests/conftest.py, 16 conversations of 14 to 40 tokens) packs into 8 rows of
 # 64 tokens, so 2 steps of 2 ranks x 1 x 2 rows, all timed, run exactly one epoch.
 ROWS_MICRO_BATCH, ROWS_SEQ_LEN, ROWS_STEPS = 1, 64, 2
@@ -164,6 +165,9 @@ def test_the_script_that_trains_gets_an_ok_row_measured_by_the_probe(rows):
     assert row.steps_timed == 3 and row.world_size == WORKERS
     assert math.isfinite(row.loss_first) and math.isfinite(row.loss_final)
     assert row.time_to_first_step_s > row.step_time_p50_s > 0
+    # The script reported its parameters (StepProbe.count_params): its own small model, not the model section's,
+    # so no FLOPs are made up from the section's shape.
+    assert row.params_total == row.params_trainable == 2 * VOCAB * HIDDEN + VOCAB and pd.isna(row.flops_per_token)
     assert row.stack_version.startswith("python -m torch.distributed.run (python ")
     assert "torch " in row.stack_version and pd.isna(row.phase_forward_p50_s)  # no phases in a user's loop
 

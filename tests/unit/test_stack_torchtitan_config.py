@@ -112,8 +112,8 @@ def test_global_batch_counts_only_the_data_parallel_ranks(tmp_path):
 
 def test_the_shipped_sweep_plans_once_its_paths_are_set(tmp_path):
     shipped = Path(__file__).resolve().parents[2] / "sweeps" / "stack-torchtitan-cpu.yaml"
-    text = shipped.read_text().replace("/EDIT-ME/torchtitan-venv/bin/python", sys.executable)
-    text = text.replace("/EDIT-ME/", "/data/").replace("stacks/torchtitan_tiny.py", str(CONFIG))
+    text = shipped.read_text().replace("../.venvs/torchtitan/bin/python", sys.executable)
+    text = text.replace("stacks/torchtitan_tiny.py", str(CONFIG))
     trials = plan(load_sweep(write_sweep(tmp_path / "sweep.yaml", text)))
     assert [t.config.train.micro_batch for t in trials] == [2, 4]
     assert all(t.config.stack.kind == "torchtitan" for t in trials)

@@ -172,3 +172,31 @@ def test_deepspeed_config_uses_no_jit_optimizer():
     config = ds_config(TrainSpec(strategy="deepspeed", zero_stage=3, micro_batch=2, grad_accum=4), 8, True)
     assert "optimizer" not in config  # a config optimizer would JIT-build fused_adam
     assert config["train_batch_size"] == 2 * 4 * 8 and config["zero_optimization"]["stage"] == 3
+
+
+def _rank_env(tmp_path, gpus: int, env: dict | None = None) -> dict:
+    """The environment a command trial's ranks start with (the executors all add payload.worker_env the same way)."""
+    from raybench.drivers.executors import command
+
+    sweep = {**BASE, "train": {**BASE["train"], "env": env or {}}, "resources": {"gpus_per_worker": gpus},
+             "stack": {"kind": "command", "command": ["{python}", "train.py", "--steps", "{steps}"]}}
+    payload = plan(parse_sweep(sweep))[0].payload
+    return command._command_env(payload, tmp_path, str(tmp_path))
+
+
+def test_cpu_trials_get_a_fixed_mmap_threshold_that_train_env_replaces_or_removes(tmp_path, monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert _rank_env(tmp_path, gpus=0)["MALLOC_MMAP_THRESHOLD_"] == "131072"  # glibc's initial threshold, fixed
+    assert "MALLOC_MMAP_THRESHOLD_" not in _rank_env(tmp_path, gpus=1)
+    assert _rank_env(tmp_path, 0, {"MALLOC_MMAP_THRESHOLD_": 65536})["MALLOC_MMAP_THRESHOLD_"] == "65536"
+    # Empty: none at all (glibc would read an empty value as 0, mapping every allocation).
+    assert "MALLOC_MMAP_THRESHOLD_" not in _rank_env(tmp_path, 0, {"MALLOC_MMAP_THRESHOLD_": ""})
+    assert "MALLOC_MMAP_THRESHOLD_" not in _rank_env(tmp_path, 1, {"MALLOC_MMAP_THRESHOLD_": ""})
+
+
+@pytest.mark.parametrize("value", [-1, "64k", 2**26, True, 1.5])
+def test_a_bad_mmap_threshold_names_the_field_the_value_and_the_range(value):
+    with pytest.raises(ConfigError) as info:
+        parse_sweep({**BASE, "train": {"env": {"MALLOC_MMAP_THRESHOLD_": value}}})
+    problem = info.value.problems[0]
+    assert problem.field == "train.env" and "from 0 to 33554432" in problem.message and "or ''" in problem.message

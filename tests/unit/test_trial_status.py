@@ -58,3 +58,59 @@ def test_a_qualified_exception_of_any_name_is_the_message():
     assert _failure_text(1, RECOMPILE_LIMIT_LOG).splitlines()[0] == (
         "torchrun exited 1: torch._dynamo.exc.FailOnRecompileLimitHit: Hard failure due to "
         "fail_on_recompile_limit_hit")
+
+
+# torchrun's output when rank 1 aborts after training (a C++ thread left running: "terminate called without an
+# active exception", exit -6), as the executors read it: each progress-bar redraw ("\r") a line of its own.
+_BAR = "".join(f"\r{p:3d}%|{'#' * (p // 20):<5}| {p // 20}/5 [00:0{p // 20}<00:00, 4.2it/s, loss=1.23]"
+               for p in (20, 40, 60, 80, 100))
+SIGNAL_LOG = f"""{_BAR}
+terminate called without an active exception
+{_BAR}
+[rank0]: Traceback (most recent call last):
+[rank0]:     work.wait()
+[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:57484.
+W1127 22:28:05.736000 8399 torch/distributed/elastic/api.py:1028] Sending process 8464 closing signal SIGTERM
+E1127 22:28:05.751000 8399 torch/distributed/elastic/api.py:1002] failed (exitcode: -6) local_rank: 1 (pid: 8465)
+Traceback (most recent call last):
+  File "torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+======================================================
+train.py FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 8464)  (SIGTERM)
+  traceback : Signal 15 (SIGTERM) received by PID 8464
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_22:28:05
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 8465)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 8465
+======================================================
+"""
+SIGNAL_MESSAGE = ("rank 1 was killed by signal SIGABRT (exit code -6); its last error line: terminate called "
+                  "without an active exception")
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_signal_and_its_last_error_line():
+    from raybench.drivers.executors import command, torchrun
+
+    # Followed by the bar's fragments, rank 0's error in its wake and its SIGTERM, none of which is the message.
+    text = command._failure_text(["python", "-m", "torch.distributed.run"], 1, SIGNAL_LOG + _BAR)
+    assert classify(RuntimeError(text)) == ("error", SIGNAL_MESSAGE)
+    assert classify(RuntimeError(torchrun._failure_text(1, SIGNAL_LOG))) == ("error", SIGNAL_MESSAGE)
+
+
+def test_a_command_killed_by_a_signal_itself_is_named_so():
+    from raybench.drivers.executors import command
+
+    text = command._failure_text(["python", "train.py"], -9, f"step 1\n{_BAR}\n")
+    assert classify(RuntimeError(text)) == (
+        "error", "the command python was killed by signal SIGKILL (exit code -9); its last output line: step 1")

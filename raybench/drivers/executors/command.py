@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 import raybench
-from raybench.drivers.executors import RAY_WORKER_ENV
+from raybench.drivers.executors import RAY_WORKER_ENV, failure
 from raybench.drivers.executors.torchrun import wait_or_kill
-from raybench.drivers.trial import EXCEPTION_LINE
 from raybench.planning.stacks import planning_module
 from raybench.runtime.probe import RECORD_DIR_ENV
 from raybench.spec.payload import TrialPayload
@@ -133,21 +132,16 @@ def _child_setup(memory_limit_gib: float | None):
 
 
 def _failure_text(argv: list[str], returncode: int, output: str) -> str:
-    """The command's failure: its output's tail, then its own last error line, last, so the row's message is
-    that line and not a launcher's summary (torchrun ends with ChildFailedError, which only says a rank failed)."""
-    lines = output.splitlines()
-    tail = "\n".join(lines[-OUTPUT_TAIL_LINES:])
-    errors = [line.strip() for line in lines if EXCEPTION_LINE.match(_bare(line)) and "ChildFailedError" not in line]
+    """The command's failure: its output's tail, then, last, so that the row's message is that line and not a
+    launcher's summary (torchrun ends with ChildFailedError, which only says a rank failed): the rank (or command)
+    a signal killed, with the output's last error line, else the command's own last exception line."""
+    tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
     head = f"the command {_name(argv)} exited with status {returncode}; the end of its output:\n{tail}"
-    return f"{head}\n\nits last error line:\n{_bare(errors[-1])}" if errors else head
-
-
-def _bare(line: str) -> str:
-    """A line without torchrun's '[rank1]: ' prefix."""
-    line = line.strip()
-    if line.startswith("[") and "]: " in line[:20]:
-        line = line.split("]: ", 1)[1]
-    return line.strip()
+    killed = failure.signal_death(output, returncode, _name(argv))
+    if killed:
+        return f"{head}\n\n{killed}"
+    errors = failure.exception_lines(output)
+    return f"{head}\n\nits last error line:\n{errors[-1]}" if errors else head
 
 
 def _records(probe_dir: Path, workers: int, output: str) -> list[dict]:
@@ -174,7 +168,7 @@ def _result(payload: TrialPayload, records: list[dict], launched_wall: float, wa
     for record in records:  # the probe does not know when its process started: the launch is the start
         record["time_to_first_step_s"] = record["step_starts_wall"][0] + record["step_times_s"][0] - launched_wall
     reduced = rank_metrics.combine(records, tp_size=1, warmup_steps=config.train.warmup_steps)
-    params_total, params_trainable, flops = _model_facts(config)
+    params_total, params_trainable, flops = _model_facts(config, records[0].get("params"))
     on_gpu = records[0].get("device_type") == "cuda" and torch.cuda.is_available()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     hardware = fingerprint.hardware(device)
@@ -199,11 +193,15 @@ def _stack_software(versions: dict) -> dict:
     return {**fingerprint.software(), **stack, "python_version": versions.get("python")}
 
 
-def _model_facts(config) -> tuple[int, int, float | None]:
-    """Parameters of the trial's model (model.preset or model.path's config.json: the model the command
-    trains, docs/stacks/command.md) with the adapters its kind's config adds (torchtune's LoRA recipes), and FLOPs
-    per token where the sequence length is the trial's, a train field its kind takes (torchtune and torchtitan
-    always; a command that takes {seq_len})."""
+def _model_facts(config, reported: dict | None) -> tuple[int, int | None, float | None]:
+    """Parameters of the trained model and its FLOPs per token. Its shape is the trial's model (model.preset or
+    model.path's config.json: the model the command trains, docs/stacks/command.md). Its parameter counts are the
+    ones the script reported to the probe (`reported`, rank 0's record: `StepProbe.count_params`), else those its
+    kind's config gives (torchtune's LoRA recipes add their adapters); a plain command's config says nothing of what
+    trains, so without a report its trainable parameters, and with them its FLOPs and MFU, are null rather than a
+    full fine-tune's; so are the FLOPs where the reported total is below the model section's (another model).
+    FLOPs per token need the sequence length to be the trial's, a train field the kind takes
+    (torchtune and torchtitan always; a command that takes {seq_len})."""
     from raybench.planning.estimate import param_counts
     from raybench.spec import metrics
     from raybench.spec.presets import model_shape
@@ -212,9 +210,16 @@ def _model_facts(config) -> tuple[int, int, float | None]:
     shape = model_shape(config)
     counts = param_counts(shape, config.train)
     base = counts.total - counts.adapters
-    adapters = planned.adapter_params(config, shape)
-    total, trainable = base + adapters, adapters or base
-    if "seq_len" not in planned.mapped(config):
+    if reported is not None:
+        total, trainable = reported["total"], reported["trainable"]
+    else:
+        adapters = planned.adapter_params(config, shape)  # None: the kind's config does not say
+        if adapters is None:
+            total, trainable = base, None
+        else:  # 0: a full fine-tune
+            total, trainable = base + adapters, adapters or base
+    # A report below the model section's own count is of another model: its shape would give false FLOPs.
+    if trainable is None or total < base or "seq_len" not in planned.mapped(config):
         return total, trainable, None
     matmul = metrics.matmul_params(total, shape.vocab_size, shape.hidden_size, shape.tie_word_embeddings)
     flops = metrics.flops_per_token(matmul, trainable, trainable == total, shape.num_hidden_layers,

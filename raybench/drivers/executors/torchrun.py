@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,15 +18,13 @@ from pathlib import Path
 
 import psutil
 
-from raybench.drivers.trial import EXCEPTION_LINE, one_line_message
+from raybench.drivers.executors import failure
 from raybench.spec.payload import TrialPayload
 from raybench.spec.schema import RankResult
 
 # After SIGTERM, torchrun and its ranks get this long to exit before they are SIGKILLed.
 GRACE_S = 5
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# torchrun prefixes rank output "[rank1]: " and its own log lines "E1122 05:44:07.832000 17449 file.py:1002] ".
-_RANK_PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s?|^[EWI]\d{4} [\d:.]+ \d+ \S+\] ")
 
 
 def _die_with_parent() -> None:
@@ -73,13 +70,16 @@ def wait_or_kill(proc: subprocess.Popen, timeout_s: float, killed: str) -> int:
 
 
 def _failure_text(returncode: int, log: str) -> str:
-    """What a failed torchrun says: the ranks' own exception lines first (torchrun's summary traceback, which
-    only says that a child failed, would otherwise bury them), then the log's tail."""
-    lines = log.splitlines()
-    bare = [_RANK_PREFIX.sub("", line).strip() for line in lines]
-    rank_errors = [line for line in bare if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
-    tail = "\n".join(lines[-40:])
-    cause = rank_errors[-1] if rank_errors else one_line_message("\n".join(bare[-40:]))
+    """What a failed torchrun says. A rank a signal killed: the log's tail, then, last (the row's message), the rank,
+    the signal and the log's last error line. Otherwise the ranks' own exception lines first (torchrun's summary
+    traceback, which only says that a child failed, would otherwise bury them), then the log's tail."""
+    tail = "\n".join(log.splitlines()[-40:])
+    killed = failure.signal_death(log, returncode, "torchrun")
+    if killed:
+        return f"torchrun exited {returncode}; the end of its log:\n{tail}\n\n{killed}"
+    rank_errors = failure.exception_lines(log)
+    found = failure.last_line(log)
+    cause = rank_errors[-1] if rank_errors else found[1] if found else "its log holds no output"
     return f"torchrun exited {returncode}: {cause}\n" + "\n".join(rank_errors[-5:]) + f"\n{tail}"
 
 

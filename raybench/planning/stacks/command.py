@@ -31,10 +31,11 @@ def mapped(config: TrialConfig) -> dict[str, tuple[str, ...]]:
     return {name: keys for name, keys in COMMAND.mapped.items() if name in used}
 
 
-def adapter_params(config: TrialConfig, shape) -> int:
-    """LoRA parameters the command adds to the model: none that raybench knows of (the model's own parameters are
-    model.preset's or model.path's)."""
-    return 0
+def adapter_params(config: TrialConfig, shape) -> None:
+    """LoRA parameters the command adds to the model: not known (None). A command's config does not say what its
+    script trains; the script reports it to the probe (`StepProbe.count_params`), or its row's trainable
+    parameters, FLOPs and MFU stay null."""
+    return None
 
 
 def used_placeholders(command: list[str]) -> set[str]:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from raybench.runtime import data, fingerprint, limits, provenance, rank_memory, rank_metrics, warm_up
-from raybench.runtime.probe import StepProbe
+from raybench.runtime.probe import StepProbe, param_counts
 from raybench.runtime.rank_metrics import RankMeasurement, TrialFacts
 from raybench.runtime.sampler import Sampler
 from raybench.runtime.strategies import RankContext
@@ -111,11 +111,11 @@ def measured_run(payload: TrialPayload, build: Build) -> RankResult | None:
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
     probe.on_step = sampler.tick
     run = build(payload, ctx, probe)
-    params_total, params_trainable = _param_counts(run.model)
+    params_total, params_trainable = param_counts(run.model)
     run.train()
     sampler.close()
     if params_total == 0:  # built in the trainer's own hook (Lightning's configure_model): count it trained
-        params_total, params_trainable = _param_counts(run.model)
+        params_total, params_trainable = param_counts(run.model)
     record = probe.record
     if len(record.step_times_s) <= config.train.warmup_steps:
         raise RuntimeError(f"the stack ran {len(record.step_times_s)} step(s) on rank {ctx.rank}, no more than "
@@ -156,13 +156,6 @@ def _import_path(directories: list[str]) -> None:
         path = os.path.abspath(directory)
         if path not in sys.path:
             sys.path.insert(0, path)
-
-
-def _param_counts(model: nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameters of the model as built, before any sharding wrapper; a parameter DeepSpeed
-    ZeRO-3 partitioned counts whole (its ds_numel)."""
-    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in model.parameters()]
-    return sum(n for n, _ in sizes), sum(n for n, trainable in sizes if trainable)
 
 
 def _flops_per_token(run: StackRun, params_total: int, params_trainable: int) -> float | None:

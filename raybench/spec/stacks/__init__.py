@@ -5,8 +5,9 @@ tokenized data) all read it here.
 
 A kind's own code lives in two modules named here by their dotted names and imported on use, so that reading the
 registry loads neither: its planning module (`problems(config)`, `mapped(config)`; a command-line kind also
-`argv(config, python)` and `adapter_params(config, shape)`) and its runtime module (`build(payload, ctx, probe)` for
-an in-process kind; the `python -m` launcher for a command-line kind). docs/stacks/README.md, "Adding a stack kind".
+`argv(config, python)` and `adapter_params(config, shape)`, None where its config does not say) and its runtime
+module (`build(payload, ctx, probe)` for an in-process kind; the `python -m` launcher for a command-line kind).
+docs/stacks/README.md, "Adding a stack kind".
 
 The mapping tables are plain data: raybench's train field -> the stack's own keys it sets (() where the stack takes
 the field without a key of its own, such as torchtune's strategy: fsdp2 only). Every set a planning module derives

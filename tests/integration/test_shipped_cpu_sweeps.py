@@ -1,0 +1,35 @@
+"""Every shipped CPU sweep (sweeps/*cpu*.yaml) runs to completion as shipped, on the data `raybench example-data`
+makes, every trial ok: a fresh clone's first runs. Slow (every trial of every sweep, minutes on 2 cores): the
+default run's tests/unit/test_example_data.py validates each one on the same data. The torchtune and torchtitan
+sweeps need their own environments (scripts/KIND-venv.sh .venvs/KIND), and are skipped without them."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybench import read_results
+from raybench.cli import main as cli
+from raybench.drivers.ray_cluster import ray_cluster
+from raybench.spec.load import load_sweep
+from tests.unit.test_example_data import CPU_SWEEPS, clone_of_sweeps, skip_without_environment
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    sweeps = clone_of_sweeps(tmp_path_factory.mktemp("clone"))
+    torchtune = sweeps.parent / ".venvs" / "torchtune" / "bin" / "python"
+    sentencepiece = ["--sentencepiece-python", str(torchtune)] if torchtune.exists() else []
+    assert cli.main(["example-data", str(sweeps / "example-data"), *sentencepiece]) == 0
+    with ray_cluster(None):
+        yield sweeps
+
+
+@pytest.mark.parametrize("shipped", CPU_SWEEPS, ids=lambda p: p.stem)
+def test_each_shipped_cpu_sweep_runs_as_shipped(shipped, sweeps, tmp_path):
+    skip_without_environment(sweeps.parent, shipped)
+    sweep = sweeps / shipped.name
+    assert cli.main(["run", str(sweep), "--store", str(tmp_path / "store")]) == 0
+    rows = read_results(str(tmp_path / "store"), load_sweep(sweep).name)
+    assert len(rows) > 0 and set(rows.status) == {"ok"}, rows[["status", "message"]].to_string()
