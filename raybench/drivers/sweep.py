@@ -206,11 +206,11 @@ def record_interrupted(progress: SweepProgress, trials: list[PlannedTrial], swee
                                why)
 
     def on_stop(why: str) -> None:
-        interrupted(why)
-        if not stopping.is_set():
+        if not stopping.is_set():  # first, so that even a row that cannot be written leaves no hang
             stopping.set()
             threading.Thread(target=_exit_unless_stopped, args=(stopping, interrupted, why, store_path),
                              name="raybench-stop-grace", daemon=True).start()
+        interrupted(why)
 
     try:
         yield on_stop
@@ -228,10 +228,15 @@ def _exit_unless_stopped(stopping: threading.Event, interrupted: Callable[[str],
     time.sleep(STOP_GRACE_S)
     if not stopping.is_set():
         return
-    interrupted(why)
-    print(f"interrupted ({why}); Ray did not shut down within {STOP_GRACE_S:g} s, exiting without it; finished "
-          f"trials are stored in {store_path}; run the same command again to resume", file=sys.stderr, flush=True)
-    os._exit(EXIT_INTERRUPTED)  # the main thread is blocked inside Ray: no exception can reach it
+    code = EXIT_INTERRUPTED
+    message = (f"interrupted ({why}); Ray did not shut down within {STOP_GRACE_S:g} s, exiting without it; "
+               f"finished trials are stored in {store_path}; run the same command again to resume")
+    try:
+        interrupted(why)
+    except Exception as err:  # a row that cannot be written (a full store): say so, and exit all the same
+        code, message = 1, f"{message}\nraybench: {type(err).__name__}: {err}"
+    print(message, file=sys.stderr, flush=True)
+    os._exit(code)  # the main thread is blocked inside Ray: no exception can reach it
 
 
 def write_interrupted_rows(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
