@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -37,10 +38,15 @@ class Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def terminate_on_sigterm():
-    """Turn SIGTERM into `Terminated` in the main thread so that every `finally` (Ray shutdown) runs."""
+def terminate_on_sigterm(on_stop: Callable[[str], None] | None = None):
+    """Turn SIGTERM into `Terminated` in the main thread so that every `finally` (Ray shutdown) runs. `on_stop`,
+    given the reason, runs first: what must be recorded before a teardown that may hang (the sweep's
+    `interrupted` rows)."""
     def handler(signum, frame):
-        raise Terminated(f"received signal {signum}")
+        why = f"received signal {signum}"
+        if on_stop is not None:
+            on_stop(why)
+        raise Terminated(why)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:

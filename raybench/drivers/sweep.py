@@ -15,7 +15,10 @@ import json
 import math
 import os
 import pickle
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,9 +118,10 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
     reporter = as_progress(progress)  # a plain function gets one line per finished trial
 
     # ray.init installs its own SIGTERM handler (a stack dump, then death with no cleanup): ours goes on after it.
-    # On the way out of a stop, Ray shut down, the trials it cut get `interrupted` rows.
-    with record_interrupted(reporter, trials, sweep, store_path, executor, listed), \
-            ray_cluster(address, verbose) as dashboard, terminate_on_sigterm(), \
+    # A stop records the trials it cuts as `interrupted` before Ray's teardown, and again after it (see
+    # record_interrupted).
+    with record_interrupted(reporter, trials, sweep, store_path, executor, listed) as on_stop, \
+            ray_cluster(address, verbose) as dashboard, terminate_on_sigterm(on_stop), \
             tempfile.TemporaryDirectory(prefix="raybench-tune-") as tune_dir:
         if executor != "pool":
             from raybench.drivers.executors import pool  # imports Ray, which must follow use_token_auth
@@ -176,31 +180,74 @@ def write_died_rows(trials: list[PlannedTrial], sweep: str, store_path: str, exe
 
 INTERRUPTED_MESSAGE = ("the sweep was stopped while this trial ran ({why}); nothing of it is kept, and the next run "
                        "of the sweep runs it again")
+# After SIGTERM, how long Ray's and Tune's teardown may take before the sweep driver exits without it. The signal
+# that ends an allocation reaches the Ray head's processes too, and Tune's cleanup then waits for good on a GCS
+# that is gone (seen on SLURM: the driver hung until SLURM's SIGKILL, KillWait = 30 s by default, and wrote no
+# row). The `interrupted` rows are written before the teardown starts and checked again before this exit.
+STOP_GRACE_S = 15.0
+EXIT_INTERRUPTED = 130  # the CLI's exit status for a sweep stopped by SIGTERM or Ctrl-C
 
 
 @contextlib.contextmanager
 def record_interrupted(progress: SweepProgress, trials: list[PlannedTrial], sweep: str, store_path: str,
                        executor: str, listed: set[Path]):
-    """On SIGTERM (end of allocation, scancel, preemption) or Ctrl-C: an `interrupted` row for each trial that was
-    running, once Ray is shut down (entered first, it exits last). Its partial measurement is never a row; an
-    error row that the stop itself caused (ranks killed with the job) is superseded, being older."""
-    try:
-        yield
-    except (Terminated, KeyboardInterrupt) as why:
-        running = {trial_id for trial_id, state in progress.states.items() if state.status == "running"}
+    """Record the trials a stop interrupts (SIGTERM: end of allocation, scancel, preemption; or Ctrl-C) as
+    `interrupted`; yields the function that SIGTERM's handler calls before it raises (`terminate_on_sigterm`).
+
+    On SIGTERM the rows are written at once, before any teardown, and the driver exits within STOP_GRACE_S even if
+    Ray's teardown hangs. Once Ray is down (entered first, this exits last), the rows are checked again: a
+    trial's partial measurement is never a row, and a failure row that the stop itself caused (its ranks killed
+    with the job), stored after the `interrupted` one, is superseded by a new `interrupted` row."""
+    stopping = threading.Event()
+
+    def interrupted(why: str) -> None:
+        running = {trial_id for trial_id, state in list(progress.states.items()) if state.status == "running"}
         write_interrupted_rows([t for t in trials if t.trial_id in running], sweep, store_path, executor, listed,
-                               str(why) or "Ctrl-C")
+                               why)
+
+    def on_stop(why: str) -> None:
+        if not stopping.is_set():  # first, so that even a row that cannot be written leaves no hang
+            stopping.set()
+            threading.Thread(target=_exit_unless_stopped, args=(stopping, interrupted, why, store_path),
+                             name="raybench-stop-grace", daemon=True).start()
+        interrupted(why)
+
+    try:
+        yield on_stop
+    except (Terminated, KeyboardInterrupt) as why:
+        interrupted(str(why) or "Ctrl-C")
         raise
+    finally:
+        stopping.clear()  # stopped in time: the grace thread does nothing
+
+
+def _exit_unless_stopped(stopping: threading.Event, interrupted: Callable[[str], None], why: str,
+                         store_path: str) -> None:
+    """The grace thread of a stop: if the sweep has not finished stopping after STOP_GRACE_S, record what the stop
+    interrupted once more (late failure rows superseded) and exit the process."""
+    time.sleep(STOP_GRACE_S)
+    if not stopping.is_set():
+        return
+    code = EXIT_INTERRUPTED
+    message = (f"interrupted ({why}); Ray did not shut down within {STOP_GRACE_S:g} s, exiting without it; "
+               f"finished trials are stored in {store_path}; run the same command again to resume")
+    try:
+        interrupted(why)
+    except Exception as err:  # a row that cannot be written (a full store): say so, and exit all the same
+        code, message = 1, f"{message}\nraybench: {type(err).__name__}: {err}"
+    print(message, file=sys.stderr, flush=True)
+    os._exit(code)  # the main thread is blocked inside Ray: no exception can reach it
 
 
 def write_interrupted_rows(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
                            listed: set[Path], why: str) -> None:
-    """An `interrupted` row for each of `trials` that stored no ok row since the sweep's files were `listed`."""
-    new = [path for path in store.result_files(store_path, sweep) if path not in listed]
-    ok = {store.trial_id_of(path) for path in new
-          if pq.read_table(path, columns=["status"]).column("status").to_pylist() == ["ok"]}
+    """An `interrupted` row for each of `trials` whose attempts since the sweep's files were `listed` hold no ok row
+    and do not end with an `interrupted` one (called at the stop, then again once Ray is down)."""
     for t in trials:
-        if t.trial_id not in ok:
+        new = [path for path in store.trial_row_files(store_path, sweep, t.trial_id) if path not in listed]
+        attempts = [pq.read_table(path, columns=["ended_at", "status"]).to_pylist()[0] for path in new]
+        statuses = [a["status"] for a in sorted(attempts, key=lambda a: a["ended_at"])]
+        if "ok" not in statuses and statuses[-1:] != ["interrupted"]:
             store.write_row(store_path, build_row(t.payload, sweep, "interrupted",
                                                   INTERRUPTED_MESSAGE.format(why=why), executor=executor))
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from raybench.drivers.nodes import NodeLost
 from raybench.planning import assessment
 from raybench.results import store
@@ -173,8 +175,21 @@ def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
         (status, message), detail = classify(exc), error_detail(exc)
     row = build_row(payload, sweep, status, message, result, started_at, datetime.now(timezone.utc),
                     time.perf_counter() - t0, executor, detail)
+    if status != "ok" and stopped_while_running(store_path, sweep, payload.trial_id, started_at):
+        return row  # a failure the stop caused (ranks killed with the allocation): the `interrupted` row stands
     store.write_row(store_path, row)
     return row
+
+
+def stopped_while_running(store_path: str, sweep: str, trial_id: str, started_at: datetime) -> bool:
+    """Whether the sweep driver stored this trial `interrupted` after this attempt started: the sweep was stopped
+    (SIGTERM at the end of an allocation) while it ran. Its failure row, built later, would be the trial's latest
+    row and hide that the stop, not the trial, ended it."""
+    for path in store.trial_row_files(store_path, sweep, trial_id):
+        stored = pq.read_table(path, columns=["status", "ended_at"]).to_pylist()[0]
+        if stored["status"] == "interrupted" and stored["ended_at"] >= started_at:
+            return True
+    return False
 
 
 def nonfinite_loss(result: RankResult) -> str | None:

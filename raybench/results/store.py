@@ -19,6 +19,7 @@ too, and visible to `raybench query`. Adding a column does not bump SCHEMA_VERSI
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -189,6 +190,12 @@ def result_files(store: str | Path, sweep: str | None = None) -> list[Path]:
     root = Path(store)
     pattern = f"sweep={sweep}/*.parquet" if sweep else "sweep=*/*.parquet"
     return sorted(p for p in root.glob(pattern) if not p.name.startswith("."))
+
+
+def trial_row_files(store: str | Path, sweep: str, trial_id: str) -> list[Path]:
+    """The committed row files write_row wrote for one trial (its attempts; a batch or compacted file holding
+    some of them is not looked into)."""
+    return sorted(sweep_dir(store, sweep).glob(f"{glob.escape(trial_id)}__*.parquet"))
 
 
 def trial_id_of(path: Path) -> str | None:

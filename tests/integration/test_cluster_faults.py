@@ -1,12 +1,16 @@
 """What a cluster does to a sweep, on the real 2-node local SLURM of the tests (two slurmd on 127.0.0.1), with the
 fault injected for real and the rows read back by an independent reader (duckdb):
 - a worker node dies mid-trial (every process of node 2 killed -9), on a warm cluster and on a one-shot job: the
-  trial's row is `error` naming the lost node, trials that need both nodes end at once as "not enough nodes",
-  trials that fit the remaining node run, the warm cluster stays up and `cluster status` names the lost node, and
-  the next run on a healed cluster runs exactly the missing trials;
+  trial's row is `error` naming the lost node, a trial that needs both nodes ends at once as "not enough nodes",
+  a trial that fits the remaining node runs, the warm cluster stays up and `cluster status` names the lost node;
+  healed (slow variant), the next run runs exactly the missing trials (the default run's resume check is
+  test_ray_sweep's rerun);
 - the allocation's time limit expires mid-sweep (`--time 1`): finished rows kept, the running trial `interrupted`
-  or absent (never ok), and a resubmission completes the sweep with no trial stored ok twice.
+  (never ok, never a late error), and a resubmission completes the sweep with no trial stored ok twice.
 
+Kept cheap for the default run: three trials of the fewest steps for a node loss (one 2-node trial killed, one
+2-node trial refused, one 1-node trial ok), and for the time limit `command` trials that idle (only SLURM's clock
+matters), the one in flight held until the limit by a file the test removes before resubmitting.
 Each node has os.cpu_count() CPUs and each worker asks for all of them, so a 2-worker trial spans both nodes.
 """
 
@@ -47,13 +51,52 @@ def slurm2(tmp_path_factory):
         yield env
 
 
+# The node-loss grid, in the order Tune runs it (one trial at a time: a 2-worker trial takes both nodes): the
+# 2-node trial node 2 dies under, a 2-node trial refused at once, a 1-node trial that runs on the node left.
+NODE_LOSS_POINTS = {"point": [{"resources.workers": 2, "train.micro_batch": 1},
+                              {"resources.workers": 2, "train.micro_batch": 2},
+                              {"resources.workers": 1, "train.micro_batch": 1}]}
+
+
 def _sweep(path: Path, axes: dict, steps: int = 4) -> Path:
     """The smoke sweep's tiny ddp trial, each worker filling a node; `axes` decide the trials (grid order)."""
     spec = yaml.safe_load((REPO / "sweeps" / "smoke-cpu.yaml").read_text())
     spec.update(name=SWEEP, axes=axes)
-    spec["train"].update(strategy="ddp", steps=steps, warmup_steps=1, seq_len=64)
+    spec["train"].update(strategy="ddp", steps=steps, warmup_steps=1, seq_len=32)
     spec["resources"]["cpus_per_worker"] = os.cpu_count()
     spec["resources"]["timeout_s"] = 600  # a trial that waited for a lost node would show as a 10-minute wait
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+# A `command` trial that idles: it waits while its hold file exists, then times STEPS steps of nothing. Its row is
+# an ordinary ok row with a timed window (the probe's records), at almost no CPU.
+IDLE_TRIAL = """import os, sys, time, types
+from raybench.runtime.probe import StepProbe
+steps, hold = int(sys.argv[1]), sys.argv[2]
+while os.path.exists(hold):
+    time.sleep(0.2)
+probe = StepProbe(device=types.SimpleNamespace(type="cpu"))  # no torch to import: nothing runs on a device
+probe.start()
+for _ in range(steps):
+    time.sleep(0.01)
+    probe.step(tokens=64)
+probe.finish()
+"""
+IDLE_STEPS = 3
+
+
+def _idle_sweep(tmp_path: Path, holds: list[Path]) -> Path:
+    """One `command` trial per hold file, one at a time on one node (each worker takes all its CPUs)."""
+    script = tmp_path / "idle_trial.py"
+    script.write_text(IDLE_TRIAL)
+    spec = {"name": SWEEP, "model": {"preset": "tiny"},
+            "train": {"steps": IDLE_STEPS, "warmup_steps": 1},
+            "resources": {"workers": 1, "cpus_per_worker": os.cpu_count(), "timeout_s": 600},
+            "stack": {"kind": "command", "command": ["{python}", str(script), "{steps}", "{hold}"],
+                      "overrides": {"hold": ""}},
+            "axes": {"stack.overrides.hold": [str(h) for h in holds]}}
+    path = tmp_path / "idle.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -126,29 +169,31 @@ def _job_id_of(env: dict, name: str) -> str:
 
 
 def _check_node_loss_rows(attempts: list[dict]) -> None:
-    """The 4-trial grid after node 2 died in its first (2-worker) trial."""
+    """The 3-trial grid after node 2 died in its first (2-worker) trial."""
     latest = list(_latest(attempts).values())
-    by_workers = {w: [a for a in latest if a["resources_workers"] == w] for w in (1, 2)}
-    lost, rest = [a for a in by_workers[2] if "was lost during the trial" in a["message"]], by_workers[2]
-    assert len(latest) == 4 and len(lost) == 1, latest
-    assert lost[0]["status"] == "error" and f"Ray node {NODE2} (" in lost[0]["message"], lost[0]
-    short = [a for a in rest if a is not lost[0]]
-    assert [a["status"] for a in short] == ["error"] and short[0]["message"].startswith("not enough nodes"), short
-    assert NODE2 in short[0]["message"] and short[0]["trial_wall_s"] < 30  # at once, not at timeout_s (600 s)
-    assert [a["status"] for a in by_workers[1]] == ["ok", "ok"], by_workers[1]
+    assert len(attempts) == len(latest) == 3, attempts
+    lost, short, fits = latest  # by ended_at: the grid's order, one trial at a time
+    assert lost["status"] == "error" and lost["resources_workers"] == 2, lost
+    assert "was lost during the trial" in lost["message"] and f"Ray node {NODE2} (" in lost["message"], lost
+    assert short["status"] == "error" and short["message"].startswith("not enough nodes"), short
+    assert NODE2 in short["message"] and short["trial_wall_s"] < 30  # at once, not at timeout_s (600 s)
+    assert fits["status"] == "ok" and fits["resources_workers"] == 1, fits
 
 
-def test_worker_node_lost_on_a_warm_cluster_then_healed(slurm2, tmp_path):
-    sweep, store = _sweep(tmp_path / "s.yaml", {"resources.workers": [2, 1], "train.micro_batch": [1, 2]}), \
-        tmp_path / "store"
+@pytest.mark.parametrize("healed", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["degraded", "then_healed"])
+def test_worker_node_lost_on_a_warm_cluster(slurm2, tmp_path, healed):
+    sweep, store = _sweep(tmp_path / "s.yaml", NODE_LOSS_POINTS, steps=2), tmp_path / "store"
+    started = time.monotonic()
     assert _raybench(slurm2, "cluster", "up", "faulty", *_options(2)).returncode == 0
     try:
-        _node_lost_on_warm_cluster(slurm2, sweep, store)
+        _node_lost_on_warm_cluster(slurm2, sweep, store, healed)
     finally:  # a failed check must not leave the cluster holding both nodes for the next test
         _raybench(slurm2, "cluster", "down", "faulty")
+    print(f"FIGURES warm{' healed' if healed else ''}: {time.monotonic() - started:.0f} s wall")
 
 
-def _node_lost_on_warm_cluster(slurm2: dict, sweep: Path, store: Path) -> None:
+def _node_lost_on_warm_cluster(slurm2: dict, sweep: Path, store: Path, healed: bool) -> None:
     job_id, killed = _job_id_of(slurm2, "faulty"), {}
     killer = threading.Thread(target=_kill_node2_mid_trial, args=(job_id, killed))
     killer.start()
@@ -162,6 +207,10 @@ def _node_lost_on_warm_cluster(slurm2: dict, sweep: Path, store: Path) -> None:
     status = _raybench(slurm2, "cluster", "status", "faulty")
     assert status.returncode == 0 and "RUNNING" in status.stdout  # up, degraded
     assert f"node {NODE2} (" in status.stdout and "GONE" in status.stdout and "degraded" in status.stdout
+    print(f"FIGURES warm: faults 1 ({killed['count']} processes of {NODE2} killed -9), rows expected 3, "
+          f"rows found {len(attempts)}, duplicates {len(attempts) - len(_latest(attempts))}")
+    if not healed:
+        return
 
     # Healed: a fresh 2-node allocation. The same sweep runs exactly the two trials that were not ok.
     assert _raybench(slurm2, "cluster", "down", "faulty").returncode == 0
@@ -173,16 +222,14 @@ def _node_lost_on_warm_cluster(slurm2: dict, sweep: Path, store: Path) -> None:
     added = [a["trial_id"] for a in after[len(attempts):]]
     assert sorted(added) == sorted(missing) and len(missing) == 2
     assert {a["status"] for a in _latest(after).values()} == {"ok"}
-    print(f"FIGURES warm: faults 1 ({killed['count']} processes of {NODE2} killed -9), rows expected 4, "
-          f"first run {len(attempts)}, healed run added {len(added)}, latest ok {len(_latest(after))}, "
+    print(f"FIGURES warm healed: healed run added {len(added)}, latest ok {len(_latest(after))}, "
           f"duplicate ok rows {len([a for a in after if a['status'] == 'ok']) - len(_latest(after))}")
 
 
-# slow until it has run green once (its first run never started: a leftover cluster held the nodes)
-@pytest.mark.slow
+@pytest.mark.slow  # ~100 s; the same node loss on a warm cluster is in the default run
 def test_worker_node_lost_in_a_one_shot_job(slurm2, tmp_path):
-    sweep, store = _sweep(tmp_path / "s.yaml", {"resources.workers": [2, 1], "train.micro_batch": [1, 2]}), \
-        tmp_path / "store"
+    sweep, store = _sweep(tmp_path / "s.yaml", NODE_LOSS_POINTS, steps=2), tmp_path / "store"
+    started = time.monotonic()
     submit = subprocess.Popen([*RAYBENCH, "slurm", "submit", str(sweep), "--store", str(store), "--wait",
                                *_options(2)], env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
@@ -204,38 +251,49 @@ def test_worker_node_lost_in_a_one_shot_job(slurm2, tmp_path):
     assert submit.returncode == 1 and "the sweep exited 1" in stdout, stderr
     attempts = _attempts(store)
     _check_node_loss_rows(attempts)
-    print(f"FIGURES one-shot: faults 1 ({killed['count']} processes of {NODE2} killed -9), rows expected 4, "
-          f"rows found {len(attempts)}, duplicates {len(attempts) - len(_latest(attempts))}")
+    print(f"FIGURES one-shot: faults 1 ({killed['count']} processes of {NODE2} killed -9), rows expected 3, "
+          f"rows found {len(attempts)}, duplicates {len(attempts) - len(_latest(attempts))}; "
+          f"{time.monotonic() - started:.0f} s wall")
 
 
-# slow until it has run green once (its first run never started: a leftover cluster held the nodes)
-@pytest.mark.slow
+def _job_log(env: dict) -> str:
+    """The SLURM log of the one-shot job submitted last."""
+    logs = sorted((Path(env["RAYBENCH_HOME"]) / "jobs").glob("*/slurm-*.out"), key=lambda p: p.stat().st_mtime)
+    return logs[-1].read_text(errors="replace")
+
+
 def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
-    # Six 1-worker trials of ~15 s each after a ~15 s start: longer than the 1-minute limit (SLURM enforces it
-    # within 30 s after it passes).
-    sweep, store = _sweep(tmp_path / "s.yaml", {"train.micro_batch": [1, 2, 3, 4, 5, 6]}, steps=12), \
-        tmp_path / "store"
-    sweep_spec = yaml.safe_load(sweep.read_text())
-    sweep_spec["resources"]["workers"] = 1
-    sweep.write_text(yaml.safe_dump(sweep_spec))
+    # Three idle trials on one node, one at a time: the first ends in seconds, the second idles until the
+    # 1-minute limit ends the job (SLURM checks limits every 30 s: 60 to 90 s in), the third never starts.
+    held = tmp_path / "held"
+    held.touch()
+    first_trial, in_flight, never_started = tmp_path / "free-1", held, tmp_path / "free-2"
+    sweep, store = _idle_sweep(tmp_path, [first_trial, in_flight, never_started]), tmp_path / "store"
     started = time.monotonic()
     first = _raybench(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1, "1"))
     first_s = time.monotonic() - started
     assert first.returncode == 1 and "ended before the sweep finished" in first.stderr, first.stderr
+    log = _job_log(slurm2)
+    assert "DUE TO TIME LIMIT" in log, log[-3000:]
+    # The driver itself said so and exited (it was not left hanging on the dying Ray until SLURM's SIGKILL).
+    assert "interrupted (received signal 15)" in log and "run the same command again" in log, log[-3000:]
     attempts = _attempts(store)
-    statuses = [a["status"] for a in attempts]
-    assert set(statuses) <= {"ok", "interrupted"} and statuses.count("interrupted") <= 1, attempts
-    assert 1 <= len(attempts) < 6, attempts  # some finished before the limit, not all
-    assert all(a["steps_timed"] == 11 for a in attempts if a["status"] == "ok")  # whole windows only
-    interrupted = [a for a in attempts if a["status"] == "interrupted"]
-    assert all("the sweep was stopped while this trial ran" in a["message"] for a in interrupted)
+    latest = list(_latest(attempts).values())
+    assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts  # the third never started
+    ok, interrupted = latest
+    assert ok["steps_timed"] == IDLE_STEPS - 1  # its whole window
+    assert interrupted["message"].startswith("the sweep was stopped while this trial ran (received signal 15)")
+    assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == interrupted["trial_id"]}
 
+    held.unlink()  # released: the resubmitted job runs the held trial and the one never started, in seconds
     second = _raybench(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1))
     assert second.returncode == 0, second.stderr
     after = _attempts(store)
-    ok = [a["trial_id"] for a in after if a["status"] == "ok"]
-    assert len(ok) == len(set(ok)) == 6  # complete, none twice
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
     assert {a["status"] for a in _latest(after).values()} == {"ok"}
-    print(f"FIGURES time limit: faults 1 (limit expired after {first_s:.0f} s), rows expected 6, first job "
-          f"{statuses.count('ok')} ok + {statuses.count('interrupted')} interrupted, after resubmission "
-          f"{len(ok)} ok, duplicate ok rows {len(ok) - len(set(ok))}")
+    assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
+    print(f"FIGURES time limit: faults 1 (limit expired, first job {first_s:.0f} s), rows expected 3, first job "
+          f"{len(attempts)} rows (1 ok, 1 interrupted, {len(attempts) - 2} other), after resubmission "
+          f"{len(ok_rows)} ok, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
+          f"{time.monotonic() - started:.0f} s wall")
