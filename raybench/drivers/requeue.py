@@ -80,23 +80,30 @@ def directives(signal_s: int) -> list[str]:
 
 def payload(run: str, signal_s: int) -> str:
     """The template payload of a requeued job: `run` (the `raybench run` command line) in the background, the
-    warning acted on while it runs, the sweep's exit code written only once the sweep has ended by itself."""
+    warning acted on while it runs, the sweep's exit code written only once the sweep has ended by itself.
+
+    At the end less `signal_s` the job stops the sweep first (SIGTERM to `raybench run` alone: it stores the trials
+    in flight as interrupted while its Ray cluster is still up), then requeues itself. Should the sweep not stop
+    within half of `signal_s`, the job requeues itself anyway, and SLURM stops it as it stops a preempted job."""
     return f"""\
 echo "raybench: allocation $((${{SLURM_RESTART_COUNT:-0}} + 1)) of job $SLURM_JOB_ID (requeued until the sweep is done)"
-requeue_before_end() {{  # SLURM's warning may come up to a minute early: requeue at the end less {signal_s} s
+stop_before_end() {{  # SLURM's warning may come up to a minute early: act at the end less {signal_s} s, by the clock
   local end
   end=$(date -d "$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e)" +%s) || end=$(date +%s)
   sleep $(( end - {signal_s} - $(date +%s) > 0 ? end - {signal_s} - $(date +%s) : 0 ))
-  echo "raybench: {signal_s} s before the time limit, the sweep goes on in the job's next allocation" >&2
-  scontrol requeue "$SLURM_JOB_ID" || echo "raybench: scontrol requeue failed; the job ends at its limit" >&2
+  echo "raybench: {signal_s} s before the time limit: the sweep stops and goes on in the job's next allocation" >&2
+  kill -USR2 $$
+  sleep {max(signal_s // 2, 1)}
+  scontrol requeue "$SLURM_JOB_ID" && echo "raybench: the sweep did not stop within {max(signal_s // 2, 1)} s" >&2
 }}
-timer=
-on_warning() {{ [[ -n $timer ]] || {{ requeue_before_end & timer=$!; }}; }}
+timer= stop_asked=0
+on_warning() {{ [[ -n $timer ]] || {{ stop_before_end & timer=$!; }}; }}
 trap on_warning USR1
 {run} &
 run_pid=$!
-# SLURM signals every process of the job itself (the requeue, scancel, the limit): wait while the sweep stores
-# the trials it cuts as interrupted.
+trap 'stop_asked=1; kill -TERM "$run_pid" 2>/dev/null' USR2
+# SLURM signals every process of the job itself (a requeue from outside, scancel, the limit): wait while the
+# sweep stores the trials it cuts as interrupted.
 trap 'stopped_by_slurm=1' TERM INT
 ((end_warned)) && on_warning  # the warning came while Ray started
 while :; do  # a trapped signal ends a wait early
@@ -106,7 +113,11 @@ done
 wait "$run_pid" 2>/dev/null; again=$?  # a signal trapped as it exited: its status is still to be collected
 ((again != 127)) && rc=$again
 [[ -n $timer ]] && kill "$timer" 2>/dev/null
-((stopped_by_slurm)) && exit 143  # requeued (the next allocation resumes), cancelled or out of time
+((stopped_by_slurm)) && exit 143  # requeued from outside (the next allocation resumes), cancelled or out of time
+if ((stop_asked && rc != 0 && rc != 1)); then  # stopped before the end, not done: the rest in the next allocation
+  scontrol requeue "$SLURM_JOB_ID" && exit 143
+  echo "raybench: scontrol requeue failed: the sweep stops here; submit it again to run the rest" >&2
+fi
 echo $rc > "$RAYBENCH_JOB_DIR/exit_code"
 exit $rc
 """
