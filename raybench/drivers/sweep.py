@@ -186,11 +186,22 @@ def record_interrupted(progress: SweepProgress, trials: list[PlannedTrial], swee
     error row that the stop itself caused (ranks killed with the job) is superseded, being older."""
     try:
         yield
-    except (Terminated, KeyboardInterrupt) as why:
+    except (Terminated, KeyboardInterrupt, SystemError) as raised:
+        why = _stop_behind(raised)
+        if why is None:
+            raise
         running = {trial_id for trial_id, state in progress.states.items() if state.status == "running"}
         write_interrupted_rows([t for t in trials if t.trial_id in running], sweep, store_path, executor, listed,
                                str(why) or "Ctrl-C")
-        raise
+        raise why from None
+
+
+def _stop_behind(raised: BaseException) -> Terminated | KeyboardInterrupt | None:
+    """The stop an exception stands for, or None. A signal that lands while Ray waits in its own code (ray.wait
+    checks signals there) comes out as a SystemError whose cause is the handler's exception."""
+    if isinstance(raised, SystemError):
+        raised = raised.__cause__
+    return raised if isinstance(raised, (Terminated, KeyboardInterrupt)) else None
 
 
 def write_interrupted_rows(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,

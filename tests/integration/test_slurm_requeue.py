@@ -61,10 +61,11 @@ def slurm(tmp_path_factory):
 
 
 def _sweep(tmp_path: Path, step_s: list[str], timeout_s: float) -> Path:
-    """One trial per step length: STEPS sleeps of that many seconds on one worker."""
+    """One trial per step length: STEPS sleeps of that many seconds on one worker that takes the whole node, so
+    trials run one at a time."""
     (tmp_path / "idle_train.py").write_text(IDLE_TRAIN)
     spec = {"name": SWEEP, "model": {"preset": "tiny"}, "train": {"steps": STEPS, "warmup_steps": WARMUP},
-            "resources": {"workers": 1, "cpus_per_worker": 1, "timeout_s": timeout_s},
+            "resources": {"workers": 1, "cpus_per_worker": os.cpu_count(), "timeout_s": timeout_s},
             "stack": {"kind": "command", "overrides": {"step_s": step_s[0]},
                       "command": ["{python}", "{sweep_dir}/idle_train.py", "--steps", "{steps}", "--step-s",
                                   "{step_s}"]},

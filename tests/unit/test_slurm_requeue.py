@@ -77,3 +77,31 @@ def test_requeued_job_script_asks_for_the_warning_and_is_valid_bash(tmp_path):
     path = tmp_path / "job.sbatch"
     path.write_text(text)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_a_stop_that_lands_inside_ray_wait_still_stores_the_running_trial_as_interrupted(tmp_path):
+    """SIGTERM while the sweep driver waits in ray.wait: Ray's own code turns the handler's Terminated into a
+    SystemError (seen on the tests' SLURM when a job requeued itself). It is still a stop: the running trial is
+    stored `interrupted` and Terminated goes on to the command line (exit 130)."""
+    import pyarrow.parquet as pq
+
+    from raybench.drivers.progress import as_progress
+    from raybench.drivers.ray_cluster import Terminated
+    from raybench.drivers.sweep import record_interrupted
+    from raybench.planning.plan import plan
+    from raybench.spec.load import load_sweep
+
+    trials = plan(load_sweep(str(SMOKE)), source=str(SMOKE))
+    progress = as_progress(lambda line: None)
+    progress.start(len(trials))
+    progress.trial_started(trials[1].trial_id, trials[1].axis_values)
+    store = tmp_path / "store"
+    with pytest.raises(Terminated):
+        with record_interrupted(progress, trials, "smoke-cpu", str(store), "train", set()):
+            try:
+                raise Terminated("received signal 15")
+            except Terminated as stop:
+                raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from stop
+    [path] = (store / "sweep=smoke-cpu").glob("*.parquet")
+    row = pq.read_table(path, columns=["trial_id", "status"]).to_pylist()
+    assert row == [{"trial_id": trials[1].trial_id, "status": "interrupted"}]
