@@ -162,10 +162,10 @@ def test_scontrol_requeue_mid_trial_then_the_next_allocation_completes_the_sweep
 
 @pytest.mark.slow
 def test_a_sweep_longer_than_its_allocation_completes_across_three(slurm, tmp_path):
-    # Three trials of ~40 s (10 sleeps of ~3.8 s, and the command's start); a 2-minute limit, the job requeueing
-    # itself 30 s before it: after ~20 s of start-up one trial fits an allocation, the next is cut. The bound:
-    # timeout_s 60 + start-up 30 + 30 = 120 s, the limit.
-    sweep, store = _sweep(tmp_path, ["3.7", "3.8", "3.9"], timeout_s=60), tmp_path / "store"
+    # Three trials of ~48 s (10 sleeps of ~4.5 s, and the command's start), one at a time; a 2-minute limit, the job
+    # stopping its sweep 30 s before it: after 12-25 s of start-up one trial fits an allocation, never two. The
+    # bound: timeout_s 60 + start-up 30 + 30 = 120 s, the limit.
+    sweep, store = _sweep(tmp_path, ["4.4", "4.5", "4.6"], timeout_s=60), tmp_path / "store"
     started = time.monotonic()
     submit = _submit(slurm, sweep, store, "--time", "2", "--signal-time", "30")
     stdout, stderr, job_id, job_dir = _finish(submit, timeout=1500)
