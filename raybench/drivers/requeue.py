@@ -3,11 +3,12 @@
 SLURM warns the job's batch shell before the time limit (sbatch `--signal=B:USR1@S`). USR1, not TERM: SLURM sends
 TERM itself when it ends a job (scancel, the time limit, a requeue or preemption), and only the warning must
 requeue. The warning may come up to a minute early (SLURM checks time limits periodically), so the job reads its
-end time and requeues itself (`scontrol requeue`) at exactly S seconds before it, unless the sweep has finished by
-then. From there a requeue by the job and one from outside (preemption, an operator's `scontrol requeue`) are the
-same: SLURM sends TERM to every process of the job, `raybench run` stores the trials in flight as `interrupted`
-(never as ok with a partial window), and the next allocation of the same job runs the sweep again, which skips
-every trial stored ok.
+end time and, at exactly S seconds before it, stops `raybench run` alone (it stores the trials in flight as
+`interrupted`, never as ok with a partial window, while its Ray cluster is still up) and then requeues itself
+(`scontrol requeue`), unless the sweep has finished by then. The next allocation of the same job runs the sweep
+again, which skips every trial stored ok. A requeue from outside (preemption, an operator's `scontrol requeue`) is
+resumed the same way; SLURM then signals every process of the job at once, and the trials in flight may be stored
+as `error` (their workers die with the node) or not at all, never as ok.
 
 A trial that cannot finish within one allocation would be interrupted in every allocation, forever: such a sweep
 is refused before anything is submitted (`fit_problems`).
