@@ -2,7 +2,7 @@
 
 Daemons are started by hand in the foreground (munged as user munge, slurmctld, slurmd) with a test-private
 SLURM_CONF, munge socket, state and spool directories and free ports, so nothing touches a system SLURM; they
-are stopped by PID. Run `python tests/slurm_cluster.py [NODES]` to get one in a shell for debugging (Ctrl-C stops).
+are stopped by PID. Run `python tests/slurm_cluster.py [NODES [CRED_EXPIRE_S]]` to get one in a shell for debugging (Ctrl-C stops).
 """
 
 from __future__ import annotations
@@ -71,15 +71,18 @@ def _first_job_id() -> int:
     return random.randrange(1_000, 60_000_000, 1_000)
 
 
-def write_config(root: Path, nodes: int = 1) -> Path:
+def write_config(root: Path, nodes: int = 1, cred_expire_s: int | None = None) -> Path:
+    """`cred_expire_s`: the step credentials' lifetime, which is also how long SLURM holds a requeued job before it
+    may start again (SLURM's default: 120 s)."""
     conf = root / "slurm.conf"
+    cred = f",cred_expire={cred_expire_s}" if cred_expire_s else ""
     conf.write_text(f"""\
 ClusterName=raybenchtest
 FirstJobId={_first_job_id()}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={_free_port()}
 AuthType=auth/munge
-AuthInfo=socket={root}/munge/munge.sock
+AuthInfo=socket={root}/munge/munge.sock{cred}
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -171,7 +174,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 @contextlib.contextmanager
-def slurm_cluster(nodes: int = 1):
+def slurm_cluster(nodes: int = 1, cred_expire_s: int | None = None):
     """Start munged, slurmctld and one slurmd per node in a fresh directory; yield the environment clients need
     (SLURM_CONF). Several nodes are several slurmd on this host, all at 127.0.0.1 with their own ports.
 
@@ -180,7 +183,7 @@ def slurm_cluster(nodes: int = 1):
     """
     root = Path(tempfile.mkdtemp(prefix="rbslurm-", dir="/tmp"))
     root.chmod(0o755)
-    conf = write_config(root, nodes)
+    conf = write_config(root, nodes, cred_expire_s)
     (root / "ctld").mkdir()
     env = {**os.environ, "SLURM_CONF": str(conf), "PATH": PATH}
     procs = [_start_munged(root)]
@@ -203,7 +206,8 @@ if __name__ == "__main__":
     reason = missing_reason()
     if reason:
         sys.exit(reason)
-    with slurm_cluster(int(sys.argv[1]) if sys.argv[1:] else 1) as slurm_env:
+    with slurm_cluster(int(sys.argv[1]) if sys.argv[1:] else 1,
+                       int(sys.argv[2]) if sys.argv[2:] else None) as slurm_env:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run the teardown on kill too
         print(f"export SLURM_CONF={slurm_env['SLURM_CONF']}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):

@@ -17,14 +17,14 @@ import sys
 from raybench.cli import example_data as cli_example_data
 from raybench.cli import results as cli_results
 from raybench.cli import store as cli_store
-from raybench.drivers import slurm
+from raybench.drivers import requeue, slurm
 from raybench.drivers.slurm import SlurmError, SlurmOptions
 from raybench.planning.plan import matching, plan
 from raybench.reports.report import results_table
 from raybench.reports.tables import estimate_summary, estimate_table, plan_table, rehearsal_report
 from raybench.results.store import StoreWriteError
 from raybench.runtime import cuda_snapshot
-from raybench.spec.errors import ConfigError
+from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -225,11 +225,17 @@ def _slurm_options(args):
 def _slurm_submit(args) -> int:
 
     extra = [flag for flag, on in (("--rerun", args.rerun), ("--keep-invalid", args.keep_invalid)) if on]
-    job_id, job_dir = slurm.submit(args.sweep, _slurm_options(args), args.store, extra)
+    if args.signal_time is not None and not args.requeue:
+        raise ConfigError("slurm options", [Problem("--signal-time", args.signal_time,
+                                                    "only with --requeue (add --requeue, or leave it out)")])
+    signal_s = (args.signal_time or requeue.DEFAULT_SIGNAL_S) if args.requeue else None
+    job_id, job_dir = slurm.submit(args.sweep, _slurm_options(args), args.store, extra, requeue_signal_s=signal_s)
     print(f"submitted job {job_id}; script, log and token in {job_dir}", flush=True)
     if not args.wait:
         return EXIT_OK
-    code = slurm.sweep_exit_code(job_id, job_dir)
+    # Requeued, the job is pending again between allocations: say so, so a long wait explains itself.
+    code = slurm.sweep_exit_code(job_id, job_dir, on_state=(
+        (lambda state: print(f"job {job_id}: {state}", flush=True)) if args.requeue else None))
     print(f"job {job_id} finished: the sweep exited {code}; log: {sorted(job_dir.glob('slurm-*.out'))[-1]}")
     return code
 
@@ -293,7 +299,14 @@ def _add_slurm_parsers(sub) -> None:
     p.add_argument("--store", help="result store directory, on a filesystem every node sees")
     p.add_argument("--rerun", action="store_true", help="run trials again even if stored as ok")
     p.add_argument("--keep-invalid", action="store_true", help="record impossible grid points as invalid rows")
-    p.add_argument("--wait", action="store_true", help="wait for the job; exit with the sweep's exit code")
+    p.add_argument("--wait", action="store_true", help="wait for the job (across its requeues); exit with the "
+                                                       "sweep's exit code")
+    p.add_argument("--requeue", action="store_true",
+                   help="requeue the job until the sweep is done: before its time limit (and when preempted) the job "
+                        "stores the trials in flight as interrupted and runs the rest in its next allocation")
+    p.add_argument("--signal-time", type=int, metavar="SECONDS",
+                   help=f"with --requeue: seconds before the time limit at which the job requeues itself (sbatch "
+                        f"--signal=B:USR1@SECONDS; default {requeue.DEFAULT_SIGNAL_S})")
     p.set_defaults(func=_slurm_submit)
 
     cluster = sub.add_parser("cluster", help="hold a warm Ray cluster on a SLURM allocation").add_subparsers(

@@ -17,10 +17,11 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from raybench.drivers import nodes
+from raybench.drivers import nodes, requeue
 from raybench.planning.plan import plan
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
@@ -113,10 +114,12 @@ def _container(opts: SlurmOptions) -> str:
     return shlex.join(shlex.split(opts.container_cmd)) if opts.container_cmd else ""
 
 
-def render(opts: SlurmOptions, job_dir: Path, payload: str, template: Path | None = None) -> str:
-    """The sbatch script for `opts`: every {{name}} in the template replaced, an unknown or unused name is a bug."""
+def render(opts: SlurmOptions, job_dir: Path, payload: str, template: Path | None = None,
+           directives: list[str] = ()) -> str:
+    """The sbatch script for `opts`: every {{name}} in the template replaced, an unknown or unused name is a bug.
+    `directives`: more #SBATCH lines (a requeued job's)."""
     values = {
-        "nodes": str(opts.nodes), "time": opts.time, "directives": _directives(opts),
+        "nodes": str(opts.nodes), "time": opts.time, "directives": "\n".join(filter(None, [_directives(opts), *directives])),
         "job_dir": shlex.quote(str(job_dir)), "port": str(opts.port), "gpus_per_node": str(opts.gpus_per_node),
         "min_shm_mb": str(opts.min_shm_mb), "payload": payload,
         "container": _container(opts),
@@ -191,10 +194,16 @@ def job_state(job_id: str) -> str | None:
     return state
 
 
-def wait_gone(job_id: str, timeout: float | None = None, poll: float = 1.0) -> bool:
-    """Wait until the job has ended completely (COMPLETING included); False on timeout."""
+def wait_gone(job_id: str, timeout: float | None = None, poll: float = 1.0,
+              on_state: Callable[[str], None] | None = None) -> bool:
+    """Wait until the job has ended completely (COMPLETING included; a requeued job is not gone: it is pending
+    again); False on timeout. `on_state` is called with each new state the job is seen in."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    while job_state(job_id) is not None:
+    seen = None
+    while (state := job_state(job_id)) is not None:
+        if on_state is not None and state != seen:
+            on_state(state)
+        seen = state
         if deadline is not None and time.monotonic() > deadline:
             return False
         time.sleep(poll)
@@ -206,8 +215,11 @@ def log_tail(job_dir: Path, lines: int = 30) -> str:
     return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else "(no SLURM log)"
 
 
-def submit(sweep: str, opts: SlurmOptions, store: str | None = None, extra: list[str] = ()) -> tuple[str, Path]:
-    """One-shot job: allocation → Ray cluster → `raybench run` → rows in the store → exit.
+def submit(sweep: str, opts: SlurmOptions, store: str | None = None, extra: list[str] = (),
+           requeue_signal_s: int | None = None) -> tuple[str, Path]:
+    """One-shot job: allocation → Ray cluster → `raybench run` → rows in the store → exit. With `requeue_signal_s`
+    (`--requeue`), the job requeues itself that many seconds before its time limit until the sweep is done
+    (raybench.drivers.requeue).
 
     The sweep is validated here first: a bad sweep or bad options raise ConfigError and submit nothing.
     Returns (job id, job dir).
@@ -215,21 +227,27 @@ def submit(sweep: str, opts: SlurmOptions, store: str | None = None, extra: list
     problems = option_problems(opts)
     try:
         spec = load_sweep(sweep)
-        plan(spec, keep_invalid="--keep-invalid" in extra, source=sweep)
+        trials = plan(spec, keep_invalid="--keep-invalid" in extra, source=sweep)
     except ConfigError as err:  # report the sweep's problems and the options' together
         raise ConfigError(err.source, problems + err.problems) from None
+    if requeue_signal_s is not None:
+        problems += requeue.fit_problems(trials, opts.time, requeue_signal_s)
     if problems:
         raise ConfigError("slurm options", problems)
     store_path = Path(store or spec.store).resolve()  # the job runs in its own directory
     job_dir = _job_dir("jobs", spec.name)
-    job_id = sbatch(render(opts, job_dir, _run_payload(opts, Path(sweep).resolve(), store_path, list(extra))),
-                    job_dir, f"raybench-{spec.name}")
-    return job_id, job_dir
+    run = _run_command(opts, Path(sweep).resolve(), store_path, list(extra))
+    if requeue_signal_s is None:
+        script = render(opts, job_dir, _run_payload(run))
+    else:
+        script = render(opts, job_dir, requeue.payload(run, requeue_signal_s),
+                        directives=requeue.directives(requeue_signal_s))
+    return sbatch(script, job_dir, f"raybench-{spec.name}"), job_dir
 
 
-def sweep_exit_code(job_id: str, job_dir: Path) -> int:
-    """Wait until a one-shot job has left the queue; the exit code of its sweep."""
-    wait_gone(job_id)
+def sweep_exit_code(job_id: str, job_dir: Path, on_state: Callable[[str], None] | None = None) -> int:
+    """Wait until a one-shot job has left the queue (across its requeues); the exit code of its sweep."""
+    wait_gone(job_id, on_state=on_state)
     code_file = job_dir / "exit_code"
     code = int(code_file.read_text()) if code_file.is_file() else None
     if code is None:
@@ -237,11 +255,15 @@ def sweep_exit_code(job_id: str, job_dir: Path) -> int:
     return code
 
 
-def _run_payload(opts: SlurmOptions, sweep: Path, store: Path, extra: list[str]) -> str:
-    """Template payload of a one-shot job: run the sweep on the job's cluster and exit with its exit code."""
+def _run_command(opts: SlurmOptions, sweep: Path, store: Path, extra: list[str]) -> str:
+    """The `raybench run` command line of a one-shot job, on the job's cluster."""
     cmd = shlex.join([sys.executable, "-m", "raybench", "run", str(sweep), "--store", str(store), *extra])
-    return (f'{_container(opts)} {cmd} --address "$RAY_ADDRESS"\n'
-            'rc=$?\necho $rc > "$RAYBENCH_JOB_DIR/exit_code"\nexit $rc\n')
+    return f'{_container(opts)} {cmd} --address "$RAY_ADDRESS"'
+
+
+def _run_payload(run: str) -> str:
+    """Template payload of a one-shot job: run the sweep on the job's cluster and exit with its exit code."""
+    return f'{run}\nrc=$?\necho $rc > "$RAYBENCH_JOB_DIR/exit_code"\nexit $rc\n'
 
 
 # ----- warm clusters, recorded by name -----

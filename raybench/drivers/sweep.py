@@ -214,9 +214,12 @@ def record_interrupted(progress: SweepProgress, trials: list[PlannedTrial], swee
 
     try:
         yield on_stop
-    except (Terminated, KeyboardInterrupt) as why:
+    except (Terminated, KeyboardInterrupt, SystemError) as raised:
+        why = _stop_behind(raised)
+        if why is None:
+            raise
         interrupted(str(why) or "Ctrl-C")
-        raise
+        raise why from None
     finally:
         stopping.clear()  # stopped in time: the grace thread does nothing
 
@@ -237,6 +240,14 @@ def _exit_unless_stopped(stopping: threading.Event, interrupted: Callable[[str],
         code, message = 1, f"{message}\nraybench: {type(err).__name__}: {err}"
     print(message, file=sys.stderr, flush=True)
     os._exit(code)  # the main thread is blocked inside Ray: no exception can reach it
+
+
+def _stop_behind(raised: BaseException) -> Terminated | KeyboardInterrupt | None:
+    """The stop an exception stands for, or None. A signal that lands while Ray waits in its own code (ray.wait
+    checks signals there) comes out as a SystemError whose cause is the handler's exception."""
+    if isinstance(raised, SystemError):
+        raised = raised.__cause__
+    return raised if isinstance(raised, (Terminated, KeyboardInterrupt)) else None
 
 
 def write_interrupted_rows(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
