@@ -34,3 +34,10 @@ def test_every_integration_test_file_is_marked():
     marked = re.compile(r"^pytestmark = \[?pytest\.mark\.integration\b", re.M)
     unmarked = [p.name for p in sorted((TESTS / "integration").glob("test_*.py")) if not marked.search(p.read_text())]
     assert unmarked == []
+
+
+def test_no_two_test_files_share_a_name():
+    """The test folders are not packages: pytest imports each file by its base name, so a second file of the same
+    name in the other folder fails the collection of whichever comes second."""
+    names = [p.name for p in sorted(TESTS.rglob("test_*.py"))]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -108,6 +108,20 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_signal_and_its_last_error_l
     assert classify(RuntimeError(torchrun._failure_text(1, SIGNAL_LOG))) == ("error", SIGNAL_MESSAGE)
 
 
+def test_a_rank_that_raised_then_aborted_is_named_by_its_exception():
+    """A refused host allocation raises in the rank, which then aborts on its way out (-6): the exception is the
+    cause, and the row is an oom."""
+    from raybench.drivers.executors import torchrun
+
+    raised = SIGNAL_LOG.replace("terminate called without an active exception",
+                                "[rank1]: RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: "
+                                "can't allocate memory: you tried to allocate 1073741824 bytes.\n"
+                                "terminate called without an active exception")
+    status, message = classify(RuntimeError(torchrun._failure_text(1, raised)))
+    assert status == "oom" and message.startswith("rank 1 was killed by signal SIGABRT (exit code -6); its last "
+                                                   "exception line: RuntimeError: [enforce fail"), message
+
+
 def test_a_command_killed_by_a_signal_itself_is_named_so():
     from raybench.drivers.executors import command
 

@@ -39,10 +39,10 @@ def _bare(line: str) -> str:
     return _RANK_PREFIX.sub("", line.strip()).strip()
 
 
-def exception_lines(output: str) -> list[str]:
+def exception_lines(output: str, rank: int | None = None) -> list[str]:
     """The ranks' own exception lines ("ValueError: ..."), prefixes removed, torchrun's ChildFailedError left out
-    (it only says that a rank failed)."""
-    lines = (_bare(line) for line in output.splitlines())
+    (it only says that a rank failed); given `rank`, without the lines torchrun marks as another rank's."""
+    lines = (_bare(line) for line in output.splitlines() if rank is None or _marked_rank(line) in (None, rank))
     return [line for line in lines if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
 
 
@@ -74,7 +74,11 @@ def signal_death(output: str, returncode: int, command: str) -> str | None:
         name = signal.Signals(-code).name
     except ValueError:
         name = str(-code)
-    found = last_line(output, int(root.group(1)) if root else None)
+    rank = int(root.group(1)) if root else None
+    # A rank that raised before the signal (a refused allocation, then an abort on the way out): its exception is
+    # the cause, and what the row's status is read from (oom).
+    raised = exception_lines(output, rank)
+    found = ("exception", raised[-1]) if raised else last_line(output, rank)
     return signal_line(who, name, code) + (f"; its last {found[0]} line: {found[1]}" if found else "")
 
 
