@@ -202,6 +202,58 @@ def slurm_cluster(nodes: int = 1, cred_expire_s: int | None = None):
         shutil.rmtree(root, ignore_errors=True)
 
 
+
+# ---- what the tests of raybench on this cluster share ---------------------------------------------------------
+
+RAYBENCH = [sys.executable, "-m", "raybench"]
+
+
+@contextlib.contextmanager
+def raybench_slurm(home: Path, **cluster):
+    """slurm_cluster's environment with a RAYBENCH_HOME of its own (`cluster up` keeps its records there); skips
+    the test where SLURM cannot run here."""
+    import pytest
+
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with slurm_cluster(**cluster) as env:
+        env["RAYBENCH_HOME"] = str(home)
+        yield env
+
+
+def raybench_cli(env: dict, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`raybench ARGS` as a user of this cluster runs it; its output is printed for the test's log."""
+    done = subprocess.run([*RAYBENCH, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    print(done.stdout, done.stderr, sep="\n")
+    return done
+
+
+def free_port_block() -> int:
+    """A Ray base port whose first few ports are free (the node's block is port … port+999)."""
+    for _ in range(50):
+        base = random.randrange(20000, 60000, 1000)
+        try:
+            for port in (base, base + 1, base + 2, base + 7, base + 8):
+                with socket.socket() as s:
+                    s.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port block")
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """Every process SLURM started for this job (they all carry its SLURM_JOB_ID), Ray's included."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("SLURM_JOB_ID") == job_id:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
 if __name__ == "__main__":
     reason = missing_reason()
     if reason:

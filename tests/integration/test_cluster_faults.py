@@ -30,24 +30,19 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from slurm_cluster import NODE_PREFIX, missing_reason, slurm_cluster  # noqa: E402
+from slurm_cluster import (NODE_PREFIX, RAYBENCH, free_port_block, job_processes, raybench_cli,  # noqa: E402
+                           raybench_slurm)
 
-from test_slurm import _free_port_block, _job_processes, _raybench  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-RAYBENCH = [sys.executable, "-m", "raybench"]
 NODE2 = f"{NODE_PREFIX}2"
 SWEEP = "faults"
 
 
 @pytest.fixture(scope="module")
 def slurm2(tmp_path_factory):
-    reason = missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with slurm_cluster(nodes=2) as env:
-        env["RAYBENCH_HOME"] = str(tmp_path_factory.mktemp("raybench-home"))
+    with raybench_slurm(tmp_path_factory.mktemp("raybench-home"), nodes=2) as env:
         yield env
 
 
@@ -103,7 +98,7 @@ def _idle_sweep(tmp_path: Path, holds: list[Path]) -> Path:
 
 def _options(nodes: int, time_limit: str = "20") -> list[str]:
     return ["--nodes", str(nodes), "--cpus-per-node", str(os.cpu_count()), "--time", time_limit,
-            "--port", str(_free_port_block())]
+            "--port", str(free_port_block())]
 
 
 def _attempts(store: Path) -> list[dict]:
@@ -121,7 +116,7 @@ def _latest(attempts: list[dict]) -> dict[str, dict]:
 
 
 def _node2_processes(job_id: str) -> list[psutil.Process]:
-    return [p for p in _job_processes(job_id) if _environ(p).get("SLURMD_NODENAME") == NODE2
+    return [p for p in job_processes(job_id) if _environ(p).get("SLURMD_NODENAME") == NODE2
             and _name(p) not in ("slurmstepd", "slurmd", "")]
 
 
@@ -185,11 +180,11 @@ def _check_node_loss_rows(attempts: list[dict]) -> None:
 def test_worker_node_lost_on_a_warm_cluster(slurm2, tmp_path, healed):
     sweep, store = _sweep(tmp_path / "s.yaml", NODE_LOSS_POINTS, steps=2), tmp_path / "store"
     started = time.monotonic()
-    assert _raybench(slurm2, "cluster", "up", "faulty", *_options(2)).returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "faulty", *_options(2)).returncode == 0
     try:
         _node_lost_on_warm_cluster(slurm2, sweep, store, healed)
     finally:  # a failed check must not leave the cluster holding both nodes for the next test
-        _raybench(slurm2, "cluster", "down", "faulty")
+        raybench_cli(slurm2, "cluster", "down", "faulty")
     print(f"FIGURES warm{' healed' if healed else ''}: {time.monotonic() - started:.0f} s wall")
 
 
@@ -197,14 +192,14 @@ def _node_lost_on_warm_cluster(slurm2: dict, sweep: Path, store: Path, healed: b
     job_id, killed = _job_id_of(slurm2, "faulty"), {}
     killer = threading.Thread(target=_kill_node2_mid_trial, args=(job_id, killed))
     killer.start()
-    done = _raybench(slurm2, "run", str(sweep), "--cluster", "faulty", "--store", str(store), "--quiet")
+    done = raybench_cli(slurm2, "run", str(sweep), "--cluster", "faulty", "--store", str(store), "--quiet")
     killer.join()
     assert killed.get("count"), "no rank ever ran on node 2"
     assert done.returncode == 1, done.stderr  # some trials not ok; the run finished with its table
     attempts = _attempts(store)
     _check_node_loss_rows(attempts)
 
-    status = _raybench(slurm2, "cluster", "status", "faulty")
+    status = raybench_cli(slurm2, "cluster", "status", "faulty")
     assert status.returncode == 0 and "RUNNING" in status.stdout  # up, degraded
     assert f"node {NODE2} (" in status.stdout and "GONE" in status.stdout and "degraded" in status.stdout
     print(f"FIGURES warm: faults 1 ({killed['count']} processes of {NODE2} killed -9), rows expected 3, "
@@ -213,9 +208,9 @@ def _node_lost_on_warm_cluster(slurm2: dict, sweep: Path, store: Path, healed: b
         return
 
     # Healed: a fresh 2-node allocation. The same sweep runs exactly the two trials that were not ok.
-    assert _raybench(slurm2, "cluster", "down", "faulty").returncode == 0
-    assert _raybench(slurm2, "cluster", "up", "faulty", *_options(2)).returncode == 0
-    again = _raybench(slurm2, "run", str(sweep), "--cluster", "faulty", "--store", str(store), "--quiet")
+    assert raybench_cli(slurm2, "cluster", "down", "faulty").returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "faulty", *_options(2)).returncode == 0
+    again = raybench_cli(slurm2, "run", str(sweep), "--cluster", "faulty", "--store", str(store), "--quiet")
     assert again.returncode == 0, again.stderr
     after = _attempts(store)
     missing = {a["trial_id"] for a in _latest(attempts).values() if a["status"] != "ok"}
@@ -270,7 +265,7 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     first_trial, in_flight, never_started = tmp_path / "free-1", held, tmp_path / "free-2"
     sweep, store = _idle_sweep(tmp_path, [first_trial, in_flight, never_started]), tmp_path / "store"
     started = time.monotonic()
-    first = _raybench(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1, "1"))
+    first = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1, "1"))
     first_s = time.monotonic() - started
     assert first.returncode == 1 and "ended before the sweep finished" in first.stderr, first.stderr
     log = _job_log(slurm2)
@@ -286,7 +281,7 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == interrupted["trial_id"]}
 
     held.unlink()  # released: the resubmitted job runs the held trial and the one never started, in seconds
-    second = _raybench(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1))
+    second = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1))
     assert second.returncode == 0, second.stderr
     after = _attempts(store)
     ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]

@@ -21,6 +21,7 @@ import pytest
 
 from raybench.drivers.ray_cluster import OWNER_FILE, TEMP_ROOT
 from raybench.results import store
+from tests.tmpfs import fill, mounted_tmpfs
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -149,19 +150,11 @@ ONE_AT_A_TIME_SWEEP = TORCHRUN_SWEEP.replace("[0, 1]", "[0, 1, 2]")
 
 @pytest.mark.slow  # ~2 min; the default run covers the store's and the CLI's side: tests/unit/test_store_full.py
 def test_full_store_stops_the_sweep_loudly_then_a_rerun_fills_the_gap(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    mount = tmp_path / "store"
-    mount.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode:
-        pytest.skip(f"mount -t tmpfs refused here: {mounted.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "store", "2m") as mount:
         sweep = _write(tmp_path, ONE_AT_A_TIME_SWEEP)
         proc = _start(sweep)
         _wait_for_line(proc, "[1/3]")
-        filler = _fill(mount)  # the disk fills while the second trial runs
+        filler = fill(mount)  # the disk fills while the second trial runs
         code, out = _finish(proc)
         assert code == 1, out[-3000:]
         assert "cannot write the result file" in out and "No space left on device" in out, out[-3000:]
@@ -178,22 +171,6 @@ def test_full_store_stops_the_sweep_loudly_then_a_rerun_fills_the_gap(tmp_path):
         rows = _rows(tmp_path)
         print(f"\nfull disk: faults 1, rows before {len(stored)}, rows expected 3, found {len(rows)}, "
               f"duplicates {len(rows) - rows.trial_id.nunique()}")
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def _fill(directory: Path) -> Path:
-    """Write one file until the filesystem is full; returns it (delete it to free the space)."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"x" * 65536)
-    except OSError as err:
-        assert err.errno == 28  # ENOSPC
-    finally:
-        os.close(fd)
-    return filler
 
 
 @pytest.mark.slow  # ~2 min; the default run covers the store's side: test_store_concurrency.py (8 writers, a reader)

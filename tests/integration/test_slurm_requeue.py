@@ -22,12 +22,10 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from slurm_cluster import missing_reason, slurm_cluster  # noqa: E402
+from slurm_cluster import RAYBENCH, free_port_block, job_processes, raybench_slurm  # noqa: E402
 
-from test_slurm import _free_port_block, _job_processes  # noqa: E402
 
 pytestmark = pytest.mark.integration
-RAYBENCH = [sys.executable, "-m", "raybench"]
 SWEEP = "requeue"
 STEPS, WARMUP = 10, 1
 IDLE_TRAIN = '''\
@@ -52,11 +50,7 @@ probe.finish()
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    reason = missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with slurm_cluster(cred_expire_s=30) as env:
-        env["RAYBENCH_HOME"] = str(tmp_path_factory.mktemp("raybench-home"))
+    with raybench_slurm(tmp_path_factory.mktemp("raybench-home"), cred_expire_s=30) as env:
         yield env
 
 
@@ -77,7 +71,7 @@ def _sweep(tmp_path: Path, step_s: list[str], timeout_s: float) -> Path:
 
 def _submit(env: dict, sweep: Path, store: Path, *options: str) -> subprocess.Popen:
     return subprocess.Popen([*RAYBENCH, "slurm", "submit", str(sweep), "--store", str(store), "--requeue", "--wait",
-                             "--cpus-per-node", str(os.cpu_count()), "--port", str(_free_port_block()), *options],
+                             "--cpus-per-node", str(os.cpu_count()), "--port", str(free_port_block()), *options],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -125,9 +119,9 @@ def _allocations(job_dir: Path) -> int:
 
 def _nothing_left(job_id: str) -> None:
     deadline = time.monotonic() + 60  # SLURM signals the last processes asynchronously (KillWait)
-    while _job_processes(job_id) and time.monotonic() < deadline:
+    while job_processes(job_id) and time.monotonic() < deadline:
         time.sleep(1)
-    assert _job_processes(job_id) == []
+    assert job_processes(job_id) == []
     assert not list(Path("/tmp").glob(f"rbs-{job_id}-*"))
 
 
@@ -140,7 +134,7 @@ def test_scontrol_requeue_mid_trial_then_the_next_allocation_completes_the_sweep
     job_id = re.search(r"submitted job (\d+)", first_line).group(1)
     deadline, trial = time.monotonic() + 300, []
     while not trial and time.monotonic() < deadline and submit.poll() is None:
-        trial = [p for p in _job_processes(job_id) if "idle_train.py" in " ".join(_cmdline(p))]
+        trial = [p for p in job_processes(job_id) if "idle_train.py" in " ".join(_cmdline(p))]
         time.sleep(0.5)
     assert trial, "no trial ever ran"
     time.sleep(4)  # mid-trial: a few of its steps done

@@ -1,12 +1,10 @@
 """The store's filesystem fills up (a real tmpfs of a few hundred KiB, mounted by the test as root): the row that
 cannot be written fails loudly with its path and the free space, no torn or empty file is left, the rows written
 before stay whole, and once space is freed the missing rows are written. The whole sweep's side (a `raybench run`
-stopped by the full disk, then resumed) is tests/integration/test_faults_store.py."""
+stopped by the full disk, then resumed) is tests/integration/test_faults_ray.py (`-m slow`)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,6 +12,7 @@ import pytest
 
 from raybench.cli import main as cli
 from raybench.results import store
+from tests.tmpfs import fill, mounted_tmpfs
 
 SWEEP = "full"
 
@@ -21,32 +20,8 @@ SWEEP = "full"
 @pytest.fixture
 def small_fs(tmp_path):
     """A 512 KiB tmpfs (about ten one-row files), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    mount = tmp_path / "store"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode:
-        pytest.skip(f"mount -t tmpfs refused here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "store", "512k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def fill(directory: Path) -> Path:
-    """Write one file until the filesystem is full; returns it (delete it to free the space)."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"x" * 4096)
-    except OSError as err:
-        assert err.errno == 28  # ENOSPC
-    finally:
-        os.close(fd)
-    return filler
 
 
 def row(trial_id: str) -> dict:
