@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -288,6 +289,10 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
     assert {a["status"] for a in _latest(after).values()} == {"ok"}
     assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
+    # Neither job left a process or its Ray's files behind, the one that ran out of time included.
+    for done in (first, second):
+        job_id = re.search(r"submitted job (\d+)", done.stdout).group(1)
+        assert job_processes(job_id) == [] and not list(Path("/tmp").glob(f"rbs-{job_id}-*")), job_id
     print(f"FIGURES time limit: faults 1 (limit expired, first job {first_s:.0f} s), rows expected 3, first job "
           f"{len(attempts)} rows (1 ok, 1 interrupted, {len(attempts) - 2} other), after resubmission "
           f"{len(ok_rows)} ok, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "

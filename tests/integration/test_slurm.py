@@ -77,6 +77,10 @@ def test_cluster_whose_ray_cannot_start_reports_the_job_log(slurm):
     assert raybench_cli(slurm, "cluster", "down", "broken").returncode == 0
 
 
+# Slow (~40-60 s): in the default run, test_cluster_faults.py's time-limit test submits with --wait twice and
+# checks the rows and that neither job leaves a process or Ray's files; the warm-cluster test below runs Ray Train
+# trials on the job's Ray.
+@pytest.mark.slow
 def test_submit_runs_the_sweep_and_lands_ok_rows(slurm, tmp_path):
     sweep, store = _sweep(tmp_path / "smoke1.yaml", ["fsdp2"]), tmp_path / "store"
     done = raybench_cli(slurm, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_slurm_options())

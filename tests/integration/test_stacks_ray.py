@@ -1,8 +1,8 @@
-"""Users' own training stacks as trials of one real Ray sweep (one Ray start-up for all of them), each on 2 gloo
-ranks of 1 CPU, measured by the probe and read back from Parquet:
+"""Users' own training stacks as trials of two real sweeps on one store (one on a local Ray, one under torchrun),
+each on 2 gloo ranks of 1 CPU, measured by the probe and read back from Parquet:
 - hf: TRL's SFTTrainer on a tiny Llama and a local JSONL file (tests/stacks_user/hf_user.py), Ray Train workers;
 - hf on raybench's data: a plain transformers Trainer on the rows and collator raybench's loop builds from a chat data
-  spec, then (a second sweep on the same store, under torchrun) raybench's own loop on the same spec: the same
+  spec, and raybench's own loop on the same spec (a second sweep on the same store, under torchrun): the same
   tokens;
 - lightning: the user's LightningModule under Lightning's DDP (tests/stacks_user/lightning_user.py), in the second
   sweep (torchrun: Lightning joins the ranks' process group the same way under either executor); DDP, as on CPU
@@ -31,7 +31,7 @@ USER_DIR = Path(__file__).resolve().parents[1] / "stacks_user"
 SCRIPT = USER_DIR / "probe_train.py"
 WORKERS, MICRO_BATCH, GRAD_ACCUM, SEQ_LEN = 2, 2, 2, 32
 PAD = 4  # lightning: padding positions at the end of each sequence
-COMMAND_SEQ_LEN, HANG_TIMEOUT_S = 16, 12
+COMMAND_SEQ_LEN, HANG_TIMEOUT_S = 16, 8
 VOCAB, HIDDEN = 64, 32  # the command script's model (tests/stacks_user/probe_train.py)
 # The same-tokens cases: the chat data (tests/conftest.py, 16 conversations of 14 to 40 tokens) packs into 8 rows of
 # 64 tokens, so 2 steps of 2 ranks x 1 x 2 rows, all timed, run exactly one epoch.
@@ -53,8 +53,6 @@ def _sweep(model: Path, data: Path, chat: Path, tokenizer: Path) -> dict:
           "data.source": "hf", "data.path": str(data), "data.format": "text",
           "train.seq_len": SEQ_LEN, "train.micro_batch": MICRO_BATCH, "train.grad_accum": GRAD_ACCUM,
           "train.precision": "fp32", "train.lr": 1e-3}
-    hf_rows = {"stack.kind": "hf", "stack.entry": "hf_user:build_plain_trainer", "stack.pythonpath": [str(USER_DIR)],
-               **_same_tokens(model, chat, tokenizer)}
     command = ["{python}", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "{workers}",
                str(SCRIPT), "--steps", "{steps}", "--micro-batch", "{micro_batch}", "--seq-len", "{seq_len}",
                "--mode", "{mode}"]
@@ -65,13 +63,16 @@ def _sweep(model: Path, data: Path, chat: Path, tokenizer: Path) -> dict:
 
     return {"name": "stacks", "model": {"path": str(model)}, "train": {"steps": 4, "warmup_steps": 1},
             "resources": {"workers": WORKERS, "cpus_per_worker": 1, "timeout_s": 300},
-            "axes": {"case": [hf, hf_rows, command_case("ok"), command_case("crash"),
+            "axes": {"case": [hf, command_case("ok"), command_case("crash"),
                               command_case("hang", **{"resources.timeout_s": HANG_TIMEOUT_S})]}}
 
 
 def _local_sweep(model: Path, chat: Path, tokenizer: Path) -> dict:
-    """raybench's own loop on the hf-rows case's data spec, and the lightning case: trials of the Ray-free torchrun
-    executor (a Ray Train trial's actors cost about twice its CPU; the stack code they run is the same)."""
+    """A plain transformers Trainer on raybench's rows, raybench's own loop on the same data spec, and the lightning
+    case: trials of the Ray-free torchrun executor (a Ray Train trial's actors cost about twice its CPU; the stack
+    code they run is the same)."""
+    hf_rows = {"stack.kind": "hf", "stack.entry": "hf_user:build_plain_trainer", "stack.pythonpath": [str(USER_DIR)],
+               **_same_tokens(model, chat, tokenizer)}
     lightning = {"stack.kind": "lightning", "stack.entry": "lightning_user:build", "stack.pythonpath": [str(USER_DIR)],
                  "stack.overrides": {"strategy": "ddp", "model_path": str(model), "batch_size": MICRO_BATCH,
                                      "seq_len": SEQ_LEN, "pad_tokens": PAD, "log_every_n_steps": 1},
@@ -79,7 +80,7 @@ def _local_sweep(model: Path, chat: Path, tokenizer: Path) -> dict:
                  "train.steps": 4, "train.warmup_steps": 1}
     return {"name": "stacks-local", "model": {"path": str(model)}, "executor": "torchrun",
             "resources": {"workers": WORKERS, "cpus_per_worker": 1},
-            "axes": {"case": [_same_tokens(model, chat, tokenizer), lightning]}}
+            "axes": {"case": [hf_rows, _same_tokens(model, chat, tokenizer), lightning]}}
 
 
 @pytest.fixture(scope="module")
@@ -92,20 +93,21 @@ def rows(tmp_path_factory, chat_file, chat_tokenizer):
                               for i in range(30)))
     sweep = tmp / "stacks.yaml"
     sweep.write_text(yaml.safe_dump(_sweep(model, data, chat_file, chat_tokenizer)))
-    # raybench's own loop on the hf-rows case's data spec, after it, and lightning: a second sweep on the same store.
+    # The plain Trainer on raybench's rows, raybench's own loop on the same spec, and lightning: a second sweep on the
+    # same store.
     local = tmp / "local.yaml"
     local.write_text(yaml.safe_dump(_local_sweep(model, chat_file, chat_tokenizer)))
     with ray_cluster(None):
         assert cli.main(["run", str(sweep), "--store", str(tmp / "store")]) == 1  # two trials were not ok
     assert cli.main(["run", str(local), "--store", str(tmp / "store")]) == 0
-    frame = read_results(str(tmp / "store"), "stacks")  # read back from the Parquet files
-    by_case = {}
-    for row in frame.itertuples():
-        mode = json.loads(row.stack_overrides_json).get("mode")
-        entry = row.stack_entry if isinstance(row.stack_entry, str) else ""
-        by_case[f"command-{mode}" if mode else f"{row.stack_kind}-rows" if "plain" in entry else row.stack_kind] = row
-    by_case.update({row.stack_kind: row for row in read_results(str(tmp / "store"), "stacks-local").itertuples()})
-    return by_case
+    frames = [read_results(str(tmp / "store"), name) for name in ("stacks", "stacks-local")]  # from the Parquet files
+    return {_case(row): row for frame in frames for row in frame.itertuples()}
+
+
+def _case(row) -> str:
+    overrides = json.loads(row.stack_overrides_json) if isinstance(row.stack_overrides_json, str) else {}
+    mode, entry = overrides.get("mode"), row.stack_entry if isinstance(row.stack_entry, str) else ""
+    return f"command-{mode}" if mode else f"{row.stack_kind}-rows" if "plain" in entry else row.stack_kind
 
 
 def test_sft_trainer_rows_measured_by_the_probe(rows):
@@ -138,9 +140,9 @@ def test_a_plain_trainer_and_raybenchs_loop_train_on_the_same_tokens(rows, chat_
         assert row.packing_efficiency == pytest.approx(sum(lengths) / (ROWS_STEPS * row.tokens_per_step))
         assert math.isfinite(row.loss_first) and math.isfinite(row.loss_final)
         assert row.dataset_name == "chat.jsonl" and row.data_samples == len(lengths)
-    # Tokenized once for the stack's trial; the loop's sweep found it in the store.
+    # Tokenized once for both trials of their sweep (a later sweep's hit in the store: test_pool.py's chat data test).
     assert stack.data_cache_key == loop.data_cache_key
-    assert (stack.data_cache, loop.data_cache) == ("build", "hit")
+    assert (stack.data_cache, loop.data_cache) == ("build", "build")
 
 
 def test_lightning_trial(rows):
