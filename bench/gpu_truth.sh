@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
-#   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env overhead validate seed000 sac rehearse recheck snapshot ddp-liger tests
+#   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
+#                                           snapshot ddp-liger tests
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -39,10 +40,16 @@ for p in ["torch","ray","transformers","peft","deepspeed","optuna","pyarrow","bi
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, "not installed")
 import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name())' ;;
+    # The device profile `rehearse` prices trials with (OUT_DIR/calibration/*.json): bench/rehearse_validate.py
+    # --profile re-rehearses the committed rows under it.
+    calibrate) timeout -k 10 240 python3 -m raybench calibrate --device cuda --store "$store" \
+                 && mkdir -p "$out/calibration" && cp "$store"/calibration/*.json "$out/calibration/" ;;
     overhead) timeout -k 10 240 python3 bench/harness_overhead.py --device cuda --rounds 20 --steps 8 --seq-len 2048 \
                 --micro-batch 4 ;;
     validate) run_sweep bench/sweeps/gpu-validate.yaml 360 ;;
     seed000) run_sweep bench/sweeps/gpu-seed000-1gpu.yaml 190 ;;
+    # Seed 000's recipe point alone (plan index 1: ac 0, eager, no Liger), outside Ray: one row in a minute.
+    seed000-one) timeout -k 10 240 python3 -m raybench trial bench/sweeps/gpu-seed000-1gpu.yaml 1 --store "$store" ;;
     sac) run_sweep bench/sweeps/gpu-sac-1b.yaml ${RAYBENCH_GPU_SAC_S:-540} ;;
     rehearse) run_sweep bench/sweeps/gpu-rehearse-check.yaml ${RAYBENCH_GPU_REHEARSE_S:-540} ;;
     recheck) run_sweep bench/sweeps/gpu-h100-recheck.yaml 330 ;;  # 6 trials took 239 s on an H100 (2026-11-26)
