@@ -3,11 +3,13 @@ rehearsal's constants and the rows held out (bench/validation_split.yaml).
 
     .venv/bin/python bench/rehearse_validate.py [--heldout-only] [--file PARQUET ...]
     .venv/bin/python bench/rehearse_validate.py [--sweep NAME ...] [--results DIR --gpu NAME]
+    .venv/bin/python bench/rehearse_validate.py --profile STORE/calibration/H100.json ...
 
 By default every committed GPU Parquet file (docs/results/gpu-*/*.parquet) is compared, each for the GPU its
 rows ran on (the split file's `gpu`; an unlisted file's own gpu_name). --file picks files; --sweep/--results/--gpu
 pick <results>/<sweep>.parquet as before (default folder docs/results/gpu-2026-11-22, sweeps gpu-sac-1b and
-gpu-seed000-1gpu when --results is given alone). --heldout-only rehearses the held-out rows only.
+gpu-seed000-1gpu when --results is given alone). --heldout-only rehearses the held-out rows only. --profile prices
+every row with a measured device profile (`raybench calibrate`) instead of the shipped constants.
 
 Each configuration of the file's sweep (bench/sweeps/<sweep>.yaml) is rehearsed for that GPU and joined to its
 measured row by trial id (a repeated configuration is rehearsed once and compared with each repeat). Each row is
@@ -80,10 +82,11 @@ def stored_ids_by_planned_id(measured: pd.DataFrame) -> dict[str, str]:
 
 
 def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: dict,
-             heldout_only: bool = False) -> tuple[pd.DataFrame, dict]:
+             heldout_only: bool = False, priced: fitted.Calibration = fitted.SHIPPED_CALIBRATION,
+             ) -> tuple[pd.DataFrame, dict]:
     """The file's rows rehearsed for `gpu`, each marked with its set; `traces` is kept per GPU by the caller.
     Each row is rehearsed as it was measured (store.measured_trial_config), joined to its planned trial for
-    the trial's shape and checkpointed blocks."""
+    the trial's shape and checkpointed blocks, and priced by `priced` (the shipped constants, or a profile)."""
     name = entry.sweep
     measured = measured_rows(REPO / entry.path)
     stored_ids = stored_ids_by_planned_id(measured)
@@ -98,9 +101,9 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
         row = measured.loc[stored_id]
         config = measured_trial_config(row.config_json)
         analytic = estimate(config, trial.shape, list(trial.ac_blocks), gpu)
-        r = rehearsal.rehearse(config, trial.shape, gpu, analytic=analytic, traces=traces)
+        r = rehearsal.rehearse(config, trial.shape, gpu, analytic=analytic, traces=traces, calibration=priced)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
-        reserved = None if r.peak_gib is None else r.peak_gib * fitted.ALLOCATOR_RESERVE
+        reserved = None if r.peak_gib is None else r.peak_gib * priced.reserve
         lines.append({
             "set": validation_split.FITTING if fitted_on else validation_split.HELDOUT,
             "fitted": ", ".join(fitted_on) or "-", "trial_id": stored_id,
@@ -117,7 +120,7 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
             # What each row alone would make the fitted constants (single-rank rows: no communication).
             "implied_efficiency": None if r.roofline_s is None else r.roofline_s / row.step_time_p50_s,
             "implied_byte_cost": None if not (r.block_memory_bound_s and r.compiled_traffic) else (
-                1 - (r.roofline_s - fitted.ROOFLINE_EFFICIENCY * row.step_time_p50_s) / r.block_memory_bound_s
+                1 - (r.roofline_s - priced.efficiency * row.step_time_p50_s) / r.block_memory_bound_s
             ) / r.compiled_traffic,
             "compiled_traffic": r.compiled_traffic,
             "reserve": row.peak_reserved_gib / row.peak_alloc_gib,
@@ -133,7 +136,7 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
                "max_abs_step_err_eager": _max_abs(eager.step_err), "max_abs_alloc_err_all": _max_abs(table.alloc_err),
                "max_abs_step_err_all": _max_abs(table.step_err),
                "max_abs_step_err_compiled": _max_abs(compiled.step_err),
-               "roofline_efficiency": fitted.ROOFLINE_EFFICIENCY, "allocator_reserve": fitted.ALLOCATOR_RESERVE,
+               "roofline_efficiency": priced.efficiency, "allocator_reserve": priced.reserve,
                "compiled_byte_cost": fitted.COMPILED_BYTE_COST,
                "median_implied_efficiency_eager": _median(eager.implied_efficiency),
                "median_reserve_eager": _median(eager.reserve),
@@ -298,7 +301,13 @@ def main() -> None:
     parser.add_argument("--split", type=Path, default=validation_split.SPLIT,
                         help="the fitting / held-out split (default: bench/validation_split.yaml)")
     parser.add_argument("--heldout-only", action="store_true", help="rehearse the held-out rows only")
+    parser.add_argument("--profile", type=Path, help="a `raybench calibrate` profile (STORE/calibration/KEY.json) to "
+                        "price every row with, instead of the shipped constants; the rows of other GPUs too")
     args = parser.parse_args()
+    priced = fitted.Calibration.from_profile(json.loads(args.profile.read_text())) if args.profile else \
+        fitted.SHIPPED_CALIBRATION
+    print(f"Priced by: {priced.source} (efficiency {priced.efficiency:.3f}, bandwidth fraction "
+          f"{priced.bandwidth_fraction:.3f}, reserve {priced.reserve:.3f}).\n")
     split = validation_split.load(args.split)
     if args.sweep or args.results:
         results = args.results or RESULTS
@@ -317,7 +326,8 @@ def main() -> None:
             print(f"\n### {rel}\n\nevery compared row fitted a constant: skipped (--heldout-only)")
             continue
         with tempfile.TemporaryDirectory() as store:
-            table, summary = validate(entry, gpu, Path(store), traces_by_gpu.setdefault(gpu, {}), args.heldout_only)
+            table, summary = validate(entry, gpu, Path(store), traces_by_gpu.setdefault(gpu, {}), args.heldout_only,
+                                      priced)
             print(f"\n### {rel} ({entry.sweep}, {gpu})\n\n{_markdown(table)}\n")
             summaries.append(summary)
             tables.append(table.assign(file=rel))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from raybench.cli.main import main
+from raybench.rehearse import fitted
 from raybench.results import profiles
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -30,7 +31,7 @@ def test_full_gpu_calibration_is_physical_and_prices_its_gpu(tmp_path, capsys):
         assert all(0 < f <= 1.05 for f in bf16), bf16
         assert 0 < profile["bandwidth_fraction"] <= 1.05
         assert 0 < profile["derived"]["efficiency"] <= 1.05
-    assert profile["allocator_reserve"] >= 1.0 and profile["derived"]["reserve"] == profile["allocator_reserve"]
+    assert profile["allocator_reserve"] >= 1.0 and profile["derived"]["reserve"] == fitted.ALLOCATOR_RESERVE
 
     sweep = tmp_path / "s.yaml"
     sweep.write_text(json.dumps({
@@ -41,4 +42,4 @@ def test_full_gpu_calibration_is_physical_and_prices_its_gpu(tmp_path, capsys):
     row = json.loads(capsys.readouterr().out)
     key = profile["fingerprint"]["key"]
     assert f"priced with profile: {key} {profile['date']}" in row["notes"]
-    assert row["reserved_gib"] == pytest.approx(row["peak_gib"] * profile["allocator_reserve"])
+    assert row["reserved_gib"] == pytest.approx(row["peak_gib"] * fitted.ALLOCATOR_RESERVE)

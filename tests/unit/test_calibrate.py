@@ -74,7 +74,9 @@ def test_a_planted_gpu_profile_replaces_the_shipped_constants(tmp_path, capsys):
     profiled = json.loads(capsys.readouterr().out)
     assert "priced with profile: H100 2026-11-26" in profiled["notes"]
     assert profiled["peak_gib"] == shipped["peak_gib"]
-    assert profiled["reserved_gib"] / shipped["reserved_gib"] == pytest.approx(1.40 / fitted.ALLOCATOR_RESERVE)
+    # Its measured reserve is recorded, not priced: a small model's steps do not reserve what a real one's do.
+    assert profiled["reserved_gib"] == pytest.approx(profiled["peak_gib"] * fitted.ALLOCATOR_RESERVE)
+    assert profiled["calibration"]["reserve"] == fitted.ALLOCATOR_RESERVE
     # The profile's matmul fraction is the H100's table figure: FLOPs cost what the shipped constant says; bytes
     # run at 0.9 of the bandwidth x the step share, faster than the shipped 0.70.
     efficiency = profiled["calibration"]["efficiency"]
