@@ -15,9 +15,10 @@ Each configuration of the file's sweep (bench/sweeps/<sweep>.yaml) is rehearsed 
 measured row by trial id (a repeated configuration is rehearsed once and compared with each repeat). Each row is
 marked with its set: a row listed in the split file under a constant fitted that constant; every other committed
 row is held out. Prints a Markdown table per file, which rows fitted what, then one JSON line per file with the
-worst errors, then one JSON line per set (step time median and max |error|, tensor and reserved peak errors), and
-last the headline line: its "value" is the held-out rows' median |step time error|. Nothing is fitted here: the
-rehearsal's constants (raybench/rehearse/fitted.py: ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are
+worst errors, then one JSON line per set (step time median and max |error|, tensor and reserved peak errors), the
+held-out set in three parts (new configurations on blind rows, the score; repeats of a fitted configuration on
+another day or GPU; rows that shaped a change, `not_blind` in the split file), and last the headline line: its
+"value" is the held-out rows' median |step time error|. Nothing is fitted here: the rehearsal's constants (raybench/rehearse/fitted.py: ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are
 printed with the results, and what each row alone would make them (the implied values). Then, for a gpu-sac-1b
 file rehearsed whole, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the
 estimate's memory limit and margin for that GPU) against the measured best, and the op-level policy torch's SAC
@@ -262,6 +263,17 @@ def set_summary(table: pd.DataFrame) -> dict:
             "files": sorted(set(table.file)) if len(table) else []}
 
 
+def heldout_parts(rows: pd.DataFrame, split: validation_split.Split) -> dict[str, dict]:
+    """The held-out rows in three parts: configurations no constant was fitted on, on rows that shaped no change
+    (the score); repeats of a fitted configuration (another day or GPU); rows that shaped a change (not blind)."""
+    heldout = rows[rows.set == validation_split.HELDOUT]
+    repeat = heldout.trial_id.map(validation_split.config_of).isin(split.fitted_configs())
+    seen = heldout.not_blind.map(lambda why: isinstance(why, str))
+    return {"new configurations, blind": set_summary(heldout[~repeat & ~seen]),
+            "repeats of fitted configurations": set_summary(heldout[repeat & ~seen]),
+            "not blind": set_summary(heldout[seen])}
+
+
 def fitted_rows_markdown(split: validation_split.Split, files: list[str]) -> str:
     """Which rows fitted which constant (from the split file), with each row's axis values."""
     out = ["| constant | value | file | rows | configurations | where |", "|---|---|---|---|---|---|"]
@@ -340,8 +352,12 @@ def main() -> None:
     for name, summary in by_set.items():
         print(json.dumps({"bench": "rehearse_validate", "set": name, **summary}))
     heldout = by_set[validation_split.HELDOUT]
+    parts = heldout_parts(rows, split)
+    for name, summary in parts.items():
+        print(json.dumps({"bench": "rehearse_validate", "set": f"held-out: {name}", **summary}))
     print(json.dumps({"bench": "rehearse_validate", "metric": "held-out rows: median |step time error|",
                       "value": heldout["median_abs_step_err"], "heldout": heldout,
+                      "heldout_new_blind": parts["new configurations, blind"],
                       "fitting": by_set[validation_split.FITTING],
                       "split": validation_split.relative(args.split.resolve()),
                       "heldout_only": args.heldout_only}))

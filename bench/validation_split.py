@@ -47,6 +47,11 @@ class Split:
     constants: dict[str, dict]
     files: dict[str, FileEntry]
 
+    def fitted_configs(self) -> set[str]:
+        """The configurations (trial ids less their repeat) any constant was fitted on, in any file: a held-out
+        row of one of them (another day, another GPU) repeats a fitted configuration."""
+        return {config_of(i) for entry in self.files.values() for i in entry.fitting_ids()}
+
     def entry(self, path: str | Path) -> FileEntry:
         """The split's entry for a Parquet file (a path relative to the repository or absolute); an unlisted
         file is held out whole, its sweep and GPU read from its rows."""
@@ -62,6 +67,11 @@ class Split:
         found = hardware.find_gpu(gpus[0]) if len(gpus) == 1 else None
         return FileEntry(path=rel, sweep=str(sweeps[0]) if len(sweeps) == 1 else "",
                          gpu=found.label if found else "", listed=False)
+
+
+def config_of(trial_id: str) -> str:
+    """A trial id's configuration: the id without its `-rN` repeat."""
+    return trial_id.rsplit("-r", 1)[0]
 
 
 def relative(path: str | Path) -> str:
