@@ -36,6 +36,15 @@ PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape("llama", 128, 4, 4, 2, 256, 2000, 2048, False),
     "llama-3.2-1b": ModelShape("llama", 2048, 16, 32, 8, 8192, 128256, 131072, True),
     "llama-3-8b": ModelShape("llama", 4096, 32, 32, 8, 14336, 128256, 8192, False),
+    "llama-3.1-8b": ModelShape("llama", 4096, 32, 32, 8, 14336, 128256, 131072, False),  # 3-8b, 128K positions
+    "llama-3-70b": ModelShape("llama", 8192, 80, 64, 8, 28672, 128256, 8192, False),
+    "llama-2-7b": ModelShape("llama", 4096, 32, 32, 32, 11008, 32000, 4096, False),
+    "llama-2-13b": ModelShape("llama", 5120, 40, 40, 40, 13824, 32000, 4096, False),
+    "codellama-34b": ModelShape("llama", 8192, 48, 64, 8, 22016, 32000, 16384, False),
+    "llama-2-70b": ModelShape("llama", 8192, 80, 64, 8, 28672, 32000, 4096, False),
+    # KempnerForge's "13B" (Llama 3 layout, its benchmarks/mfu_scaling report): ffn 1.3 x 8/3 x 5120 rounded up to
+    # 256, which gives its stated 14.84B parameters. Not a released model; a shape its published rows ran.
+    "kempnerforge-13b": ModelShape("llama", 5120, 40, 40, 8, 17920, 128256, 8192, False),
     "qwen2.5-14b": ModelShape("qwen2", 5120, 48, 40, 8, 13824, 152064, 131072, False),
     "qwen2.5-32b": ModelShape("qwen2", 5120, 64, 40, 8, 27648, 152064, 131072, False),
     "qwen2.5-72b": ModelShape("qwen2", 8192, 80, 64, 8, 29568, 152064, 131072, False),

@@ -1,0 +1,178 @@
+"""The rehearsal against the pre-registered public corpus (bench/public_results.yaml): predicted against published
+tokens/s per GPU (and memory where published), per entry, the unseen entries apart from the seen ones.
+
+    .venv/bin/python bench/rehearse_public.py [--only ID ...] [--json-only]
+
+Each entry the rehearsal can express becomes a one-trial sweep (`sweep_for`): the preset of its published shape,
+its strategy, batch, sequence length, precision, activation checkpointing, compile, optimizer and LoRA, on its GPU
+(`GPU_NAMES`) with its nodes' GPUs (`estimate.gpus_per_node`, as `raybench rehearse` takes them; links nominal).
+It is planned and rehearsed in this process as `raybench rehearse` does (rehearse/trials.py), with the shipped
+constants and one cache of traces for all entries, so compiled and eager twins trace once. Nothing is fitted.
+
+Prints one Markdown table (unseen entries, then seen ones), the entries not expressible with why, and JSON lines:
+one per entry, then the summary, whose "unseen" part is the score (median and max |step time error|).
+A step time error is predicted / published - 1 (a published step time, else the one its tokens/s per GPU
+implies): +10% means predicted 10% slow; the tokens/s error is its inverse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import yaml
+
+from raybench.planning.plan import plan
+from raybench.rehearse import rehearsal, step_time
+from raybench.rehearse.fitted import SHIPPED_CALIBRATION
+from raybench.spec.load import parse_sweep
+from raybench.spec.presets import PRESETS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import public_results  # bench/public_results.py
+
+# The corpus's GPU, as raybench's hardware table names it (the corpus says under `assumed:` where they differ).
+GPU_NAMES = {"A100 80GB": "A100 80GB", "A100": "A100 80GB", "H200": "H200",
+             "H100 96GB HBM2e (2.4 TB/s), 500 W power limit": "H100 SXM"}
+STRATEGIES = {"single": "ddp", "fsdp": "fsdp2", "hsdp": "fsdp2", "tp": "tp", "fsdp+tp": "tp_fsdp2"}
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+              "vocab_size")
+
+
+def preset_of(model: dict, seq_len: int) -> str:
+    """The preset whose shape is the entry's published one, with positions for its sequence length."""
+    numbers = tuple(model[k] for k in public_results.MODEL_NUMBERS)
+    for name, shape in PRESETS.items():
+        if tuple(getattr(shape, k) for k in SHAPE_KEYS) == numbers and shape.max_position_embeddings >= seq_len:
+            return name
+    raise ValueError(f"no preset has the shape {numbers} of {model['name']}: add it to raybench/spec/presets.py")
+
+
+def ac_fields(config: dict) -> dict:
+    """The corpus's activation checkpointing as raybench's ac_ratio and ac_mode."""
+    ac = config.get("ac", "none")
+    if ac == "none":
+        return {"ac_ratio": "0"}
+    if ac == "full":
+        return {"ac_ratio": "1"}
+    if ac == "selective-op":  # torchtitan's op-level policy: matmuls and attention kept, the rest recomputed
+        return {"ac_ratio": "1", "ac_mode": "op"}
+    return {"ac_ratio": str(Fraction(1, config["ac_every"]))}  # selective-layer: one block in ac_every
+
+
+def sweep_for(entry: public_results.PublicEntry) -> dict:
+    """The one-trial sweep that rehearses `entry`."""
+    c = entry.config
+    train = {"strategy": STRATEGIES[c["strategy"]], "seq_len": c["seq_len"], "micro_batch": c["micro_batch"],
+             "grad_accum": c.get("grad_accum", 1), "precision": "bf16", "compile": c.get("compile", False),
+             "optimizer": c.get("optimizer", "adamw"), "finetune": c["finetune"], "steps": 10, "warmup_steps": 2,
+             **ac_fields(c)}
+    if c.get("tp", 1) > 1:
+        train["tp_size"] = c["tp"]
+    if c["precision"] == "fp8-tensorwise":
+        train["fp8"] = "tensorwise"
+    if c["finetune"] == "lora":
+        train["lora"] = {"rank": c["lora"]["rank"], "alpha": c["lora"]["alpha"], "targets": c["lora"]["targets"]}
+    return {"name": f"public-{entry.id}", "model": {"preset": preset_of(entry.model, c["seq_len"])}, "train": train,
+            "resources": {"workers": entry.gpus, "gpus_per_worker": 1},
+            "estimate": {"gpu": GPU_NAMES[entry.gpu], "gpus_per_node": entry.gpus_per_node, "prune": False}}
+
+
+def predict(entry: public_results.PublicEntry, store: str, traces: dict) -> dict:
+    """Rehearse the entry's trial as `raybench rehearse` does; its predicted against published figures."""
+    spec = parse_sweep(sweep_for(entry), source=entry.id)
+    (trial,) = plan(spec, store_path=store)
+    gpu = spec.estimate.gpu
+    layout = step_time.layout_of(gpu, spec.estimate.gpus_per_node)
+    t0 = time.perf_counter()
+    result = rehearsal.rehearse(trial.config, trial.shape, gpu, None, "probe", analytic=trial.assessment.analytic,
+                                calibration=SHIPPED_CALIBRATION, traces=traces, layout=layout)
+    row = {"id": entry.id, "set": "seen" if entry.seen else "unseen", "gpus": entry.gpus, "gpu": gpu,
+           "preset": spec.model.preset, "method": result.method, "seconds": round(time.perf_counter() - t0, 1),
+           "published_step_s": round(entry.published_step_s, 3),
+           "published_tokens_per_gpu_s": round(entry.published_tokens_per_gpu_s, 1)}
+    if result.step_time_s:
+        row |= {"predicted_step_s": round(result.step_time_s, 3),
+                "predicted_tokens_per_gpu_s": round(entry.tokens_per_gpu_step / result.step_time_s, 1),
+                "step_err": round(result.step_time_s / entry.published_step_s - 1, 4),
+                "compute_s": round(result.compute_s, 3), "exposed_comm_s": round(result.exposed_comm_s or 0, 3)}
+    if result.reserved_gib:
+        row |= {"predicted_reserved_gib": round(result.reserved_gib, 2),
+                "predicted_peak_gib": round(result.peak_gib, 2)}
+        published = entry.published.get("memory_gib") or entry.published.get("memory_gb")
+        if published:
+            row |= {"published_memory": published,
+                    "memory_unit": "GiB" if "memory_gib" in entry.published else "GB (unstated kind and unit)",
+                    "memory_err": round(result.reserved_gib / published - 1, 4)}
+    if result.method != "traced":
+        row["notes"] = result.notes
+    return row
+
+
+def summary(rows: list[dict], which: str) -> dict:
+    errs = [abs(r["step_err"]) for r in rows if r["set"] == which and "step_err" in r]
+    mems = [abs(r["memory_err"]) for r in rows if r["set"] == which and r.get("memory_unit") == "GiB"]
+    failed = [r["id"] for r in rows if r["set"] == which and "failed" in r]
+    if not errs:
+        return {"entries": 0, "failed": failed}
+    worst = max((r for r in rows if r["set"] == which and "step_err" in r), key=lambda r: abs(r["step_err"]))
+    return {"entries": len(errs), "median_abs_step_err": round(statistics.median(errs), 4),
+            "max_abs_step_err": round(max(errs), 4), "worst": worst["id"],
+            "within_10pct": sum(e <= 0.10 for e in errs), "beyond_25pct": sum(e > 0.25 for e in errs),
+            "median_abs_memory_err_gib_rows": round(statistics.median(mems), 4) if mems else None,
+            "failed": failed}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| set | entry | GPUs | published tok/s/GPU | predicted | step err | published mem | reserved GiB "
+             "| mem err |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["set"] != "unseen", r["id"])):
+        mem = f"{r['published_memory']}{'' if r.get('memory_unit') == 'GiB' else ' GB'}" if "published_memory" in r \
+            else "-"
+        err = "failed" if "failed" in r else _pct(r.get("step_err"))
+        lines.append(f"| {r['set']} | {r['id']} | {r['gpus']} | {r['published_tokens_per_gpu_s']:,.0f} | "
+                     f"{r.get('predicted_tokens_per_gpu_s', 0):,.0f} | {err} | {mem} | "
+                     f"{r.get('predicted_reserved_gib', '-')} | {_pct(r.get('memory_err'))} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="entry ids to rehearse (default: every expressible entry)")
+    parser.add_argument("--json-only", action="store_true", help="print the JSON lines only")
+    args = parser.parse_args()
+    entries = public_results.load()
+    chosen = [e for e in entries if not args.only or e.id in args.only]
+    rows, traces, t0 = [], {}, time.perf_counter()
+    with tempfile.TemporaryDirectory() as store:
+        for entry in chosen:
+            if entry.not_expressible is None:
+                try:
+                    rows.append(predict(entry, store, traces))
+                except Exception as err:  # one entry that cannot be planned or traced must not stop the others
+                    rows.append({"id": entry.id, "set": "seen" if entry.seen else "unseen", "gpus": entry.gpus,
+                                 "published_tokens_per_gpu_s": entry.published_tokens_per_gpu_s,
+                                 "failed": f"{type(err).__name__}: {err}"[:300]})
+                print(json.dumps(rows[-1]), flush=True)
+    skipped = [{"id": e.id, "not_expressible": e.not_expressible} for e in chosen if e.not_expressible]
+    for item in skipped:
+        print(json.dumps(item))
+    if not args.json_only:
+        print(table(rows))
+        print("\nNot expressible:\n" + "\n".join(f"- {s['id']}: {s['not_expressible']}" for s in skipped))
+    print(json.dumps({"summary": True, "unseen": summary(rows, "unseen"), "seen": summary(rows, "seen"),
+                      "not_expressible": len(skipped), "seconds": round(time.perf_counter() - t0)}))
+
+
+if __name__ == "__main__":
+    main()
