@@ -26,7 +26,6 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-
 from raybench.planning.plan import plan
 from raybench.rehearse import rehearsal, step_time
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION
