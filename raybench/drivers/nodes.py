@@ -22,6 +22,9 @@ SLURM_NODE_LABEL = "slurm_node"
 # take up to ~15 s with its defaults (3 s period, 5 misses); the sbatch template makes them ~5 s.
 LOST_NODE_WAIT_S = 20.0
 POLL_S = 0.5
+# How often a trial driver waiting on Ray (a running trial, a placement group, a pool lease) checks that the trial
+# still fits the alive nodes.
+NODE_CHECK_S = 2.0
 # Text of a failure that a lost process or connection can cause (a rank killed with its node, a collective
 # whose peer vanished): only those wait for a node's death to be declared, so an ordinary error row is not slower.
 # Ray Train's ControllerError covers a worker lost while its group starts ("failed to initialize").

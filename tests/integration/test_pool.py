@@ -311,3 +311,35 @@ def test_train_env_starts_its_own_group(cluster, tmp_path):
     assert "NCCL_BUFFSIZE" not in envs[0] and envs[1]["NCCL_BUFFSIZE"] == "4194304"  # what was in effect
     shapes = [g["shape"] for g in groups()]
     assert any(dict(shape[-1]).get("NCCL_BUFFSIZE") == "4194304" for shape in shapes)
+
+
+def test_a_trial_larger_than_the_cluster_ends_at_once_with_not_enough_nodes(cluster, tmp_path):
+    cpus = int(ray.cluster_resources()["CPU"])
+    spec = pool_sweep("pool-too-big", {"train.lr": [1e-4]}, resources={"workers": cpus + 1, "timeout_s": 600})
+    rows = run(spec, tmp_path)
+    assert list(rows.status) == ["error"] and "not enough nodes" in rows.message.iloc[0], rows.message.iloc[0]
+    assert rows.trial_wall_s.iloc[0] < 600  # ended at the check, not at its timeout
+
+
+# After the tests that reuse the tiny group: this one drains the pool's idle groups.
+def test_a_lease_given_up_at_its_timeout_leaves_no_placement_group_behind(cluster, tmp_path):
+    cpus = int(ray.cluster_resources()["CPU"])
+    class Holder:  # defined here: shipped to the worker by value
+        def ready(self) -> bool:
+            return True
+
+    ray.get(manager().drain_idle.remote())
+    holder = ray.remote(num_cpus=1)(Holder).remote()
+    ray.get(holder.ready.remote())
+    spec = pool_sweep("pool-lease-timeout", {"train.lr": [1e-4]}, resources={"workers": cpus, "timeout_s": 5})
+    rows = run(spec, tmp_path)
+    assert list(rows.status) == ["timeout"], rows.message.iloc[0]
+    assert "while its pool group waited for resources" in rows.message.iloc[0]
+    ray.kill(holder)
+    # The given-up lease's placement group was removed: the freed CPU stays free (it would take every CPU).
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)
+    assert ray.available_resources().get("CPU", 0) == cpus
+    assert not [g for g in groups() if g["busy"]]

@@ -28,6 +28,7 @@ from datetime import timedelta
 
 import ray
 
+from raybench.drivers import nodes
 from raybench.drivers.executors import RAY_WORKER_ENV
 from raybench.runtime import fingerprint, limits
 from raybench.spec.payload import TrialPayload
@@ -161,29 +162,61 @@ class PoolManager:
 
     def __init__(self):
         self.groups: dict[str, Group] = {}
+        self.pending: dict[str, object] = {}  # lease -> the placement group its new group waits on
+        self.cancelled: set[str] = set()  # leases whose drivers gave up
+        self.leased: dict[str, str] = {}  # lease -> the group it was granted, until released
         self.changed = asyncio.Condition()
 
-    async def acquire(self, shape: tuple) -> tuple[str, list]:
+    async def acquire(self, shape: tuple, lease: str = "") -> tuple[str, list]:
+        """A free group of `shape`, else a new one (its placement group may wait for resources). `lease` names the
+        request so that its driver can give it up (`cancel`) while it waits."""
         async with self.changed:
             while True:
                 free = [g for g in self.groups.values() if g.shape == shape and not g.busy]
                 if free:
                     free[0].busy = True
+                    self.leased[lease] = free[0].id
                     return free[0].id, free[0].actors
                 # Idle groups of another shape (or older code) hold resources this lease may need.
                 for g in [g for g in self.groups.values() if not g.busy]:
                     self._destroy(g)
                 break
-        group = await self._create(shape)
+        try:
+            group = await self._create(shape, lease)
+        except BaseException:
+            self.cancelled.discard(lease)
+            raise
         async with self.changed:
             self.groups[group.id] = group
+            if lease in self.cancelled:  # its driver gave up while the group was being made: nobody will use it
+                self.cancelled.discard(lease)
+                self._destroy(group)
+                raise TimeoutError(f"pool lease {lease} was cancelled while its group started")
+            self.leased[lease] = group.id
         return group.id, group.actors
+
+    def cancel(self, lease: str) -> None:
+        """Give up a lease whose driver stopped waiting (timeout, not enough nodes): a group granted after that
+        is destroyed (nobody will use it), and a placement group still waiting for resources is removed so that
+        it cannot take them once they free up."""
+        granted = self.leased.pop(lease, None)
+        if granted is not None:
+            if granted in self.groups:
+                self._destroy(self.groups[granted])
+            return
+        self.cancelled.add(lease)
+        pending = self.pending.pop(lease, None)
+        if pending is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(pending)
 
     async def release(self, group_id: str, healthy: bool, recycle_after_trials: int) -> None:
         async with self.changed:
             group = self.groups.get(group_id)
             if group is None:
                 return
+            self.leased = {lease: granted for lease, granted in self.leased.items() if granted != group_id}
             group.trials_run += 1
             if healthy and group.trials_run < recycle_after_trials:
                 group.busy = False
@@ -204,14 +237,18 @@ class PoolManager:
         return [{"id": g.id, "shape": g.shape, "busy": g.busy, "trials_run": g.trials_run, "actors": g.actors}
                 for g in self.groups.values()]
 
-    async def _create(self, shape: tuple) -> Group:
+    async def _create(self, shape: tuple, lease: str) -> Group:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         workers, cpus, gpus, _, env = shape
         bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         pg = placement_group([bundle] * workers, strategy="PACK")  # ranks of a group share nodes when they fit
-        await pg.ready()
+        self.pending[lease] = pg
+        try:
+            await pg.ready()
+        finally:
+            self.pending.pop(lease, None)
         actor_cls = ray.remote(PoolWorker)
 
         def start(index: int, *store):
@@ -260,15 +297,16 @@ def release_idle() -> int:
 
 def execute(payload: TrialPayload) -> RankResult:
     res = payload.config.resources
+    deadline = time.monotonic() + res.timeout_s  # start-up included, as for every executor
     # Variables read at process start (NCCL_*, OMP_*, TORCHINDUCTOR_*, DS_ACCELERATOR, ...) take effect only
     # when the actors start with them: each distinct environment gets its own group.
     env = tuple(sorted(payload.start_env().items()))
     shape = (res.workers, res.cpus_per_worker, res.gpus_per_worker, _code_version(), env)
     pool = manager()
-    group_id, actors = ray.get(pool.acquire.remote(shape))
+    group_id, actors = _lease(pool, shape, payload, deadline)
     healthy = False
     try:
-        results, trial_error = _run_group(actors, payload, res.timeout_s)
+        results, trial_error = _run_group(actors, payload, max(0.0, deadline - time.monotonic()))
         states = ray.get([a.after_trial.remote() for a in actors])
         healthy = (max(s["leftover_gib"] for s in states) <= LEFTOVER_LIMIT_GIB
                    and not any(s["changed"] for s in states))
@@ -277,6 +315,26 @@ def execute(payload: TrialPayload) -> RankResult:
     if trial_error is not None:
         raise trial_error
     return results[0]
+
+
+def _lease(pool, shape: tuple, payload: TrialPayload, deadline: float) -> tuple[str, list]:
+    """A group of warm actors for the trial. A trial that needs more nodes than are alive ends at once (a node was
+    lost), and so does one whose nodes go while its group waits for resources; a lease still waiting at the
+    trial's deadline is given up. Either way the manager removes the waiting placement group."""
+    res = payload.config.resources
+    alive_at_start = nodes.check_fits(res.workers, res.cpus_per_worker, res.gpus_per_worker)
+    lease = uuid.uuid4().hex
+    ref = pool.acquire.remote(shape, lease)
+    try:
+        while not ray.wait([ref], timeout=min(max(0.0, deadline - time.monotonic()), nodes.NODE_CHECK_S))[0]:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"trial exceeded resources.timeout_s={res.timeout_s:g} s while its pool group "
+                                   "waited for resources")
+            nodes.check_fits(res.workers, res.cpus_per_worker, res.gpus_per_worker, alive_at_start)
+    except BaseException:
+        pool.cancel.remote(lease)
+        raise
+    return ray.get(ref)
 
 
 def _run_group(actors: list, payload: TrialPayload, timeout_s: float) -> tuple[list, BaseException | None]:

@@ -29,7 +29,6 @@ from raybench.spec.schema import RankResult
 # Seconds to wait for the cancelled fit task to be reported dead before giving up on it.
 CANCEL_WAIT_S = 30
 # How often a running or waiting trial checks that it still fits on the cluster's alive nodes (a node lost).
-NODE_CHECK_S = 2.0
 # How often the sweep driver looks for placement groups that dead Train controllers left reserved.
 REAP_INTERVAL_S = 2.0
 # Ray Train settings for every trial's controller, against what its defaults cost a short trial
@@ -131,7 +130,7 @@ def execute(payload: TrialPayload) -> RankResult:
     deadline = time.monotonic() + timeout_s
     try:
         while not ready and (left := deadline - time.monotonic()) > 0:
-            ready, _ = ray.wait([ref], timeout=min(left, NODE_CHECK_S))
+            ready, _ = ray.wait([ref], timeout=min(left, nodes.NODE_CHECK_S))
             if not ready:  # a node lost while the trial runs or waits for resources ends it now
                 _check_fits(payload, alive_at_start)
         if not ready:
