@@ -44,13 +44,13 @@ step() {  # seconds allowed, deadline, command...
 # GPU round 2 (issue 46): the round's model directory and chat data, written here (bench/stack_round_data.py), then
 # seed 000's LoRA shape through raybench's loop (A), TRL's SFTTrainer (B) and Lightning (C) in the order A B C C B A,
 # each a fresh `raybench trial` row (a second run of a trial is a new attempt: OUT_DIR/<sweep>.parquet keeps both,
-# told apart by started_at). RAYBENCH_GPU_STACKS_TWIN=1 runs the CPU twins (tiny model, fp32) through the same
+# told apart by started_at). RAYBENCH_GPU_STACKS_TWIN=1 runs the CPU twins (tiny model, bf16 too) through the same
 # commands; RAYBENCH_GPU_STACKS_S bounds the stage (default 380 s).
 stacks_stage() {
   local deadline=$((SECONDS + ${RAYBENCH_GPU_STACKS_S:-380})) data=bench/sweeps/example-data/stack-round suffix=""
   local make=(--preset llama-3.2-1b --dtype bf16 --device cuda --chats 20000)
   if [ -n "${RAYBENCH_GPU_STACKS_TWIN:-}" ]; then
-    data=$data-twin suffix=-cpu make=(--preset tiny --dtype fp32 --device cpu --chats 2000)
+    data=$data-twin suffix=-cpu make=(--preset tiny --dtype bf16 --device cpu --chats 2000)
   fi
   step 120 "$deadline" python3 bench/stack_round_data.py "$data" "${make[@]}"
   for stack in raybench hf lightning lightning hf raybench; do

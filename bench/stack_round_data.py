@@ -10,7 +10,7 @@ DIR gets:
 - model/: the preset's architecture with random weights, built as raybench builds a preset (seed 0), in safetensors
   at `--dtype`, with the chat tokenizer beside it. Llama-3.2-1B ties its output head to its embeddings, as the
   real checkpoint does (tie_word_embeddings), so the file holds no lm_head weight.
-The GPU round writes the 1B in bf16 (as the real checkpoint ships); the CPU twins the tiny preset in fp32.
+The round writes the 1B in bf16 (as the real checkpoint ships), and its CPU twins the tiny preset in bf16 too.
 """
 
 from __future__ import annotations

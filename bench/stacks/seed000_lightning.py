@@ -5,8 +5,9 @@ bench/sweeps/gpu-stack-lightning.yaml runs it on Llama-3.2-1B, gpu-stack-lightni
 
 The frozen base is loaded in the trial's compute dtype (bf16 under train.precision bf16, Lightning's bf16-mixed
 autocast around it), as raybench's own loop holds a LoRA trial's base (train.lora.base_dtype auto); PEFT keeps the
-adapters in fp32. AdamW over the adapters only, fused, at a constant learning rate without weight decay (raybench's
-adamw_fused, its defaults). Llama-3.2-1B ties its output head to the embeddings: no adapter on lm_head.
+adapters in fp32. AdamW over the adapters only, at a constant learning rate without weight decay (raybench's
+defaults), in torch's foreach implementation where the other two runs use the fused one (see configure_optimizers).
+Llama-3.2-1B ties its output head to the embeddings: no adapter on lm_head.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ class LoraCausalLM(LightningModule):
 
     def configure_optimizers(self):
         adapters = [p for p in self.parameters() if p.requires_grad]
-        return torch.optim.AdamW(adapters, lr=self.lr, weight_decay=0.0, fused=True)
+        # torch's default implementation (foreach on CUDA), not fused: Lightning's bf16-mixed refuses to clip
+        # gradients (train.max_grad_norm, 1.0 as in the other two runs) for a fused optimizer, which unscales them
+        # itself ("does not allow for gradient clipping").
+        return torch.optim.AdamW(adapters, lr=self.lr, weight_decay=0.0)
 
 
 def build(ctx, batch_size: int = 6, lr: float = 3e-4, rank: int = 64, alpha: int = 128, num_workers: int = 2,
