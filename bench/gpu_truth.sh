@@ -48,13 +48,13 @@ step() {  # seconds allowed, deadline, command...
 # commands; RAYBENCH_GPU_STACKS_S bounds the stage (default 380 s).
 stacks_stage() {
   local deadline=$((SECONDS + ${RAYBENCH_GPU_STACKS_S:-380})) data=bench/sweeps/example-data/stack-round suffix=""
-  local make=(--preset llama-3.2-1b --dtype bf16 --device cuda --chats 20000)
-  if [ -n "${RAYBENCH_GPU_STACKS_TWIN:-}" ]; then
-    data=$data-twin suffix=-cpu make=(--preset tiny --dtype bf16 --device cpu --chats 2000)
+  local make=(--preset llama-3.2-1b --dtype bf16 --device cuda --chats 20000) run_s=90
+  if [ -n "${RAYBENCH_GPU_STACKS_TWIN:-}" ]; then  # a shared 2-core machine took up to 72 s a run
+    data=$data-twin suffix=-cpu make=(--preset tiny --dtype bf16 --device cpu --chats 2000) run_s=180
   fi
   step 120 "$deadline" python3 bench/stack_round_data.py "$data" "${make[@]}"
   for stack in raybench hf lightning lightning hf raybench; do
-    step 90 "$deadline" python3 -m raybench trial "bench/sweeps/gpu-stack-$stack$suffix.yaml" 0 --store "$store"
+    step "$run_s" "$deadline" python3 -m raybench trial "bench/sweeps/gpu-stack-$stack$suffix.yaml" 0 --store "$store"
   done
 }
 
