@@ -2,7 +2,7 @@
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
 #   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
-#                                           snapshot ddp-liger tests
+#                                           snapshot ddp-liger tests stacks probe
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -29,6 +29,35 @@ run_sweep() {  # sweep file, seconds allowed
   echo "== exit $rc at $(date -u +%FT%TZ)"
 }
 
+# One sub-step of a stage under its own limit, cut to what is left of the stage's budget (deadline, in bash's
+# SECONDS) less 20 s, so that a hang ends the step and the final summary still writes the rows.
+step() {  # seconds allowed, deadline, command...
+  local limit=$1 deadline=$2; shift 2
+  local left=$((deadline - SECONDS - 20))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -le 0 ]; then echo "== $(date -u +%FT%TZ) not run (no time left): $*"; return; fi
+  echo "== $(date -u +%FT%TZ) $* (limit $limit s)"
+  timeout -k 10 "$limit" "$@"
+  echo "== exit $? at $(date -u +%FT%TZ)"
+}
+
+# GPU round 2 (issue 46): the round's model directory and chat data, written here (bench/stack_round_data.py), then
+# seed 000's LoRA shape through raybench's loop (A), TRL's SFTTrainer (B) and Lightning (C) in the order A B C C B A,
+# each a fresh `raybench trial` row (a second run of a trial is a new attempt: OUT_DIR/<sweep>.parquet keeps both,
+# told apart by started_at). RAYBENCH_GPU_STACKS_TWIN=1 runs the CPU twins (tiny model, bf16 too) through the same
+# commands; RAYBENCH_GPU_STACKS_S bounds the stage (default 380 s).
+stacks_stage() {
+  local deadline=$((SECONDS + ${RAYBENCH_GPU_STACKS_S:-380})) data=bench/sweeps/example-data/stack-round suffix=""
+  local make=(--preset llama-3.2-1b --dtype bf16 --device cuda --chats 20000) run_s=90
+  if [ -n "${RAYBENCH_GPU_STACKS_TWIN:-}" ]; then  # a shared 2-core machine took up to 72 s a run
+    data=$data-twin suffix=-cpu make=(--preset tiny --dtype bf16 --device cpu --chats 2000) run_s=180
+  fi
+  step 120 "$deadline" python3 bench/stack_round_data.py "$data" "${make[@]}"
+  for stack in raybench hf lightning lightning hf raybench; do
+    step "$run_s" "$deadline" python3 -m raybench trial "bench/sweeps/gpu-stack-$stack$suffix.yaml" 0 --store "$store"
+  done
+}
+
 for stage in "$@"; do
   echo "== $(date -u +%FT%TZ) stage $stage" | tee -a "$log"
   case $stage in
@@ -36,7 +65,7 @@ for stage in "$@"; do
       nvidia-smi -q > "$out/nvidia-smi.txt"
       nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,power.limit,driver_version --format=csv
       python3 -c 'import importlib.metadata as m
-for p in ["torch","ray","transformers","peft","deepspeed","optuna","pyarrow","bitsandbytes","liger-kernel","triton","flash-attn"]:
+for p in ["torch","ray","transformers","peft","accelerate","trl","datasets","lightning","deepspeed","optuna","pyarrow","bitsandbytes","liger-kernel","triton","flash-attn"]:
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, "not installed")
 import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name())' ;;
@@ -63,6 +92,15 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     ddp-liger) timeout -k 10 240 python3 -m raybench trial bench/sweeps/gpu-validate.yaml 9f29bd997b04e189 --store "$store" ;;
     # Every GPU test runs whatever another one does (no -x): each outcome is a measurement; -rA prints what the
     # passing ones printed (the compiled-block byte counts, CUDA against the CPU rehearsal).
+    stacks) stacks_stage ;;
+    # The probe's cost on CUDA (one synchronization per optimizer step): the tiny Llama with and without the probe,
+    # A B B A per round, 16k tokens a step (CPU twin: RAYBENCH_GPU_STACKS_TWIN=1, a few small rounds).
+    probe) if [ -n "${RAYBENCH_GPU_STACKS_TWIN:-}" ]; then
+             timeout -k 10 120 python3 bench/probe_overhead.py --device cpu --rounds 2 --steps 5
+           else
+             timeout -k 10 75 python3 bench/probe_overhead.py --device cuda --rounds 10 --steps 20 --micro-batch 8 \
+               --seq-len 2048
+           fi ;;
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"
@@ -78,9 +116,10 @@ for sweep_dir in sorted(store.Path(root).glob("sweep=*")):
     sweep = sweep_dir.name.removeprefix("sweep=")
     table = store.read_table(root, sweep, latest=False)
     pq.write_table(table, f"{out}/{sweep}.parquet")
-    cols = ["trial_id", "axis_values_json", "status", "tok_per_s_per_device", "mfu", "peak_alloc_gib", "est_peak_gib", "compile_s",
-            "step_time_p50_s", "message"]
-    df = table.select([c for c in cols if c in table.column_names]).to_pandas()
+    cols = ["started_at", "trial_id", "axis_values_json", "status", "tok_per_s_per_device", "mfu", "peak_alloc_gib",
+            "est_peak_gib", "compile_s", "step_time_p50_s", "message"]
+    # In the order they ran: a trial run twice (the stacks stage's two passes) shows as two attempts.
+    df = table.select([c for c in cols if c in table.column_names]).to_pandas().sort_values("started_at")
     df["message"] = df["message"].fillna("").str.slice(0, 160)
     print(f"-- {sweep}: {len(df)} rows\n{df.to_string()}")
 PY

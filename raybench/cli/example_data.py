@@ -68,7 +68,8 @@ def texts(n: int = TEXTS) -> list[str]:
     return [_words(i, 20 + i % 40) + "." for i in range(n)]
 
 
-def _chat_tokenizer(directory: Path) -> None:
+def chat_tokenizer(directory: Path) -> None:
+    """A word-level tokenizer of WORDS with CHAT_TEMPLATE, saved in `directory` (its ids fit MODEL_VOCAB)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -127,7 +128,7 @@ def write(out: Path, sentencepiece_python: str | None = None) -> list[str]:
     where it is not)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in chat_records()) + "\n")
-    _chat_tokenizer(out / "chat-tokenizer")
+    chat_tokenizer(out / "chat-tokenizer")
     _model(out / "tiny-model", out / "chat-tokenizer")
     alpaca = alpaca_records()
     (out / "alpaca.json").write_text(json.dumps(alpaca))
