@@ -47,8 +47,8 @@ step() {  # seconds allowed, deadline, command...
 # told apart by started_at). RAYBENCH_GPU_STACKS_TWIN=1 runs the CPU twins (tiny model, bf16 too) through the same
 # commands; RAYBENCH_GPU_STACKS_S bounds the stage (default 380 s).
 stacks_stage() {
-  local deadline=$((SECONDS + ${RAYBENCH_GPU_STACKS_S:-380})) data=bench/sweeps/example-data/stack-round suffix=""
-  local make=(--preset llama-3.2-1b --dtype bf16 --device cuda --chats 20000) run_s=90
+  local deadline=$((SECONDS + ${RAYBENCH_GPU_STACKS_S:-480})) data=bench/sweeps/example-data/stack-round suffix=""
+  local make=(--preset llama-3.2-1b --dtype bf16 --device cuda --chats 20000) run_s=150  # TRL took 83-90 s on an H100
   if [ -n "${RAYBENCH_GPU_STACKS_TWIN:-}" ]; then  # a shared 2-core machine took up to 72 s a run
     data=$data-twin suffix=-cpu make=(--preset tiny --dtype bf16 --device cpu --chats 2000) run_s=180
   fi
