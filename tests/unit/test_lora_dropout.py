@@ -153,3 +153,15 @@ def test_rehearsed_dropout_costs_no_activation_memory(strategy):
         return fake_trace(trial).memory_gib["activations"]
 
     assert activations(0.1) <= 1.05 * activations(0.0)
+
+
+
+def test_inductors_partitioner_takes_the_recomputed_dropout():
+    """The rehearsal's compiled-block accounting (compiled.py) runs inductor's partitioner, whose joint-graph
+    passes need the graph's fake mode set, as inductor's own compile sets it, once random ops (dropout) appear."""
+    from raybench.rehearse import compiled
+
+    module = lora.DroppedInputLinear(nn.Linear(16, 4, bias=False), 0.1)
+    x = torch.randn(8, 16, requires_grad=True)
+    compiled._partitioned_like_inductor(module)(x).sum().backward()
+    assert x.grad.shape == x.shape and module.weight.grad.shape == module.weight.shape
