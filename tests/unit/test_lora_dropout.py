@@ -140,7 +140,8 @@ def test_pefts_files_on_disk_are_unchanged(tmp_path):
             assert torch.equal(param, ours[name]), name
 
 
-@pytest.mark.parametrize("strategy", ["fsdp2", "ddp", "tp"])
+# tp with -m slow: its recomputation is checked against PEFT's step in tests/integration/test_tp_lora.py.
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp", pytest.param("tp", marks=pytest.mark.slow)])
 def test_rehearsed_dropout_costs_no_activation_memory(strategy):
     """The rehearsal traces the recomputed path: dropout 0.1 keeps at most 5% more activations than dropout 0
     (PEFT's own path kept 43% more under fsdp2 at this shape). Under ddp's and tp's autocast it keeps less:
