@@ -44,6 +44,7 @@ def fake_trace(trial, skip_propagation: bool = True, gpu: str | None = None) -> 
         dist.destroy_process_group()
 
 
+LORA_DROPOUT = {"targets": "all_linear", "dropout": 0.1}
 # Liger at a longer sequence: at 64 tokens its step (no logits) peaks as backward ends, where a real gloo rank
 # still holds the last reduce-scatter's input and the fake rank has let it go (2 MiB of this tiny model). At 256
 # tokens the activations peak, which would be 17% over the real ones if the trace built an attention mask
@@ -52,6 +53,10 @@ REAL_CASES = {"fsdp2": {"strategy": "fsdp2"}, "tp": {"strategy": "tp", "tp_size"
               "ddp": {"strategy": "ddp"}, "ddp-lora": {"strategy": "ddp", "finetune": "lora"},
               # Adapters split with their projections: the replicated ones' partial gradients, the joined sums.
               "tp-lora": {"strategy": "tp", "tp_size": 2, "finetune": "lora"},
+              # LoRA dropout recomputed in backward (techniques/lora.py): no dropped copies, no masks kept (under
+              # tp too: tests/unit/test_lora_dropout.py traces it, tp-lora checks the DTensor adapters' accounting).
+              "fsdp2-lora-dropout": {"strategy": "fsdp2", "finetune": "lora", "lora": LORA_DROPOUT},
+              "ddp-lora-dropout": {"strategy": "ddp", "finetune": "lora", "lora": LORA_DROPOUT},
               "fsdp2-liger": {"strategy": "fsdp2", "liger": True, "seq_len": 256},
               "ddp-liger": {"strategy": "ddp", "liger": True, "seq_len": 256},
               "tp-liger": {"strategy": "tp", "tp_size": 2, "liger": True, "seq_len": 256},

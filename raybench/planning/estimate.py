@@ -178,6 +178,11 @@ def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, 
     def keeps_input(name: str) -> bool:
         return full or name in targets
 
+    # Under autocast each linear that keeps its input keeps its own 16-bit cast of it, and PEFT's adapters cast
+    # theirs to fp32 first. With dropout, raybench's adapters cast inside what backward recomputes
+    # (techniques/lora.py) and keep their input as it comes: one tensor, shared (QLoRA's keep PEFT's path).
+    copies = d.autocast and not (train.finetune == "lora" and train.lora.dropout > 0)
+
     norms = inputs = 0.0
     for consumers in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
         if train.liger:  # Liger's RMSNorm keeps its input as it comes and a 4-byte rstd; backward recomputes
@@ -185,13 +190,13 @@ def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, 
         else:  # RMSNorm runs in fp32: it keeps its fp32 input, and for a trainable weight the normalized input
             norms += 4 * h + (d.residual * h if full else 0)
         keeping = sum(keeps_input(n) for n in consumers)
-        if d.autocast:  # each linear casts the norm's output itself and keeps its own 16-bit copy
+        if copies:  # each linear casts the norm's output itself and keeps its own 16-bit copy
             inputs += keeping * 2 * h
         elif keeping:  # the linears share the norm's output tensor
             inputs += d.residual * h
     c = d.compute
     split = (q_dim + kv_dim) * c + kv_dim * c + q_dim * c + heads * 4  # sdpa keeps q, k, v, output, logsumexp
-    if d.autocast and "o_proj" in targets:
+    if copies and "o_proj" in targets:
         split += q_dim * 2  # PEFT upcasts the adapter's input, autocast casts it down again: a new copy
     # silu keeps gate's output, the product keeps silu's output and up's output; Liger's fused SwiGLU keeps
     # gate's and up's outputs and recomputes silu in backward.

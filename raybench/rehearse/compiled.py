@@ -143,7 +143,16 @@ def _partitioned_like_inductor(block: nn.Module, generated_bytes: list[int] | No
 
         return as_is
 
-    backend = aot_autograd(fw_compiler=compiler(False), bw_compiler=compiler(True), partition_fn=partition_fn,
+    def partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs):
+        # Inductor's joint-graph passes read the graph's fake mode from V, which its own compile sets; random ops
+        # (LoRA dropout) reach a pass that needs it.
+        from torch._guards import detect_fake_mode
+        from torch._inductor.virtualized import V
+
+        with V.set_fake_mode(detect_fake_mode(joint_inputs)):
+            return partition_fn(joint, joint_inputs, **kwargs)
+
+    backend = aot_autograd(fw_compiler=compiler(False), bw_compiler=compiler(True), partition_fn=partition,
                            decompositions=select_decomp_table())
     return torch.compile(block, backend=backend)
 

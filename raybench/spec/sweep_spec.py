@@ -116,7 +116,9 @@ LORA_TARGET_MODULES = {
 class LoraSpec(Section):
     rank: int = Field(16, ge=1, le=4096, description="LoRA rank r.")
     alpha: float = Field(32, gt=0, description="LoRA alpha (scale = alpha / r).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "Dropout on the LoRA input, drawn again in backward rather than stored (as PEFT draws it: a mask per "
+        "adapter)."))
     targets: Literal["attention", "attention_mlp", "all_linear"] = Field(
         "attention_mlp", description="Which linear layers get adapters."
     )

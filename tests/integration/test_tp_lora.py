@@ -20,7 +20,7 @@ VALUES_SCRIPT = Path(__file__).with_name("tp_lora_values.py")
 DEFAULT_CASES = {"tp": ["attention:0:0", "attention_mlp:1/2:0", "all_linear:1/2:0", "all_linear:0:0:0.1"],
                  "tp_fsdp2": ["all_linear:1/2:0"]}
 SLOW_CASES = {"tp": ["attention:1/2:1", "attention_mlp:0:1", "all_linear:1/2:1", "all_linear:1:0"],
-              "tp_fsdp2": ["attention:0:0", "attention_mlp:1/2:1", "all_linear:0:1"]}
+              "tp_fsdp2": ["attention:0:0", "attention_mlp:1/2:1", "all_linear:0:1", "all_linear:0:0:0.1"]}
 WORLD = {"tp": 2, "tp_fsdp2": 4}
 
 

@@ -8,9 +8,11 @@ frozen. argv: strategy, then cases as targets:ac_ratio:compile[:dropout] (e.g. a
 naming each difference.
 
 With dropout the masks of a row-parallel adapter's split input cannot be the unsplit model's on CPU (DTensor's
-random ops follow the global tensor only on CUDA), so a dropout case (strategy tp) checks what keeps training
-consistent instead: every rank of the TP group draws the same mask for a column-parallel adapter's input, which
-every rank holds whole (different masks would give the replicated A a gradient no single model has).
+random ops follow the global tensor only on CUDA), so a dropout case checks what keeps training consistent
+instead: every rank of the TP group draws the same mask for a column-parallel adapter's input, which every rank
+holds whole (different masks would give the replicated A a gradient no single model has); and the split step
+equals the split step on PEFT's own path from the same RNG state, where each adapter keeps its mask, so backward
+(which draws raybench's masks again, techniques/lora.py) used forward's masks.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import torch
 import torch.distributed as dist
 
 from raybench.runtime import strategies
-from raybench.runtime.build import build_meta, fill, prepare_model
+from raybench.runtime.build import TECHNIQUES, build_meta, fill, prepare_model
 from raybench.runtime.strategies import RankContext
 from raybench.runtime.strategies.tp import COLWISE
+from raybench.runtime.techniques import lora as lora_technique
+from raybench.runtime.techniques.lora import DroppedInputLinear
 from raybench.spec.sweep_spec import LoraSpec, ModelSpec, TrainSpec
 
 CPU = torch.device("cpu")
@@ -34,10 +38,19 @@ RTOL, ATOL = 1e-4, 1e-6
 WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 
-def forward_backward(train: TrainSpec, world: int, before_forward=lambda model: None) -> tuple:
+class PeftStoredDropout:
+    """The LoRA technique on PEFT's own path (each adapter keeps its dropped input and mask), the reference for
+    the recomputed dropout: fp32 cases only (no base cast)."""
+
+    wanted = staticmethod(lora_technique.wanted)
+    apply = staticmethod(lora_technique.peft_lora)
+
+
+def forward_backward(train: TrainSpec, world: int, before_forward=lambda model: None,
+                     techniques: tuple = TECHNIQUES) -> tuple:
     """(loss, whole adapter gradients by name, names of trainable base parameters) of one step."""
     model, source, info = build_meta(ModelSpec(preset="tiny"), seed=SEED)
-    model = prepare_model(model, train)
+    model = prepare_model(model, train, techniques)
     if world == 1:
         fill(model, CPU, source, info, whole=True)
         trainable = strategies.Trainable(model, None, None, None, None, None)
@@ -82,8 +95,9 @@ def nonzero_b(model: torch.nn.Module) -> None:
 
 
 def replicated_masks_differ(train: TrainSpec) -> list[str]:
-    """Adapters of column-parallel projections (whose input every rank of the TP group holds whole) whose dropout
-    output differs between the ranks of the (whole-world) TP group."""
+    """Adapters of column-parallel projections (whose input every rank of the TP group holds whole) whose dropped
+    input differs between the ranks of the (whole-world) TP group: seen through A's output, as dropout runs inside
+    A (techniques/lora.py's DroppedInputLinear), A is replicated and its input is the same on every rank."""
     from torch.distributed.tensor import DTensor
 
     outputs = {}
@@ -93,7 +107,7 @@ def replicated_masks_differ(train: TrainSpec) -> list[str]:
 
     def hooked(model: torch.nn.Module) -> None:
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Dropout) and name.split(".")[-3] in COLWISE:
+            if isinstance(module, DroppedInputLinear) and name.split(".")[-3] in COLWISE:
                 module.register_forward_hook(keep(name))
 
     torch.manual_seed(SEED)  # every rank alike, as the worker seeds them (warm_up)
@@ -115,21 +129,35 @@ def compare(strategy: str, case: str) -> list[str]:
     train = TrainSpec(strategy=strategy, tp_size=tp_size, finetune="lora", lora=lora, ac_ratio=ac_ratio,
                       compile=compiled == "1", precision="fp32")
     if lora.dropout:
-        return [f"{case}: the ranks' dropout masks of {name} differ" for name in replicated_masks_differ(train)]
+        problems = [f"{case}: the ranks' dropout masks of {name} differ" for name in replicated_masks_differ(train)]
+        # Backward draws forward's masks again (DTensor's random ops under the checkpoint's restored RNG state):
+        # the same step as PEFT's stored masks, from the same RNG state.
+        torch.manual_seed(SEED)
+        loss, grads, _ = forward_backward(train, world)
+        torch.manual_seed(SEED)
+        peft_loss, peft_grads, _ = forward_backward(train, world, techniques=tuple(
+            PeftStoredDropout if t is lora_technique else t for t in TECHNIQUES))
+        return problems + differences(f"{case} against PEFT's stored dropout", loss, grads, peft_loss, peft_grads)
     whole = train.model_copy(update={"strategy": "ddp", "tp_size": 1})
     ref_loss, ref_grads, _ = forward_backward(whole, 1)
     loss, grads, trainable_base = forward_backward(train, world)
     problems = [f"{case}: base parameter {name} is trainable" for name in trainable_base]
+    return problems + differences(f"{case} against the unsplit model", loss, grads, ref_loss, ref_grads)
+
+
+def differences(what: str, loss: float, grads: dict, ref_loss: float, ref_grads: dict) -> list[str]:
+    """How one step's loss and adapter gradients differ from the reference's, beyond fp32 rounding."""
+    problems = []
     if abs(loss - ref_loss) > RTOL * abs(ref_loss):
-        problems.append(f"{case}: loss {loss} != unsplit {ref_loss}")
+        problems.append(f"{what}: loss {loss} != {ref_loss}")
     if grads.keys() != ref_grads.keys():
-        problems.append(f"{case}: adapters {sorted(grads.keys() ^ ref_grads.keys())} on one side only")
+        problems.append(f"{what}: adapters {sorted(grads.keys() ^ ref_grads.keys())} on one side only")
     for name in grads.keys() & ref_grads.keys():
         if not torch.allclose(grads[name], ref_grads[name], rtol=RTOL, atol=ATOL):
             diff = (grads[name] - ref_grads[name]).abs().max().item()
-            problems.append(f"{case}: gradient of {name} differs by {diff:.3g}")
+            problems.append(f"{what}: gradient of {name} differs by {diff:.3g}")
     if not any(g.abs().sum() > 0 for name, g in ref_grads.items() if ".lora_A." in name):
-        problems.append(f"{case}: every A gradient is zero: B must be nonzero for the comparison to mean anything")
+        problems.append(f"{what}: every A gradient is zero: B must be nonzero for the comparison to mean anything")
     return problems
 
 

@@ -245,6 +245,10 @@ def _saved_bytes_per_token(model, batch: int, seq: int, autocast: bool) -> float
     ("ddp", "fp32", "lora", "attention_mlp"),
     ("ddp", "bf16", "lora", "attention"),  # a bf16 base under autocast
     ("ddp", "bf16", "lora-fp32-base", "attention_mlp"),
+    # Dropout recomputed in backward (techniques/lora.py): the adapters keep no dropped copies, no masks.
+    ("fsdp2", "bf16", "lora-dropout", "all_linear"),
+    ("ddp", "bf16", "lora-dropout", "all_linear"),
+    ("ddp", "fp32", "lora-dropout", "attention_mlp"),
 ])
 def test_block_activations_match_what_torch_saves(strategy, precision, finetune, targets):
     import torch
@@ -253,9 +257,10 @@ def test_block_activations_match_what_torch_saves(strategy, precision, finetune,
     from raybench.runtime.techniques import lora
 
     shape = ModelShape("llama", 256, 3, 4, 2, 512, 1000, 2048, False)
-    finetune, _, base = finetune.partition("-")
+    finetune, _, variant = finetune.partition("-")
     train = TrainSpec(strategy=strategy, precision=precision, finetune=finetune,
-                      lora=LoraSpec(rank=8, targets=targets, base_dtype="fp32" if base else "auto"))
+                      lora=LoraSpec(rank=8, targets=targets, base_dtype="fp32" if variant == "fp32-base" else "auto",
+                                    dropout=0.1 if variant == "dropout" else 0.0))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **shape.hf_config_kwargs()),
                                              dtype=torch.float32, attn_implementation="sdpa")
