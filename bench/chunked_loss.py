@@ -1,9 +1,9 @@
 """train.loss chunked against full on CPU: a rank's peak memory and step time, runs in the order A B B A.
 
-    .venv/bin/python bench/chunked_loss.py [--steps 4] [--seq-len 512] [--micro-batch 2] [--precision fp32]
+    .venv/bin/python bench/chunked_loss.py [--steps 3] [--seq-len 2048] [--micro-batch 2] [--precision fp32]
 
-The model is Llama-3's vocabulary (128,256 entries) on a narrow 2-block decoder (hidden 256), so that the head
-and the loss weigh what they weigh in an 8B step relative to its logits; full fine-tune, ddp on one gloo rank,
+The model is a 32,000-entry vocabulary (Llama-2's) on a narrow 2-block decoder (hidden 256), so that the head and
+the loss dominate the step as the logits dominate an 8B step's temporaries; full fine-tune, ddp on one gloo rank,
 built and wrapped as the worker does (build.build_and_wrap with a shape) and stepped with the worker's own step
 (bench.train_step) on random tokens. Each run is a fresh process: after one untimed step its peak resident
 memory is reset (/proc/self/clear_refs), and the timed steps' peak over the resident memory before them is the
@@ -41,7 +41,7 @@ def one_run(loss: str, steps: int, seq_len: int, micro_batch: int, precision: st
     from raybench.spec.presets import ModelShape
 
     torch.set_num_threads(1)
-    shape = ModelShape("llama", 256, 2, 4, 2, 512, 128256, 4096, False)
+    shape = ModelShape("llama", 256, 2, 4, 2, 512, 32000, 4096, False)
     spec = parse_sweep({"name": "chunked-loss", "model": {"preset": "tiny"}, "train": {
         "loss": loss, "precision": precision, "steps": steps + 1, "warmup_steps": 1, "seq_len": seq_len,
         "micro_batch": micro_batch, "optimizer": "adamw_foreach"}})
@@ -77,8 +77,8 @@ def one_run(loss: str, steps: int, seq_len: int, micro_batch: int, precision: st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--seq-len", type=int, default=2048)  # 4096 tokens: 4 chunks of 1024
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: run this loss and print its JSON

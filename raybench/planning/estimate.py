@@ -16,7 +16,7 @@ from raybench.spec import metrics
 from raybench.spec.hardware import peak_tflops
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB
-from raybench.spec.sweep_spec import LORA_TARGET_MODULES, TrainSpec, TrialConfig
+from raybench.spec.sweep_spec import LORA_TARGET_MODULES, TrainSpec, TrialConfig, loss_chunk_rows
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -239,9 +239,10 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
     final_norm = (4 * h + (d.residual * h if full else 0)) / seq
     if train.full_loss_reason(shape.tie_word_embeddings) is None:
         # Chunked (techniques/chunked_loss.py): the head's input gradient, made in forward, is kept instead of
-        # the logits and the head's input; one chunk's logits (about as many as the hidden states) are live at a
-        # time, at the loss's bytes per entry.
-        return blocks + final_norm + d.residual * h + LOSS_BYTES_PER_VOCAB_ENTRY * h
+        # the logits and the head's input; one chunk's logits are live at a time, at the loss's bytes per entry.
+        rows = train.micro_batch * train.seq_len
+        chunk_share = min(rows, loss_chunk_rows(rows, h, shape.vocab_size)) / rows
+        return blocks + final_norm + d.residual * h + LOSS_BYTES_PER_VOCAB_ENTRY * shape.vocab_size * chunk_share
     head_input = (2 if d.autocast else d.residual) * h if full else 0  # all-gathered whole under SP
     logits = shape.vocab_size * LOSS_BYTES_PER_VOCAB_ENTRY / seq
     return blocks + final_norm + head_input + logits

@@ -259,6 +259,20 @@ class TrainSpec(Section):
         return None
 
 
+# Every chunk of the chunked loss reads the whole head weight in each of its three matmuls: with fewer tokens than
+# this they would be bound by that read, not by their arithmetic (at Llama-3's vocabulary on a 256-wide model,
+# Liger's sizing alone gives chunks of 4 tokens, and a CPU step 7 times slower than the full loss's).
+MIN_LOSS_CHUNK_ROWS = 1024
+
+
+def loss_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
+    """Tokens per chunk of train.loss chunked: a power of two with about as many logits as the hidden states they
+    come from (Liger's sizing), so a chunk's fp32 logits cost about what the head's fp32 input does; at least
+    MIN_LOSS_CHUNK_ROWS."""
+    chunks = -(-vocab // hidden)
+    return max(1 << max(0, -(-rows // chunks) - 1).bit_length(), MIN_LOSS_CHUNK_ROWS)
+
+
 def _dump_lora_base_dtype(lora: dict | None, resolved: str | None) -> None:
     """A trial's dump holds the resolved base dtype, so that auto and the dtype it stands for are one trial
     (one id). Full fine-tune and QLoRA trials leave it out: they have no such base, and keep the ids they had

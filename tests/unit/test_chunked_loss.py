@@ -105,18 +105,18 @@ def test_autocast_runs_the_head_in_its_dtype_as_the_full_loss_does():
         torch.testing.assert_close(grad, full_grads[name], rtol=2e-2, atol=2e-3, msg=name)
 
 
-def test_chunk_rows_hold_about_as_many_logits_as_hidden_states():
-    # Llama-3 8B at 2 x 4096 tokens: 32 chunks of 256 tokens (125 MiB of fp32 logits each, not 3.9 GiB).
-    assert chunked_loss.chunk_rows(8192, 4096, 128256) == 256
-    assert chunked_loss.chunk_rows(10, 16, 96) == 2
+def test_chunk_rows_hold_about_as_many_logits_as_hidden_states_and_at_least_1024_tokens():
+    # Llama-3 8B at 2 x 4096 tokens: 8 chunks of 1024 tokens (0.5 GiB of fp32 logits each, not 3.9 GiB).
+    assert chunked_loss.chunk_rows(8192, 4096, 128256) == 1024
+    assert chunked_loss.chunk_rows(65536, 4096, 128256) == 2048
 
 
 def test_the_logits_never_exist_whole():
     """The chunked step's largest tensor is a chunk's logits, not the micro-batch's."""
     torch.manual_seed(4)
-    hidden = torch.randn(64, HIDDEN, requires_grad=True)
-    weight = torch.randn(VOCAB * 8, HIDDEN, requires_grad=True)
-    labels = torch.randint(0, VOCAB, (1, 64))
+    hidden = torch.randn(4096, HIDDEN, requires_grad=True)
+    weight = torch.randn(VOCAB, HIDDEN, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (1, 4096))
     largest = []
 
     class Largest(torch.utils._python_dispatch.TorchDispatchMode):
@@ -129,8 +129,8 @@ def test_the_logits_never_exist_whole():
 
     with Largest():
         chunked_loss.linear_cross_entropy(hidden.unsqueeze(0), weight, labels).backward()
-    rows = chunked_loss.chunk_rows(64, HIDDEN, VOCAB * 8)
-    assert rows < 64 and max(largest) == max(rows * VOCAB * 8, weight.numel())
+    rows = chunked_loss.chunk_rows(4096, HIDDEN, VOCAB)
+    assert rows < 4096 and max(largest) == max(rows * VOCAB, hidden.numel())
 
 
 @pytest.mark.parametrize(("train", "tied", "reason"), [

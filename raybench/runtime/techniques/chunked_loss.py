@@ -28,9 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from raybench.spec.sweep_spec import TrainSpec
+from raybench.spec.sweep_spec import TrainSpec, loss_chunk_rows
 
 IGNORE_INDEX = -100
+
+
+chunk_rows = loss_chunk_rows  # tokens per chunk (the estimate counts one chunk's logits by the same rule)
 
 
 def wanted(train: TrainSpec) -> bool:
@@ -43,13 +46,6 @@ def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
     if train.full_loss_reason(model.config.tie_word_embeddings) is None:
         model.forward = MethodType(_chunked_forward, model)
     return model
-
-
-def chunk_rows(rows: int, hidden: int, vocab: int) -> int:
-    """Tokens per chunk: a power of two with about as many logits as the hidden states they come from (Liger's
-    sizing), so a chunk's fp32 logits cost about what the head's fp32 input does."""
-    chunks = -(-vocab // hidden)
-    return 1 << max(0, -(-rows // chunks) - 1).bit_length()
 
 
 def _chunk_loss_and_grad(logits: Tensor, targets: Tensor, items: Tensor) -> tuple[Tensor, Tensor]:
