@@ -147,3 +147,21 @@ def test_where_the_loss_runs_over_the_whole_logits(train, tied, reason):
     assert found == reason if reason is None else reason in found
     model = chunked_loss.apply(_model(tied), TrainSpec(**train))
     assert ("forward" in vars(model)) == (reason is None)
+
+
+def test_ids_leave_the_default_out_rows_say_which_loss_ran_and_older_rows_read_as_full():
+    import json
+
+    from raybench.planning.plan import config_id
+    from raybench.results.store import measured_trial_config
+    from raybench.spec.sweep_spec import TrialConfig
+
+    chunked = TrialConfig.model_validate({"model": {"preset": "tiny"}})
+    full = TrialConfig.model_validate({"model": {"preset": "tiny"}, "train": {"loss": "full"}})
+    assert config_id(chunked) == "f93ad76455577afa"  # the id it had before train.loss existed
+    assert config_id(full) != config_id(chunked)
+    row_config = chunked.model_dump(mode="json")  # what a row's config_json holds
+    assert row_config["train"]["loss"] == "chunked"
+    assert measured_trial_config(json.dumps(row_config)).train.loss == "chunked"
+    del row_config["train"]["loss"]  # a row from before the field: it ran the full loss
+    assert measured_trial_config(json.dumps(row_config)).train.loss == "full"
