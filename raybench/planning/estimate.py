@@ -16,7 +16,7 @@ from raybench.spec import metrics
 from raybench.spec.hardware import peak_tflops
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB
-from raybench.spec.sweep_spec import LORA_TARGET_MODULES, TrainSpec, TrialConfig
+from raybench.spec.sweep_spec import LORA_TARGET_MODULES, TrainSpec, TrialConfig, loss_chunk_rows
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -226,7 +226,7 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
     its policy saves) and, during backward, one block at a time is recomputed in full. The loss adds 12 bytes
     per vocabulary entry: its fp32 log-softmax output, then in backward that output's gradient and the fp32
     logits' gradient (the 16-bit logits are freed after forward; 12.0-12.2 measured on CPU for fp32, autocast
-    and 16-bit weights, docs/estimate.md).
+    and 16-bit weights, docs/estimate.md); the chunked loss (train.loss), that for one chunk of tokens only.
     """
     d, tp, seq = _dtypes(train), train.tp_size, _tp_layout_split(shape, train)
     norms, inputs, split = block_activation_bytes(shape, train)
@@ -242,6 +242,12 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
         # no head input are kept, only the gradient of the head's input (compute dtype).
         return blocks + d.residual * h + 4 + d.compute * h
     final_norm = (4 * h + (d.residual * h if full else 0)) / seq
+    if train.full_loss_reason(shape.tie_word_embeddings) is None:
+        # Chunked (techniques/chunked_loss.py): the head's input gradient, made in forward, is kept instead of
+        # the logits and the head's input; one chunk's logits are live at a time, at the loss's bytes per entry.
+        rows = train.micro_batch * train.seq_len
+        chunk_share = min(rows, loss_chunk_rows(rows, h, shape.vocab_size)) / rows
+        return blocks + final_norm + d.residual * h + LOSS_BYTES_PER_VOCAB_ENTRY * shape.vocab_size * chunk_share
     head_input = (2 if d.autocast else d.residual) * h if full else 0  # all-gathered whole under SP
     logits = shape.vocab_size * LOSS_BYTES_PER_VOCAB_ENTRY / seq
     return blocks + final_norm + head_input + logits

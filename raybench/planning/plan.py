@@ -66,7 +66,8 @@ class PlannedTrial:
 
 def config_id(config: TrialConfig) -> str:
     """Stable content hash of a resolved trial config: same config, same id, on every run and machine."""
-    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    dumped = config.model_dump(mode="json", context={"trial_id": True})  # fields added since, at their defaults, left out
+    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

@@ -151,6 +151,9 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         return _with_twins_time(_analytic(config, analytic, rank, why_not), timed)
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
+    full_loss = config.train.full_loss_reason(shape.tie_word_embeddings)
+    if full_loss and config.train.loss == "chunked" and not config.train.liger:  # the trial's loss, as it runs
+        notes = [*notes, f"loss full: {full_loss}"]
     traces = {} if traces is None else traces
     key = (config_id(traced_config(config)), rank, gpu if on_gpu else None, calibration.source)
     t0 = time.perf_counter()

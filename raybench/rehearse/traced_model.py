@@ -70,7 +70,8 @@ def build_traced(config: TrialConfig, train: TrainSpec,
     model, source, info = build_meta(config.model, train.seed, layers=None if kinds is None else len(kinds))
     if train.liger:
         model = liger_reference.apply(model)
-        train = train.model_copy(update={"liger": False})  # the reference operators stand in for the kernels
+        # The reference operators stand in for the kernels, the fused loss included.
+        train = train.model_copy(update={"liger": False, "loss": "full"})
     if kinds is None:
         return prepare_model(model, train, TRACED_TECHNIQUES), source, info
     # The techniques before checkpointing, then checkpointing where `kinds` says (it comes after them).

@@ -353,9 +353,11 @@ def measured_trial_config(config_json: str) -> TrialConfig:
 
     Rows from before train.lora.base_dtype existed do not hold it. Their LoRA base was fp32 under ddp, fsdp2 and
     tp, and under deepspeed the compute dtype (DeepSpeed casts the whole model: auto). Read as written, such a
-    row would default to auto and stand for a 16-bit base it never had."""
+    row would default to auto and stand for a 16-bit base it never had. Likewise rows from before train.loss
+    ran transformers' loss over the whole logits (full), where the default is now chunked."""
     config = json.loads(config_json)
     train = config.setdefault("train", {})
+    train.setdefault("loss", "full")
     if train.get("finetune") == "lora" and train.get("strategy", "ddp") != "deepspeed":
         train.setdefault("lora", {}).setdefault("base_dtype", "fp32")
     return TrialConfig.model_validate(config)

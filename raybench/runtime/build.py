@@ -27,7 +27,8 @@ from raybench.runtime import strategies, weights  # noqa: E402
 from raybench.runtime.materialize import base_state, materialize  # noqa: E402
 from raybench.runtime.model import count_params, with_layers  # noqa: E402
 from raybench.runtime.strategies import RankContext  # noqa: E402
-from raybench.runtime.techniques import activation_checkpointing, compile, fp8, liger, lora, qlora  # noqa: E402
+from raybench.runtime.techniques import (  # noqa: E402
+    activation_checkpointing, chunked_loss, compile, fp8, liger, lora, qlora)
 from raybench.spec.load import check_model_dir  # noqa: E402
 from raybench.spec.payload import TrialPayload  # noqa: E402
 from raybench.spec.presets import PRESETS, ModelShape  # noqa: E402
@@ -148,8 +149,9 @@ def _pickled_state(spec: ModelSpec, path: str) -> dict:
     return base_state(model)
 
 
-# The one order of model transformations that composes: Liger → 4-bit base (QLoRA) → LoRA → FP8 → AC → compile.
-# Liger and quantization first: they swap the model's own modules and forwards, which LoRA then wraps (PEFT
+# The one order of model transformations that composes: Liger → chunked loss → 4-bit base (QLoRA) → LoRA → FP8 → AC
+# → compile. Liger, the chunked loss (the causal LM's forward, where Liger has not replaced it) and quantization
+# first: they swap the model's own modules and forwards, which LoRA then wraps (PEFT
 # puts adapters around whatever Linear/Linear4bit it finds). FP8 after LoRA: it swaps the base linears PEFT wrapped
 # (base_layer) and leaves the adapters alone. LoRA and FP8 before checkpointing: adapters must exist
 # before the blocks are wrapped, so that they are inside each block's checkpoint and compiled graph.
@@ -157,7 +159,7 @@ def _pickled_state(spec: ModelSpec, path: str) -> dict:
 # recomputation itself (not under TP, where torch 2.13 cannot: compile.compiled_region). Sharding/wrapping (the
 # strategy) comes last, in build_and_wrap, because it must see the final modules and parameters: anything swapped in
 # later would escape sharding and gradient reduction.
-TECHNIQUES = (liger, qlora, lora, fp8, activation_checkpointing, compile)
+TECHNIQUES = (liger, chunked_loss, qlora, lora, fp8, activation_checkpointing, compile)
 
 
 def prepare_model(model: nn.Module, train: TrainSpec, techniques: tuple = TECHNIQUES) -> nn.Module:

@@ -165,6 +165,11 @@ class TrainSpec(Section):
     compile_cache_dir: str | None = Field(None, description=(
         "TORCHINDUCTOR_CACHE_DIR for this trial's workers (a warm cache skips recompiling); null: inductor's default."))
     liger: bool = Field(False, description="Patch the model with Liger Triton kernels (CUDA and liger-kernel only).")
+    loss: Literal["chunked", "full"] = Field("chunked", description=(
+        "raybench's own loop: the cross-entropy chunked over the tokens, the head's and the loss's gradients made "
+        "a chunk at a time so the whole fp32 logits never exist (the same loss and gradients to fp32 rounding), or "
+        "full: transformers' loss over the whole logits. Chunked runs as full under liger (its own fused loss), "
+        "deepspeed, precision fp16, and tensor parallelism with a vocabulary-split head (docs/techniques.md)."))
     fp8: Literal["off", "tensorwise", "rowwise"] = Field("off", description=(
         "FP8 matmuls in the decoder's linear layers (torchao float8 training; its recipe names): tensorwise (one "
         "scale per tensor; with fsdp2 the weights are all-gathered in FP8) or rowwise (one scale per row). CUDA "
@@ -194,7 +199,7 @@ class TrainSpec(Section):
         "Never inside the timed window; raybench's own loop only (docs/metrics.md, Step profile)."))
 
     @model_serializer(mode="wrap")
-    def _dump_for_trial_ids(self, handler) -> dict:
+    def _dump_for_trial_ids(self, handler, info) -> dict:
         # Trial ids hash the dumped config (plan.config_id): ac_saved_ops came after ids were issued, so it is
         # left out while unset and every earlier trial keeps its id (stored rows, resumes).
         data = handler(self)
@@ -206,6 +211,10 @@ class TrainSpec(Section):
             data.pop("profile_steps", None)
         if self.reduce_dtype == "fp32":  # and for reduce_dtype, fp32
             data.pop("reduce_dtype", None)
+        # train.loss came after ids were issued, with a default (chunked) that gives the loss of the rows before it
+        # to fp32 rounding: an id leaves it out while chunked, and a stored row's config says which loss ran.
+        if self.loss == "chunked" and (info.context or {}).get("trial_id"):
+            data.pop("loss", None)
         _dump_lora_base_dtype(data.get("lora"), self.lora_base_dtype)
         return data
 
@@ -236,6 +245,34 @@ class TrainSpec(Section):
         split logits (torch's loss_parallel). Not when the embedding and head share one weight, nor under Liger,
         whose Triton norm and fused head-and-loss kernels take whole tensors."""
         return self.tensor_parallel and not tied_embeddings and not self.liger
+
+    def full_loss_reason(self, tied_embeddings: bool) -> str | None:
+        """Why this trial's loss runs over the whole logits (None: it runs chunked, techniques/chunked_loss.py)."""
+        if self.loss == "full":
+            return "train.loss full"
+        if self.liger:
+            return "liger's fused linear cross-entropy"
+        if self.strategy == "deepspeed":
+            return "deepspeed: ZeRO-3 gathers the head's weight only when the head itself runs"
+        if self.precision == "fp16":
+            return "fp16: gradients made in forward would underflow before loss scaling"
+        if self.tp_sequence_parallel(tied_embeddings):
+            return "tensor parallelism splits the head over the vocabulary (loss_parallel: 1/tp of the logits)"
+        return None
+
+
+# Every chunk of the chunked loss reads the whole head weight in each of its three matmuls: with fewer tokens than
+# this they would be bound by that read, not by their arithmetic (at Llama-3's vocabulary on a 256-wide model,
+# Liger's sizing alone gives chunks of 4 tokens, and a CPU step 7 times slower than the full loss's).
+MIN_LOSS_CHUNK_ROWS = 1024
+
+
+def loss_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
+    """Tokens per chunk of train.loss chunked: a power of two with about as many logits as the hidden states they
+    come from (Liger's sizing), so a chunk's fp32 logits cost about what the head's fp32 input does; at least
+    MIN_LOSS_CHUNK_ROWS."""
+    chunks = -(-vocab // hidden)
+    return max(1 << max(0, -(-rows // chunks) - 1).bit_length(), MIN_LOSS_CHUNK_ROWS)
 
 
 def _dump_lora_base_dtype(lora: dict | None, resolved: str | None) -> None:

@@ -44,7 +44,8 @@ ALL_LINEAR_LORA = {"finetune": "lora", "lora": {"targets": "all_linear"}, "ac_ra
 CASES = {
     # name: (train overrides, data overrides, workers), grouped by the pool group each runs in (the order the tests
     # run them in: a group is started once for its run of cases).
-    "ddp": ({}, {}, 2),
+    "ddp": ({}, {}, 2),  # the chunked loss (train.loss's default)
+    "ddp-full-loss": ({"loss": "full"}, {}, 2),  # transformers' loss over the whole logits
     "ddp-lora-sac-half-fp16": ({"finetune": "lora", "ac_ratio": "1/2", "precision": "fp16", "lr": 1e-2}, {}, 2),
     "ddp-lora-sac-half": ({"finetune": "lora", "ac_ratio": "1/2", "lr": 1e-2}, {}, 2),  # the fp16 case in fp32
     "ddp-compile-ac-full-loaders2": ({"compile": True, "ac_ratio": "1", "optimizer": "adamw_foreach"},
@@ -156,6 +157,15 @@ def test_partitioned_strategies_match_ddp(ddp_name, name, model_dir, alpaca_file
     ddp, other = run_case(ddp_name, model_dir, alpaca_file), run_case(name, model_dir, alpaca_file)
     assert other.metrics.loss_first == pytest.approx(ddp.metrics.loss_first, abs=SAME_MATH_ABS)
     assert other.metrics.loss_final == pytest.approx(ddp.metrics.loss_final, abs=SAME_MATH_ABS)
+
+
+def test_chunked_loss_trains_as_the_full_loss(model_dir, alpaca_file):
+    """The same losses step by step: chunked and full give the same gradients to fp32 rounding
+    (tests/unit/test_chunked_loss.py checks one step's exactly). fsdp2 (chunked), zero3 and tp (the full loss,
+    their fallbacks) agree with ddp in the tests around."""
+    chunked, full = run_case("ddp", model_dir, alpaca_file), run_case("ddp-full-loss", model_dir, alpaca_file)
+    assert chunked.metrics.loss_first == pytest.approx(full.metrics.loss_first, abs=1e-5)
+    assert chunked.metrics.loss_final == pytest.approx(full.metrics.loss_final, abs=SAME_MATH_ABS)
 
 
 def test_tensor_parallel_matches_one_rank(model_dir, alpaca_file):

@@ -40,7 +40,8 @@ LORA16 = L * 16 * ((H + H) + 2 * (H + KV) + (H + H) + 2 * (H + INTER) + (INTER +
 
 
 def trial(strategy: str = "ddp", workers: int = 8, gpus: int = 1, preset: str = "llama-3-8b", **train) -> TrialConfig:
-    train = {"seq_len": 2048, "micro_batch": 1, "precision": "bf16", **train}
+    # The full loss: the figures written out by hand below count its logits (test_chunked_loss_* the chunked one).
+    train = {"seq_len": 2048, "micro_batch": 1, "precision": "bf16", "loss": "full", **train}
     return TrialConfig.model_validate({"model": {"preset": preset}, "train": {"strategy": strategy, **train},
                                        "resources": {"workers": workers, "gpus_per_worker": gpus}})
 
@@ -186,6 +187,17 @@ def _activations_per_token(checkpointed: int) -> float:
     head = 4 * H + 4 * H + 2 * H + 12 * V  # final norm, head input cast, logits and loss
     recompute = block if checkpointed else 0
     return (L - checkpointed) * block + checkpointed * 4 * H + recompute + head
+
+
+def test_chunked_loss_keeps_the_head_inputs_gradient_and_one_chunk_instead_of_the_logits():
+    """DDP bf16 autocast: the head's input and its bf16 cast and the logits' 12 bytes per entry go; the fp32
+    gradient of the head's input (made in forward) and one chunk's logits (1024 of the 2048 tokens) come."""
+    full, chunked = est(trial("ddp")), est(trial("ddp", loss="chunked"))
+    head_full = 2 * H + 12 * V
+    head_chunked = 4 * H + 12 * V * 1024 / 2048
+    assert full.activations_gib - chunked.activations_gib == pytest.approx(2048 * (head_full - head_chunked) / GIB)
+    # Where the trial falls back to the full loss (a vocabulary-split head under TP), nothing changes.
+    assert est(trial("tp", tp_size=8, loss="chunked")).activations_gib == est(trial("tp", tp_size=8)).activations_gib
 
 
 def test_activations_by_hand_and_ac_ratio_keeps_checkpointed_blocks_input_only():
@@ -345,6 +357,7 @@ def test_the_plans_assessment_converts_to_and_from_the_payloads_plain_data(tmp_p
 def test_margin_in_gib_and_the_gpu_table(tmp_path):
     sweep = tiny_sweep(tmp_path, {"gpu": "H100 SXM", "margin_gib": 2}, **{"train.micro_batch": [1, 1024]})
     sweep["resources"]["gpus_per_worker"] = 1
+    sweep["train"]["loss"] = "full"  # its logits put the big trial over the memory
     small, big = plan(parse_sweep(sweep))
     assert small.assessment.memory_gib == pytest.approx(81559 / 1024) and small.assessment.margin_gib == 2
     assert big.status == "skipped" and "of one H100 SXM" in big.reasons[0]
