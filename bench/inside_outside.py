@@ -11,15 +11,16 @@ ranks of 1 CPU:
     B  outside: the same script started by hand under torchrun, with the same arguments (the command stack: the
        trial's filled command line; hf: the trial's SFTConfig keys, spec.stacks.hf.trial_args; lightning: the
        entry's overrides and the Trainer's arguments raybench builds) and the environment raybench gives the
-       trial's ranks (OMP_NUM_THREADS=1, MALLOC_MMAP_THRESHOLD_=131072)
-    C  as B without MALLOC_MMAP_THRESHOLD_: a shell's environment
+       trial's ranks (OMP_NUM_THREADS=1; train.env, none here)
+    C  as B with MALLOC_MMAP_THRESHOLD_=131072: what raybench's own loop gets on CPU, and what stack trials got
+       before 2026-11-28 (docs/metrics.md)
 
 B and C are timed the same way as A: each rank's StepProbe (the command script calls it itself; for hf and
 lightning a callback at the hooks raybench's stack modules use), the records reduced by raybench's own
 `rank_metrics.combine` (a step lasts as long as its slowest rank), the median over the steps after
 train.warmup_steps. Each round runs A B C C B A, so that a drift of the machine's speed over the round falls on
 every variant alike. Per round: inside/outside = mean(A) / mean(B), and what the glibc threshold costs =
-mean(B) / mean(C); the medians over rounds are the figures. B and C also give each rank's peak RSS (ru_maxrss,
+mean(C) / mean(B); the medians over rounds are the figures. B and C also give each rank's peak RSS (ru_maxrss,
 the process's whole life): what the fixed threshold buys. Prints a table and one JSON line.
 """
 
@@ -43,7 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 STACKS = ("command", "hf", "lightning")
-ORDER = ("inside", "outside", "outside-no-mmap", "outside-no-mmap", "outside", "inside")
+ORDER = ("inside", "outside", "outside-mmap", "outside-mmap", "outside", "inside")
+MMAP_BYTES = "131072"  # glibc's initial threshold, fixed: raybench's own loop's CPU default
 MMAP = "MALLOC_MMAP_THRESHOLD_"
 
 
@@ -89,13 +91,13 @@ def run_inside(sweep: Path, store: Path) -> dict:
 
 
 def outside_env(trial, mmap: bool) -> dict[str, str]:
-    """The environment raybench gives the trial's ranks (its start env and one thread per rank), with or without
-    the glibc threshold."""
+    """The environment raybench gives the trial's ranks (its start env and one thread per rank), with the glibc
+    threshold fixed or as raybench leaves it."""
     env = {**os.environ, "OMP_NUM_THREADS": str(int(trial.config.resources.cpus_per_worker)),
            **trial.payload.start_env()}
     env.pop("PYTHONPATH", None)
-    if not mmap:
-        env.pop(MMAP, None)
+    if mmap:
+        env[MMAP] = MMAP_BYTES
     return env
 
 
@@ -142,7 +144,7 @@ def bench_stack(kind: str, rounds: int, steps: int, work: Path) -> dict:
             if variant == "inside":
                 result = run_inside(sweep, work / f"store-{kind}-{r}-{i}")
             else:
-                result = run_outside(kind, trial, sweep, cache_root, variant == "outside", work)
+                result = run_outside(kind, trial, sweep, cache_root, variant == "outside-mmap", work)
             blocks.append({"round": r, "variant": variant, **result})
             print(f"  {kind} round {r} {variant:16s} step p50 {result['step_p50_s'] * 1e3:7.1f} ms", flush=True)
     return {"stack": kind, "blocks": blocks, **figures(blocks, rounds)}
@@ -153,15 +155,15 @@ def figures(blocks: list[dict], rounds: int) -> dict:
         return statistics.fmean(b[key] for b in blocks if b["round"] == r and b["variant"] == variant)
 
     inside_outside = [mean_of(r, "inside") / mean_of(r, "outside") for r in range(rounds)]
-    mmap_cost = [mean_of(r, "outside") / mean_of(r, "outside-no-mmap") for r in range(rounds)]
+    mmap_cost = [mean_of(r, "outside-mmap") / mean_of(r, "outside") for r in range(rounds)]
     rss = {v: [max(b["peak_rss_gib_by_rank"]) for b in blocks if b["variant"] == v]
-           for v in ("outside", "outside-no-mmap")}
+           for v in ("outside", "outside-mmap")}
     spread = {v: [max(b["peak_rss_gib_by_rank"]) - min(b["peak_rss_gib_by_rank"]) for b in blocks
-                  if b["variant"] == v] for v in ("outside", "outside-no-mmap")}
+                  if b["variant"] == v] for v in ("outside", "outside-mmap")}
     return {"inside_outside_by_round": inside_outside, "inside_outside": statistics.median(inside_outside),
             "mmap_cost_by_round": mmap_cost, "mmap_cost": statistics.median(mmap_cost),
             "step_p50_ms": {v: statistics.median(b["step_p50_s"] * 1e3 for b in blocks if b["variant"] == v)
-                            for v in ("inside", "outside", "outside-no-mmap")},
+                            for v in ("inside", "outside", "outside-mmap")},
             "peak_rss_gib_max": {v: max(x) for v, x in rss.items()},
             "rank_rss_spread_gib_max": {v: max(x) for v, x in spread.items()}}
 
@@ -186,16 +188,16 @@ def main() -> None:
     (work / "stacks").symlink_to(REPO / "sweeps" / "stacks", target_is_directory=True)
     t0 = time.perf_counter()
     results = [bench_stack(kind, args.rounds, args.steps, work) for kind in args.stacks.split(",")]
-    print("\n| stack | inside p50 ms | outside p50 ms | outside, no threshold, p50 ms | inside/outside (by round) "
-          "| threshold's cost B/C (by round) | peak RSS GiB B / C | rank spread GiB B / C |")
+    print("\n| stack | inside p50 ms | outside p50 ms | outside, threshold 131072, p50 ms | inside/outside (by "
+          "round) | threshold's cost C/B (by round) | peak RSS GiB B / C | rank spread GiB B / C |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         ms, rss, spread = r["step_p50_ms"], r["peak_rss_gib_max"], r["rank_rss_spread_gib_max"]
-        print(f"| {r['stack']} | {ms['inside']:.1f} | {ms['outside']:.1f} | {ms['outside-no-mmap']:.1f} | "
+        print(f"| {r['stack']} | {ms['inside']:.1f} | {ms['outside']:.1f} | {ms['outside-mmap']:.1f} | "
               f"{r['inside_outside']:.3f} ({', '.join(f'{x:.3f}' for x in r['inside_outside_by_round'])}) | "
               f"{r['mmap_cost']:.3f} ({', '.join(f'{x:.3f}' for x in r['mmap_cost_by_round'])}) | "
-              f"{rss['outside']:.3f} / {rss['outside-no-mmap']:.3f} | "
-              f"{spread['outside']:.3f} / {spread['outside-no-mmap']:.3f} |")
+              f"{rss['outside']:.3f} / {rss['outside-mmap']:.3f} | "
+              f"{spread['outside']:.3f} / {spread['outside-mmap']:.3f} |")
     summary = {"bench": "inside_outside", "cpu": cpu_model(), "python": platform.python_version(),
                "rounds": args.rounds, "steps": args.steps, "wall_s": round(time.perf_counter() - t0, 1),
                "stacks": results}
