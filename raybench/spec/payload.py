@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raybench.spec.stacks import RAYBENCH
 from raybench.spec.sweep_settings import CacheSpec, PoolSpec, ProjectionSpec
 from raybench.spec.sweep_spec import TrialConfig
 from raybench.spec.tokenized_data import TokenizedData
@@ -126,14 +127,15 @@ class TrialPayload:
         """The part of worker_env that must be in place when a worker process starts (libraries read it once)."""
         env = dict(self.config.train.env)
         on_cpu = self.config.resources.gpus_per_worker == 0
-        if on_cpu:
+        if on_cpu and self.config.stack.kind == RAYBENCH:
             # A CPU trial's memory figure is its peak RSS. glibc raises its mmap threshold each time a large block
             # is freed, after which large tensors come from heap arenas it keeps resident: the peak then depends
             # on the process's allocation history (ranks of one trial differed by 0.1 GiB, a warm actor from a
             # fresh process by 25%). Fixed at glibc's own initial value, every block over 128 KiB is mapped
             # and returned on free, and peak RSS follows live memory (docs/metrics.md). That costs a mapping and
-            # its page faults per large allocation, which can slow a loop that allocates many: train.env's
-            # value replaces it, and an empty one removes it.
+            # its page faults per large allocation: train.env's value replaces it, and an empty one removes it.
+            # raybench's own loop only: a user's stack runs no warm actor, and its script must time as it does
+            # started by hand, which the threshold slowed 1.3x to 2x (docs/results/inside-outside-2026-11-28.md).
             env.setdefault(MALLOC_MMAP_THRESHOLD, str(MALLOC_MMAP_THRESHOLD_BYTES))
         if env.get(MALLOC_MMAP_THRESHOLD) == "":  # none: glibc would read "" as 0
             del env[MALLOC_MMAP_THRESHOLD]

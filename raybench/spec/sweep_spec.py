@@ -191,8 +191,9 @@ class TrainSpec(Section):
     env: Annotated[dict[str, str], BeforeValidator(check_env)] = Field(default_factory=dict, description=(
         "Environment variables of this trial's worker processes, set when they start (warm pool: a group of "
         "actors per distinct environment), e.g. {NCCL_SOCKET_NTHREADS: '4'}; names must start with one of "
-        f"{', '.join(ENV_PREFIXES)}. Also {MALLOC_MMAP_THRESHOLD}, which CPU trials get as 131072 unless set here "
-        "(bytes; '' for none: docs/metrics.md, Memory)."))
+        f"{', '.join(ENV_PREFIXES)}. Also {MALLOC_MMAP_THRESHOLD}, which CPU trials of raybench's own loop get as "
+        "131072 unless set here, and a user's stack only when set here (bytes; '' for none: docs/metrics.md, "
+        "Memory)."))
     profile_steps: int = Field(0, ge=0, le=20, description=(
         "Training steps each rank runs under torch.profiler after the timed ones (0: none): the row's profile_* "
         "columns say where a step's time goes (matmul, attention, elementwise, optimizer, communication, idle). "

@@ -1,0 +1,303 @@
+"""The same training script inside raybench and outside it: does a stack's trial time as its script does alone?
+
+    .venv/bin/python bench/inside_outside.py [--stacks command,hf,lightning] [--rounds 2] [--steps 40] [--out DIR]
+
+Per stack, the shipped CPU sweep's first grid point (sweeps/stack-<kind>-cpu.yaml, its axes pinned to their first
+value, train.steps raised to --steps so that each median has more steps) on `raybench example-data` data, 2 gloo
+ranks of 1 CPU:
+
+    A  inside: `raybench run` of that one-trial sweep (a private local Ray, the default executor `train`): the row's
+       step_time_p50_s
+    B  outside: the same script started by hand under torchrun, with the same arguments (the command stack: the
+       trial's filled command line; hf: the trial's SFTConfig keys, spec.stacks.hf.trial_args; lightning: the
+       entry's overrides and the Trainer's arguments raybench builds) and the environment raybench gives the
+       trial's ranks (OMP_NUM_THREADS=1; train.env, none here)
+    C  as B with MALLOC_MMAP_THRESHOLD_=131072: what raybench's own loop gets on CPU, and what stack trials got
+       before 2026-11-28 (docs/metrics.md)
+
+B and C are timed the same way as A: each rank's StepProbe (the command script calls it itself; for hf and
+lightning a callback at the hooks raybench's stack modules use), the records reduced by raybench's own
+`rank_metrics.combine` (a step lasts as long as its slowest rank), the median over the steps after
+train.warmup_steps. Each round runs A B C C B A, so that a drift of the machine's speed over the round falls on
+every variant alike. Per round: inside/outside = mean(A) / mean(B), and what the glibc threshold costs =
+mean(C) / mean(B); the medians over rounds are the figures. B and C also give each rank's peak RSS (ru_maxrss,
+the process's whole life): what the fixed threshold buys. Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+STACKS = ("command", "hf", "lightning")
+ORDER = ("inside", "outside", "outside-mmap", "outside-mmap", "outside", "inside")
+MMAP_BYTES = "131072"  # glibc's initial threshold, fixed: raybench's own loop's CPU default
+MMAP = "MALLOC_MMAP_THRESHOLD_"
+
+
+# ---- the driver: sweeps, blocks, figures ----
+
+def pinned_sweep(kind: str, steps: int, directory: Path) -> Path:
+    """The shipped CPU sweep of this stack as one trial, written where its relative paths resolve (directory holds
+    links to sweeps/stacks and the example data)."""
+    spec = yaml.safe_load((REPO / "sweeps" / f"stack-{kind}-cpu.yaml").read_text())
+    for field, values in (spec.pop("axes", None) or {}).items():
+        section, _, key = field.rpartition(".")
+        target = spec
+        for part in section.split("."):
+            target = target.setdefault(part, {})
+        target[key] = values[0]
+    spec["train"]["steps"] = steps
+    spec["name"] = f"inside-outside-{kind}"
+    path = directory / f"{kind}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def planned_trial(sweep: Path):
+    from raybench import load_sweep, plan
+
+    (trial,) = plan(load_sweep(str(sweep)), source=str(sweep))
+    return trial
+
+
+def run_inside(sweep: Path, store: Path) -> dict:
+    """One `raybench run` into a fresh store: the row's step p50."""
+    from raybench import read_results
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "raybench", "run", str(sweep), "--store", str(store), "--quiet"],
+                          env=env, capture_output=True, text=True)
+    rows = read_results(str(store)) if store.exists() else None
+    if done.returncode != 0 or rows is None or len(rows) != 1 or rows.iloc[0]["status"] != "ok":
+        raise RuntimeError(f"inside run of {sweep} failed ({done.returncode}):\n{done.stdout[-3000:]}"
+                           f"\n{done.stderr[-3000:]}")
+    row = rows.iloc[0]
+    return {"step_p50_s": float(row["step_time_p50_s"]), "env_json": row["env_json"]}
+
+
+def outside_env(trial, mmap: bool) -> dict[str, str]:
+    """The environment raybench gives the trial's ranks (its start env and one thread per rank), with the glibc
+    threshold fixed or as raybench leaves it."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(int(trial.config.resources.cpus_per_worker)),
+           **trial.payload.start_env()}
+    env.pop("PYTHONPATH", None)
+    if mmap:
+        env[MMAP] = MMAP_BYTES
+    return env
+
+
+def run_outside(kind: str, trial, sweep: Path, cache_root: Path, mmap: bool, scratch: Path) -> dict:
+    """The same script under torchrun by hand; each rank's probe record reduced as raybench reduces a trial's."""
+    from raybench.planning.stacks import command as command_stack
+    from raybench.runtime import rank_metrics
+    from raybench.spec import metrics
+
+    probe_dir = Path(tempfile.mkdtemp(dir=scratch, prefix=f"{kind}-"))
+    env = {**outside_env(trial, mmap), "RAYBENCH_PROBE_DIR": str(probe_dir)}
+    workers = str(trial.config.resources.workers)
+    if kind == "command":
+        argv = command_stack.argv(trial.config, sys.executable)
+        env["PYTHONPATH"] = str(REPO)  # the command stack puts raybench on the path for the probe
+    else:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", workers,
+                str(Path(__file__).resolve()), "--rank-of", kind, "--sweep", str(sweep), "--cache-root",
+                str(cache_root)]
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *(str(sweep.parent / p) for p in
+                                                           trial.config.stack.pythonpath)])
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=sweep.parent)
+    records = [json.loads(p.read_text()) for p in sorted(probe_dir.glob("rank-*.json"))]
+    if done.returncode != 0 or len(records) != trial.config.resources.workers:
+        raise RuntimeError(f"outside run {argv} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    warm = trial.config.train.warmup_steps
+    reduced = rank_metrics.combine(records, tp_size=1, warmup_steps=warm)
+    return {"step_p50_s": metrics.percentile(reduced.step_times_s[warm:], 50),
+            "peak_rss_gib_by_rank": reduced.peak_rss_gib_by_rank}
+
+
+def bench_stack(kind: str, rounds: int, steps: int, work: Path) -> dict:
+    from raybench.planning import tokenized
+
+    sweep = pinned_sweep(kind, steps, work)
+    trial = planned_trial(sweep)
+    cache_root = work / "outside-cache"
+    if trial.config.data.source == "hf":  # the tokens the inside run trains on, for the outside run
+        tokenized.prepare(trial.config.data, tokenized.spec_key(trial.config.data, trial.config.model.path)[1],
+                          cache_root)
+    blocks = []
+    for r in range(rounds):
+        for i, variant in enumerate(ORDER):
+            if variant == "inside":
+                result = run_inside(sweep, work / f"store-{kind}-{r}-{i}")
+            else:
+                result = run_outside(kind, trial, sweep, cache_root, variant == "outside-mmap", work)
+            blocks.append({"round": r, "variant": variant, **result})
+            print(f"  {kind} round {r} {variant:16s} step p50 {result['step_p50_s'] * 1e3:7.1f} ms", flush=True)
+    return {"stack": kind, "blocks": blocks, **figures(blocks, rounds)}
+
+
+def figures(blocks: list[dict], rounds: int) -> dict:
+    def mean_of(r: int, variant: str, key: str = "step_p50_s") -> float:
+        return statistics.fmean(b[key] for b in blocks if b["round"] == r and b["variant"] == variant)
+
+    inside_outside = [mean_of(r, "inside") / mean_of(r, "outside") for r in range(rounds)]
+    mmap_cost = [mean_of(r, "outside-mmap") / mean_of(r, "outside") for r in range(rounds)]
+    rss = {v: [max(b["peak_rss_gib_by_rank"]) for b in blocks if b["variant"] == v]
+           for v in ("outside", "outside-mmap")}
+    spread = {v: [max(b["peak_rss_gib_by_rank"]) - min(b["peak_rss_gib_by_rank"]) for b in blocks
+                  if b["variant"] == v] for v in ("outside", "outside-mmap")}
+    return {"inside_outside_by_round": inside_outside, "inside_outside": statistics.median(inside_outside),
+            "mmap_cost_by_round": mmap_cost, "mmap_cost": statistics.median(mmap_cost),
+            "step_p50_ms": {v: statistics.median(b["step_p50_s"] * 1e3 for b in blocks if b["variant"] == v)
+                            for v in ("inside", "outside", "outside-mmap")},
+            "peak_rss_gib_max": {v: max(x) for v, x in rss.items()},
+            "rank_rss_spread_gib_max": {v: max(x) for v, x in spread.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stacks", default=",".join(STACKS))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--rank-of", choices=("hf", "lightning"), help=argparse.SUPPRESS)  # an outside rank
+    parser.add_argument("--sweep", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--cache-root", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_of:
+        return outside_rank(args.rank_of, args.sweep, args.cache_root)
+    from raybench.runtime.fingerprint import cpu_model
+
+    work = Path(tempfile.mkdtemp(prefix="inside-outside-"))
+    subprocess.run([sys.executable, "-m", "raybench", "example-data", str(work / "example-data")], check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    (work / "stacks").symlink_to(REPO / "sweeps" / "stacks", target_is_directory=True)
+    t0 = time.perf_counter()
+    results = [bench_stack(kind, args.rounds, args.steps, work) for kind in args.stacks.split(",")]
+    print("\n| stack | inside p50 ms | outside p50 ms | outside, threshold 131072, p50 ms | inside/outside (by "
+          "round) | threshold's cost C/B (by round) | peak RSS GiB B / C | rank spread GiB B / C |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        ms, rss, spread = r["step_p50_ms"], r["peak_rss_gib_max"], r["rank_rss_spread_gib_max"]
+        print(f"| {r['stack']} | {ms['inside']:.1f} | {ms['outside']:.1f} | {ms['outside-mmap']:.1f} | "
+              f"{r['inside_outside']:.3f} ({', '.join(f'{x:.3f}' for x in r['inside_outside_by_round'])}) | "
+              f"{r['mmap_cost']:.3f} ({', '.join(f'{x:.3f}' for x in r['mmap_cost_by_round'])}) | "
+              f"{rss['outside']:.3f} / {rss['outside-mmap']:.3f} | "
+              f"{spread['outside']:.3f} / {spread['outside-mmap']:.3f} |")
+    summary = {"bench": "inside_outside", "cpu": cpu_model(), "python": platform.python_version(),
+               "rounds": args.rounds, "steps": args.steps, "wall_s": round(time.perf_counter() - t0, 1),
+               "stacks": results}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "inside_outside.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "stacks"}
+                     | {r["stack"]: {"inside_outside": r["inside_outside"], "mmap_cost": r["mmap_cost"]}
+                        for r in results}))
+
+
+# ---- an outside rank: the stack's script as a user starts it, timed by the probe ----
+
+def outside_rank(kind: str, sweep: Path, cache_root: Path) -> None:
+    import torch.distributed as dist
+
+    from raybench.runtime.probe import StepProbe
+
+    trial = planned_trial(sweep)
+    probe = StepProbe()
+    if kind == "hf":
+        outside_hf(trial.config, cache_root, probe)
+    else:
+        outside_lightning(trial.config, probe)
+    probe.finish()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def outside_hf(config, cache_root: Path, probe) -> None:
+    """The entry function's SFTTrainer on the trial's SFTConfig keys and tokens, with a callback at the probe's
+    hooks (on_train_begin, on_step_end)."""
+    import datasets
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
+
+    from raybench.planning import tokenized
+    from raybench.spec.stacks import hf as hf_args
+
+    if not dist.is_initialized():  # planning built the SFTConfig once, whose accelerate state made it already
+        dist.init_process_group("gloo")
+    if dist.get_backend() != "gloo":
+        raise RuntimeError(f"the outside ranks use {dist.get_backend()}, raybench's gloo")
+    cls = hf_args.args_class()
+    args = cls(**hf_args.trial_args(config, set(hf_args.field_types(cls))),
+               output_dir=tempfile.mkdtemp(prefix="outside-hf-"), use_cpu=True)
+    datasets.disable_caching()  # TRL's own maps go to temporary files, as inside
+    ctx = SimpleNamespace(
+        args=args,
+        load_model=lambda: AutoModelForCausalLM.from_pretrained(
+            config.model.path, dtype=torch.float32, attn_implementation=config.model.attn_implementation),
+        load_tokenizer=lambda: AutoTokenizer.from_pretrained(config.data.tokenizer or config.model.path),
+        tokenized_dataset=lambda: tokenized.dataset(config.data, cache_root))
+    set_seed(config.train.seed)
+    module, _, function = config.stack.entry.partition(":")
+    trainer = getattr(__import__(module), function)(dict(config.stack.overrides), ctx)
+
+    class Timing(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            probe.start()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            probe.step(tokens=0)
+
+    trainer.add_callback(Timing())
+    trainer.train()
+
+
+def outside_lightning(config, probe) -> None:
+    """The entry function's module and data under a Lightning Trainer of the trial's arguments (Lightning makes the
+    process group from torchrun's variables), with a callback at the probe's hooks."""
+    import torch
+    from lightning.pytorch import Callback, Trainer, seed_everything
+
+    from raybench.runtime.stacks import lightning as stack
+
+    seed_everything(config.train.seed, workers=True, verbose=False)
+    module_name, _, name = config.stack.entry.partition(":")
+    function = getattr(__import__(module_name), name)
+    module, data = function(**stack.user_kwargs(function, config.stack.overrides))
+    world = int(os.environ["WORLD_SIZE"])
+    rank_ctx = SimpleNamespace(world_size=world, rank=int(os.environ["RANK"]),
+                               local_rank=int(os.environ["LOCAL_RANK"]), device=torch.device("cpu"))
+    kwargs = stack.trainer_kwargs(SimpleNamespace(config=config), rank_ctx, config.stack.overrides)
+    kwargs.pop("plugins")  # raybench's: join its process group; outside, Lightning makes its own
+
+    class Timing(Callback):
+        steps = 0
+
+        def on_train_start(self, trainer, pl_module):
+            probe.start()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step != self.steps:  # an optimizer step ended
+                self.steps = trainer.global_step
+                probe.step(tokens=0)
+
+    Trainer(**kwargs, callbacks=[Timing()]).fit(module, data)
+
+
+if __name__ == "__main__":
+    main()
