@@ -103,7 +103,7 @@ def test_the_shipped_calibration_prices_as_the_constants_did():
     measured = {"matmul_fraction": {"bf16": 0.8}, "bandwidth_fraction": 0.9, "matmul_flop_per_s": {},
                 "bandwidth_bytes_per_s": 1.8e12, "allocator_reserve": 1.2, "launch_s": 4e-6}
     calibrated = fitted.Calibration.from_profile({"fingerprint": {"key": "A100 80GB"}, "date": "2026-11-26",
-                                                  "derived": fitted.derive(measured)})
+                                                  **measured, "derived": fitted.derive(measured)})
     profiled = roofline.gpu_roofline(gpu, calibrated)
     # FLOPs at 0.8 of the peak x step share, bytes at 0.9 of the bandwidth x step share, once over efficiency.
     assert profiled.peaks[torch.bfloat16] * calibrated.efficiency == pytest.approx(312e12 * 0.8 * fitted.step_share())
