@@ -37,7 +37,7 @@ import public_results  # bench/public_results.py
 
 # The corpus's GPU, as raybench's hardware table names it (the corpus says under `assumed:` where they differ).
 GPU_NAMES = {"A100 80GB": "A100 80GB", "A100": "A100 80GB", "H200": "H200",
-             "H100 96GB HBM2e (2.4 TB/s), 500 W power limit": "H100 SXM"}
+             "H100 96GB HBM2e (2.4 TB/s), 500 W power limit": "H100 HBM2e"}
 STRATEGIES = {"single": "ddp", "fsdp": "fsdp2", "hsdp": "fsdp2", "tp": "tp", "fsdp+tp": "tp_fsdp2"}
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size")

@@ -7,7 +7,7 @@ import torch.utils._pytree as pytree
 
 from raybench.rehearse.fitted import ROOFLINE_REFERENCE_GPU, SHIPPED_CALIBRATION, Calibration
 from raybench.runtime.techniques import liger_reference
-from raybench.spec.hardware import matmul_efficiency, memory_bandwidth_tb_per_s, peak_tflops
+from raybench.spec.hardware import attention_share, matmul_efficiency, memory_bandwidth_tb_per_s, peak_tflops
 
 
 def flop_formulas() -> dict:
@@ -29,6 +29,16 @@ def _cpu_flash_backward_flop(grad_out, query, key, value, *args, out_val=None, *
     return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
 
 
+def attention_kernels() -> dict:
+    """Flash-attention operators (the CUDA ones and the CPU ones the trace dispatches to) -> (is backward, the
+    position of the query among their arguments)."""
+    aten = torch.ops.aten
+    return {aten._scaled_dot_product_flash_attention: (False, 0),
+            aten._scaled_dot_product_flash_attention_for_cpu: (False, 0),
+            aten._scaled_dot_product_flash_attention_backward: (True, 1),
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: (True, 1)}
+
+
 def _not_memory_traffic() -> set:
     """Operators that move no data worth counting: torch's runtime estimator's lists (views, metadata, RNG
     seeds), and allocations (an empty tensor is reserved, not written)."""
@@ -43,9 +53,11 @@ class Roofline:
     """One operator's roofline cost on a GPU: FLOPs / peak FLOP/s of its output dtype and bytes moved / memory
     bandwidth (the step tracker sums them; the SAC estimator takes them per operator)."""
 
-    def __init__(self, peaks: dict, bandwidth: float | None):
+    def __init__(self, peaks: dict, bandwidth: float | None, gpu: str | None = None):
         self.peaks, self.bandwidth = peaks, bandwidth  # FLOP/s by dtype; bytes/s
+        self.gpu = gpu  # the hardware table's row, for its attention kernel's rates (None: priced as matmuls)
         self.formulas, self.skip_traffic = flop_formulas(), _not_memory_traffic()
+        self.attention = attention_kernels()
 
     def launches_kernel(self, func, out) -> bool:
         """Whether the operator runs a kernel on a GPU: it writes data (views, metadata and allocations do not; an
@@ -60,15 +72,35 @@ class Roofline:
         flops = 0.0
         if packet in self.formulas:
             flops = float(self.formulas[packet](*args, **kwargs, out_val=out))
-            if kwargs.get("is_causal") or (len(args) > 4 and args[4] is True):
+            if is_causal(func, args, kwargs):
                 flops /= 2  # causal kernels skip the masked half of the score matrix
         moved = 0
         if self.launches_kernel(func, out):
             moved = sum(_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
         dtype = fp8_input(args) or next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)),
                                         None)
-        peak = self.peaks.get(dtype)
+        peak = (self.peaks.get(dtype) or 0.0) * self.attention_share(packet, args)
         return flops, flops / peak if peak else 0.0, moved / self.bandwidth if self.bandwidth else 0.0
+
+    def attention_share(self, packet, args) -> float:
+        """The share of the matmul rate a flash-attention operator runs at on this GPU, by its sequence length and
+        head dim, forward or backward (hardware.attention_share: the kernel's published rates); 1 for any other
+        operator."""
+        if packet not in self.attention:
+            return 1.0
+        backward, position = self.attention[packet]
+        *_, seq_len, head_dim = args[position].shape
+        return attention_share(self.gpu, seq_len, head_dim, backward)
+
+
+def is_causal(func, args, kwargs) -> bool:
+    """Whether an attention operator runs causal: its `is_causal` argument, wherever its schema puts it (the
+    flash forward's fifth argument, the backward's eighth)."""
+    if "is_causal" in kwargs:
+        return kwargs["is_causal"] is True
+    names = [argument.name for argument in func._schema.arguments]
+    position = names.index("is_causal") if "is_causal" in names else None
+    return position is not None and position < len(args) and args[position] is True
 
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -113,7 +145,7 @@ def gpu_roofline(gpu: str | None, calibration: Calibration = SHIPPED_CALIBRATION
     peaks = {dtype: (peak_tflops(gpu, name) or 0) * 1e12 * (ratio if name != "fp32" else 1.0)
              for dtype, name in dtypes} if gpu else {}
     bandwidth = (memory_bandwidth_tb_per_s(gpu) or 0) * 1e12 * byte_scale or None
-    return Roofline(peaks, bandwidth)
+    return Roofline(peaks, bandwidth, gpu)
 
 
 def matmul_efficiency_ratio(gpu: str | None) -> float:
