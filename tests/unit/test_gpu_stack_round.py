@@ -6,7 +6,6 @@ the stage's (docs/results/gpu-round2-cpu-twin-2026-11-28.md); no trial starts he
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import yaml
 from raybench.cli import main as cli
 from raybench.planning.plan import plan
 from raybench.spec.load import load_sweep
+from tests import bench_script
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = ("raybench", "hf", "lightning")
@@ -24,13 +24,6 @@ STACKS = ("raybench", "hf", "lightning")
 SHAPE_FIELDS = {"name", "description", "model.path", "data.path", "data.tokenizer", "data.pin_memory", "train.steps",
                 "train.warmup_steps", "train.seq_len", "train.micro_batch", "resources",
                 "stack.overrides.batch_size", "stack.overrides.pin_memory"}
-
-
-def load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def flat(node: dict, prefix: str = "") -> dict:
@@ -67,7 +60,7 @@ def round_files(tmp_path_factory) -> Path:
     for path in (REPO / "bench" / "sweeps").glob("gpu-stack-*.yaml"):
         shutil.copy(path, sweeps / path.name)
     (root / "stacks").symlink_to(REPO / "bench" / "stacks", target_is_directory=True)
-    script = load_script(REPO / "bench" / "stack_round_data.py")
+    script = bench_script.load(REPO / "bench" / "stack_round_data.py")
     script.write(sweeps / "example-data" / "stack-round-twin", "tiny", "bf16", "cpu", chats=20)
     model = sweeps / "example-data" / "stack-round" / "model"
     shape = PRESETS["llama-3.2-1b"]
@@ -90,7 +83,7 @@ def test_the_lightning_entrys_optimizer_lets_bf16_mixed_clip_gradients(round_fil
     on the CPU; an fp32 run never meets the check)."""
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    entry = load_script(REPO / "bench" / "stacks" / "seed000_lightning.py")
+    entry = bench_script.load(REPO / "bench" / "stacks" / "seed000_lightning.py")
     module = entry.LoraCausalLM(str(round_files / "example-data" / "stack-round-twin" / "model"), "sdpa",
                                 torch.bfloat16, rank=4, alpha=8, lr=1e-3)
     MixedPrecision("bf16-mixed", "cpu").clip_gradients(module.configure_optimizers(), clip_val=1.0)

@@ -4,25 +4,15 @@ a malformed entry is refused naming the entry and the field. Reads YAML only; re
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests import bench_script
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _corpus_module():
-    spec = importlib.util.spec_from_file_location("public_results", REPO / "bench" / "public_results.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-pr = _corpus_module()
+pr = bench_script.load(bench_script.BENCH / "public_results.py")
 
 
 def test_the_corpus_loads_and_meets_its_terms():

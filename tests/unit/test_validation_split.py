@@ -4,27 +4,16 @@ GPU the bench can rehearse), and no row is both fitting and held out. Reads Parq
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from raybench.rehearse import fitted
 from raybench.spec import hardware
+from tests import bench_script
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _split_module():
-    spec = importlib.util.spec_from_file_location("validation_split", REPO / "bench" / "validation_split.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-vs = _split_module()
+vs = bench_script.load(bench_script.BENCH / "validation_split.py")
 
 
 def test_the_split_names_only_committed_files_and_their_rows():
