@@ -193,7 +193,8 @@ def main() -> None:
     points = corpus_points(args.public_output)
     bands, checks, sets = {}, {}, []
     print("## Rows band: derived on one GPU's held-out rows, checked on the other GPUs'\n")
-    print("| basis | quantity | derivation rows | band: p90 \\|err\\| | check rows | check coverage | check max \\|err\\| |")
+    print("| basis | quantity | derivation rows | band: p90 \\|err\\| | check rows | check coverage "
+          "| check max \\|err\\| |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for basis, rows in rows_by_basis.items():
         derivation = [r for r in rows if r["gpu"] == DERIVATION_GPU]
@@ -232,7 +233,8 @@ def main() -> None:
                 print(f"- {basis} {q}, {source}: {found['covered']} of {found['entries']} covered "
                       f"(term derived without it: {_pct(found['extra_without_it'])})")
     print("\n## Corpus entries (traced |err|; band: rows + term x reach, the shipped term)\n")
-    print("| set | entry | params (B) | GPUs | reach | step \\|err\\| | step band | reserved \\|err\\| | reserved band |")
+    print("| set | entry | params (B) | GPUs | reach | step \\|err\\| | step band | reserved \\|err\\| "
+          "| reserved band |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     traced_band = bands["traced"]
     for p in sorted(points, key=lambda p: (p["reach"], p["id"])):
