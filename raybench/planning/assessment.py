@@ -39,6 +39,7 @@ class Assessment:
     rehearsed_peak_gib: float | None  # the rehearsal's reserved peak plus the memory no tensor holds
     rehearsed_step_time_s: float | None
     rehearsed_compute_s: float | None
+    world_size: int  # ranks: with the model's size, how far the trial is from the rows its bands were derived on
 
     @property
     def limit_gib(self) -> float | None:
@@ -57,15 +58,19 @@ class Assessment:
 
     @property
     def peak_interval_gib(self) -> tuple[float, float] | None:
-        """Where the measured peak may lie, by the held-out errors of this basis (planning/uncertainty.py)."""
+        """Where the measured peak may lie, by the checked bands of this basis and scale (planning/uncertainty.py)."""
         # The band is of what a row measures (reserved on a GPU, RSS on CPU); the CUDA context is outside it.
         unmeasured = self.analytic.peak_gib - self.analytic.measured_part_gib
-        return uncertainty.interval(self.deciding_peak_gib, uncertainty.band(self.peak_basis).reserved_peak,
-                                    fixed=unmeasured)
+        return uncertainty.interval(self.deciding_peak_gib, self.band.reserved_peak, fixed=unmeasured)
 
     @property
     def step_time_interval_s(self) -> tuple[float, float] | None:
-        return uncertainty.interval(self.step_time_s, uncertainty.band(self.peak_basis).step_time)
+        return uncertainty.interval(self.step_time_s, self.band.step_time)
+
+    @property
+    def band(self) -> uncertainty.Band:
+        """The relative error bands of this trial's predictions: its basis, widened by its model and world size."""
+        return uncertainty.band(self.peak_basis, self.analytic.params_total, self.world_size)
 
     def as_dict(self) -> dict:
         """Plain JSON-safe data: the analytic estimate's keys, then the assessment's own, then its intervals
@@ -104,14 +109,15 @@ def margin_gib(spec: EstimateSpec, memory_gib: float) -> float:
 
 
 def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | None,
-           rehearsal: dict | None = None) -> tuple[Assessment, str | None]:
+           rehearsal: dict | None, world_size: int) -> tuple[Assessment, str | None]:
     """The trial's assessment, and why to skip the trial, if it must be.
 
     `calibration` is (median measured / estimated ratio, rows it comes from) for the trial's model x strategy x
     device, or None. It scales the part of the estimate that measurements cover. `rehearsal` is the trial's
     stored rehearsal (raybench/rehearse/), or None: when it traced the step, its peak (what the allocator
     would reserve, plus the part of the estimate no tensor holds) decides the fit instead; and wherever it traced
-    the step (a ZeRO trial's FSDP2 twin too), its step time replaces the guess.
+    the step (a ZeRO trial's FSDP2 twin too), its step time replaces the guess. `world_size` (the trial's ranks)
+    widens the intervals of a trial unlike the rows the bands were derived on (planning/uncertainty.py).
     """
     factor, rows = calibration if calibration else (None, 0)
     calibrated = est.peak_gib if factor is None else est.peak_gib - est.measured_part_gib * (1 - factor)
@@ -127,7 +133,7 @@ def assess(est: Estimate, spec: EstimateSpec, calibration: tuple[float, int] | N
         analytic=est, calibration=factor, calibration_rows=rows, peak_calibrated_gib=calibrated, memory_gib=memory,
         margin_gib=margin, fits=fits, peak_basis="rehearsed" if traced else "analytic",
         rehearsed_peak_gib=rehearsed_peak, rehearsed_step_time_s=rehearsal.get("step_time_s") if timed else None,
-        rehearsed_compute_s=rehearsal.get("compute_s") if timed else None)
+        rehearsed_compute_s=rehearsal.get("compute_s") if timed else None, world_size=world_size)
     if fits is not False or not spec.prune:
         return assessment, None
     unit = "GPU" if est.device == "cuda" else "worker"

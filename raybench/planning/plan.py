@@ -326,7 +326,8 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
         # raybench's own loop, not a user's stack.
         if not reasons and config.stack.kind == RAYBENCH:
             raw_est = estimate.estimate(config, shape, blocks, spec.estimate.gpu)
-            judged, skip = assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)), rehearsed.get(cid))
+            judged, skip = assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)), rehearsed.get(cid),
+                                 config.resources.workers)
             if skip:
                 status, why_not = "skipped", (skip,)
         carried = judged.to_data() if judged else None

@@ -5,6 +5,8 @@ flip inside the prediction intervals, and the op-level policy torch's SAC ILP pi
 
 from __future__ import annotations
 
+import dataclasses
+
 from raybench.planning import uncertainty
 from raybench.rehearse import flips, policy, rehearsal
 from raybench.rehearse.fitted import Calibration
@@ -23,13 +25,13 @@ def _tokens(trial) -> float:
 
 
 def _value(trial, axis: str) -> dict:
-    """One value of a group: the rehearsal's figures with their intervals."""
+    """One value of a group: the rehearsal's figures with their intervals, and the bands those are drawn with."""
     judged = trial.assessment
     return {"value": axis_value(trial.axis_values, axis), "axis_values": trial.axis_values,
             "peak_gib": judged.rehearsed_peak_gib, "peak_interval_gib": judged.peak_interval_gib,
             "fits": judged.fits, "tok_per_s_per_device": predicted_tok_per_s_per_device(trial),
             "tok_interval": uncertainty.reciprocal(judged.step_time_interval_s, _tokens(trial)),
-            "compute_s": judged.rehearsed_compute_s or 0.0}
+            "band": dataclasses.asdict(judged.band), "compute_s": judged.rehearsed_compute_s or 0.0}
 
 
 def axis_value(axis_values: dict, axis: str):

@@ -46,5 +46,6 @@ def rehearse_trials(spec, trials: list, store_path: str, gpu: str | None = None,
                                     layout=layout).as_dict()
         calibration.save_rehearsal(store_path, t.config_id, result)
         yield {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
-               "gpu": trial_gpu, **result, "intervals": uncertainty.rehearsal_intervals(result)}
+               "gpu": trial_gpu, **result,
+               "intervals": uncertainty.rehearsal_intervals(result, t.assessment.analytic.params_total)}
 

@@ -86,15 +86,22 @@ def render_predicted_best(results: list[dict], axis: str = "train.ac_ratio") -> 
 def _doubt_report(results: list[dict]) -> str:
     """Per group: whether the choice stands inside the intervals, else which values are in doubt, why, and the
     measurement that settles them."""
-    lines = ["within the prediction intervals (held-out errors; docs/rehearse.md, intervals and flips):"]
+    lines = ["within the prediction intervals (bands checked on rows they were not derived from, widened with model "
+             "and world size; docs/rehearse.md, intervals and flips):"]
     for r in results:
         doubts = r["in_doubt"]
         if not doubts:
-            lines.append(f"  {_group_name(r)}: the choice stands")
+            lines.append(f"  {_group_name(r)}: the choice stands ({_bands(r)})")
             continue
-        lines.append(f"  {_group_name(r)}: in doubt; {flips.settle_line(doubts)}")
+        lines.append(f"  {_group_name(r)}: in doubt ({_bands(r)}); {flips.settle_line(doubts)}")
         lines += [f"    {d['value']}: {d['why']}" for d in doubts]
     return "\n".join(lines)
+
+
+def _bands(result: dict) -> str:
+    """The bands the chosen value's intervals (else the first value's) are drawn with."""
+    band = (result["best"] or result["values"][0])["band"]
+    return f"bands: step time {band['step_time']:.1%}, reserved peak {band['reserved_peak']:.1%}"
 
 
 def _group_name(result: dict) -> str:

@@ -55,7 +55,7 @@ def rehearsal_table(rows: list[dict]) -> str:
         m = r["memory_gib"]
         comm = sum(r["comm_bytes"].values()) / 1e9 if r["comm_bytes"] else None
         busbw = f"{r['busbw_gbps']:.0f} ({r['busbw_source']})" if r.get("busbw_gbps") else "-"
-        iv = uncertainty.rehearsal_intervals(r)
+        iv = r["intervals"]  # rehearse_trials': by the trial's basis, model and world size
         lines.append([str(r["index"]), r["config_id"], *(str(r["axis_values"].get(a, "")) for a in axes),
                       str(r["world_size"]), r["method"],
                       *(cell(m.get(k), ".2f") for k in ("parameters", "gradients", "optimizer_state", "activations",

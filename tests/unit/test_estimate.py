@@ -327,7 +327,8 @@ SERIALIZED_KEYS = {
     "device", "params_total", "params_trainable", "params_gib", "grads_gib", "optimizer_gib", "activations_gib",
     "other_gib", "offloaded_gib", "flops_per_step", "step_time_s", "peak_gib", "measured_part_gib", "calibration",
     "calibration_rows", "peak_calibrated_gib", "memory_gib", "margin_gib", "fits", "peak_basis",
-    "rehearsed_peak_gib", "rehearsed_step_time_s", "rehearsed_compute_s", "peak_interval_gib", "step_time_interval_s"}
+    "rehearsed_peak_gib", "rehearsed_step_time_s", "rehearsed_compute_s", "world_size", "peak_interval_gib",
+    "step_time_interval_s"}
 
 
 def test_the_assessment_travels_as_plain_data(tmp_path):

@@ -19,7 +19,7 @@ from raybench.spec.load import load_sweep
 
 TRAIN = {"steps": 20, "warmup_steps": 2, "seq_len": 64, "micro_batch": 2, "strategy": "fsdp2"}
 TOKENS = 2 * 64  # per GPU and step
-TRACED = uncertainty.BANDS["traced"]
+TRACED = uncertainty.BANDS["traced"].rows  # the tiny model on one GPU is within the derivation rows' reach
 
 
 def planted(tmp_path, memory_gib: float, rehearsals: dict[str, tuple[float, float]]) -> str:
@@ -55,8 +55,6 @@ def test_an_interval_holds_every_measured_value_the_band_allows():
     assert uncertainty.interval(None, 0.1) is None
     assert uncertainty.reciprocal((0.5, 2.0), 100.0) == (50.0, 200.0)
     assert uncertainty.with_interval(72.9, (70.12, 75.84), ".1f") == "72.9 [70.1-75.8]"
-    for field in ("step_time", "tensor_peak", "reserved_peak"):  # the untraced estimate is the less sure
-        assert getattr(uncertainty.BANDS["analytic"], field) > getattr(TRACED, field)
 
 
 def test_a_peak_whose_interval_straddles_the_limit_is_in_doubt_and_the_emitted_sweep_settles_it(tmp_path, capsys):
@@ -75,7 +73,9 @@ def test_a_peak_whose_interval_straddles_the_limit_is_in_doubt_and_the_emitted_s
     emitted = tmp_path / "settle.yaml"
     assert main(["best", sweep, "--predict", "--emit-sweep", str(emitted)]) == 0
     out = capsys.readouterr().out
-    assert "21.0 [" in out and "in doubt; settle: run these 2 for 8 steps" in out and "0: may not fit" in out
+    doubt = (f"in doubt (bands: step time {TRACED.step_time:.1%}, reserved peak {TRACED.reserved_peak:.1%}); "
+             "settle: run these 2 for 8 steps")
+    assert "21.0 [" in out and doubt in out and "0: may not fit" in out
     settle = plan(load_sweep(emitted))  # raybench's own loader and plan
     assert [t.axis_values for t in settle] == [{"train.ac_ratio": "0"}, {"train.ac_ratio": "1/2"}]
     assert [t.status for t in settle] == ["planned", "planned"]  # not pruned, though predicted close to the limit

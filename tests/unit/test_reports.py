@@ -40,6 +40,7 @@ def _row(method: str, gpu: str | None, calibration: Calibration) -> dict:
     return {"index": 0, "config_id": "c", "axis_values": {}, "world_size": 1, "method": method, "gpu": gpu,
             "memory_gib": {}, "comm_bytes": {}, "peak_gib": 1.0, "reserved_gib": None, "compute_s": None,
             "exposed_comm_s": None, "step_time_s": None, "trace_s": 0.0, "notes": [],
+            "intervals": {"peak_gib": (0.9, 1.1), "reserved_gib": None, "step_time_s": None},
             "calibration": calibration.as_dict() if method == "traced" else None}
 
 
