@@ -77,6 +77,24 @@ def test_committed_gpu_rows_keep_their_ids():
         assert planned <= set(rows.config_id), sweep
 
 
+def test_lora_8b_sweep_gained_the_public_point_and_kept_its_grids_ids():
+    """sweeps/lora-8b-1gpu.yaml's public one-H100 point (issue 49) came after its grid of eight: those keep their
+    ids and plan indices, and the point is the public configuration exactly."""
+    trials = plan(load_sweep(REPO / "sweeps" / "lora-8b-1gpu.yaml"))
+    assert [t.trial_id for t in trials[:8]] == [
+        "6c96f24aea2f5209-r0", "b121e59372240849-r0", "f814eee74e7491cf-r0", "39fb302d93e6b0f8-r0",
+        "b39b1f95f66c2962-r0", "6c7719912c65db3a-r0", "1f694b538cf428d1-r0", "99ef0f5c7548cb33-r0"]
+    assert len(trials) == 9
+    public = trials[8].config
+    assert public.model.preset == "llama-3-8b"
+    lora = public.train.lora
+    assert (lora.rank, lora.alpha, lora.dropout, lora.targets) == (16, 32, 0.1, "all_linear")
+    train = public.train
+    assert (train.micro_batch, train.seq_len, train.grad_accum, train.ac_ratio) == (2, 4096, 16, "0")
+    assert (train.strategy, train.precision, train.lora_base_dtype, train.optimizer) == (
+        "fsdp2", "bf16", "bf16", "adamw_fused")
+
+
 def test_committed_lora_rows_from_before_the_base_dtype_get_new_ids_and_read_as_measured():
     """train.lora.base_dtype changed what a LoRA trial measures (auto: a bf16 base where it was fp32), so the
     seed 000 LoRA rows' configurations plan under new ids; read back, their configs say what they measured."""
