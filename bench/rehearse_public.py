@@ -71,6 +71,9 @@ def sweep_for(entry: public_results.PublicEntry) -> dict:
              "grad_accum": c.get("grad_accum", 1), "precision": "bf16", "compile": c.get("compile", False),
              "optimizer": c.get("optimizer", "adamw"), "finetune": c["finetune"], "steps": 10, "warmup_steps": 2,
              **ac_fields(c)}
+    # The loss as the source's stack computes it (raybench's default chunks it): torchtune's recipes use a chunked
+    # output loss (CEWithChunkedOutputLoss); torchtitan, fms-fsdp and KempnerForge take cross-entropy over whole logits.
+    train["loss"] = "chunked" if entry.source.get("repo", "").endswith("/torchtune") else "full"
     if c.get("tp", 1) > 1:
         train["tp_size"] = c["tp"]
     if c["precision"] == "fp8-tensorwise":

@@ -50,14 +50,15 @@ class Bands:
     at_scale: Band  # added at reach 1 (tensor peak: the reserved peak's, the corpus publishes no tensor peak)
 
 
-# docs/results/prediction-bands-2026-11-28.md (bench/prediction_intervals.py on bench/rehearse_validate.py's and
-# bench/rehearse_public.py's output, 2026-11-28). "traced": a traced rehearsal. "analytic": the analytic estimate
-# (what an untraced trial is predicted by: `raybench rehearse`'s fallback, the plan without a rehearsal).
+# docs/results/prediction-bands-2026-11-28.md, "Re-derived" (bench/prediction_intervals.py on bench/rehearse_validate.py's
+# and bench/rehearse_public.py's output, 2026-11-28, with the step time's terms and the lean loop). "traced": a
+# traced rehearsal. "analytic": the analytic estimate (what an untraced trial is predicted by: `raybench
+# rehearse`'s fallback, the plan without a rehearsal).
 BANDS = {
-    "traced": Bands(rows=Band(step_time=0.134, tensor_peak=0.026, reserved_peak=0.112),
-                    at_scale=Band(step_time=0.106, tensor_peak=0.560, reserved_peak=0.560)),
+    "traced": Bands(rows=Band(step_time=0.149, tensor_peak=0.026, reserved_peak=0.112),
+                    at_scale=Band(step_time=0.01, tensor_peak=0.56, reserved_peak=0.56)),
     "analytic": Bands(rows=Band(step_time=0.632, tensor_peak=0.251, reserved_peak=0.091),
-                      at_scale=Band(step_time=0.096, tensor_peak=0.335, reserved_peak=0.335)),
+                      at_scale=Band(step_time=0.096, tensor_peak=0.273, reserved_peak=0.273)),
 }
 
 
