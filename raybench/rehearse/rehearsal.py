@@ -162,7 +162,10 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
             traces[key], depth_note = _deep_trace(config, shape, rank, gpu if on_gpu else None, calibration, traces,
                                                   extrapolate_depth)
             if on_gpu and gpu and is_policy_base(config):
-                traces[key].block_ops = block_ops(config, shape, gpu, calibration)
+                ops_key = block_ops_key(config, gpu, calibration)
+                if ops_key not in traces:
+                    traces[ops_key] = block_ops(config, shape, gpu, calibration)
+                traces[key].block_ops = traces[ops_key]
         except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
             return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
         traces[key, "depth note"] = depth_note
@@ -202,6 +205,17 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         comm_algorithms=timing.comm_algorithms if busbw else None,
         layout=dataclasses.asdict(layout) if layout else None,
         timeline=trace.timeline if has_time and trace.block_ops else None)
+
+
+def block_ops_key(config: TrialConfig, gpu: str, calibration: Calibration) -> tuple:
+    """What one decoder block's operators (policy.block_ops) depend on: the model, its techniques, the strategy's
+    compute dtype, one micro-batch's shape, the GPU and what prices it. Not the world size, the micro-batches a
+    step or the checkpointing: block_ops runs one forward of the unwrapped model on one micro-batch, so a sweep's
+    world sizes and accumulation counts share it."""
+    train = config.train.model_copy(update={"ac_ratio": "0", "compile": False, "grad_accum": 1})
+    resources = config.resources.model_copy(update={"workers": 1})
+    one = config.model_copy(update={"train": train, "resources": resources})
+    return ("block ops", config_id(traced_config(one)), gpu, calibration.source)
 
 
 def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
