@@ -3,6 +3,8 @@ piece keyed by exactly what it depends on, and a point rehearsed among many equa
 
 from __future__ import annotations
 
+import pytest
+
 from raybench.planning.plan import plan
 from raybench.rehearse import policy, rehearsal
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION
@@ -35,3 +37,18 @@ def test_one_block_s_operators_from_a_one_block_model_are_the_whole_model_s_firs
     one = policy.block_ops(t.config, t.shape, GPU)
     assert one == policy.block_ops(t.config, t.shape, GPU, layers=None)
     assert one["func_names"]
+
+
+@pytest.mark.slow  # 97 s on the shared 2 cores; the two tests above cover the keys and the one-block figures
+def test_points_rehearsed_in_a_sweep_are_the_points_rehearsed_alone():
+    """Points that share one block's operators (world sizes, accumulation counts) rehearsed through one cache,
+    field by field against each rehearsed with a cache of its own. (Compiled twins share their whole trace; a
+    compiled point costs inductor's compile, too slow here: tests/unit/test_rehearse.py covers compile.)"""
+    points = trials({"resources.workers": [2, 8], "train.grad_accum": [1, 4]}, ac_ratio="1")
+    shared: dict = {}
+    in_sweep = [rehearsal.rehearse(t.config, t.shape, GPU, traces=shared).as_dict() for t in points]
+    alone = [rehearsal.rehearse(t.config, t.shape, GPU, traces={}).as_dict() for t in points]
+    assert any(row["block_ops"] for row in alone)
+    for one, other in zip(in_sweep, alone):
+        one.pop("trace_s"), other.pop("trace_s")  # seconds spent: 0 where a trace was reused
+        assert one == other
