@@ -155,14 +155,17 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     if full_loss and config.train.loss == "chunked" and not config.train.liger:  # the trial's loss, as it runs
         notes = [*notes, f"loss full: {full_loss}"]
     traces = {} if traces is None else traces
-    key = (config_id(traced_config(config)), rank, gpu if on_gpu else None, calibration.source)
+    key = (config_id(step_config(config)), rank, gpu if on_gpu else None, calibration.source)
     t0 = time.perf_counter()
     if key not in traces:
         try:
             traces[key], depth_note = _deep_trace(config, shape, rank, gpu if on_gpu else None, calibration, traces,
                                                   extrapolate_depth)
             if on_gpu and gpu and is_policy_base(config):
-                traces[key].block_ops = block_ops(config, shape, gpu, calibration)
+                ops_key = block_ops_key(config, gpu, calibration)
+                if ops_key not in traces:
+                    traces[ops_key] = block_ops(config, shape, gpu, calibration)
+                traces[key].block_ops = traces[ops_key]
         except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
             return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
         traces[key, "depth note"] = depth_note
@@ -204,6 +207,28 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         timeline=trace.timeline if has_time and trace.block_ops else None)
 
 
+def step_config(config: TrialConfig) -> TrialConfig:
+    """The trial as its traced step depends on it: traced_config, and a DDP world of 2 ranks or more as 2. A DDP
+    rank holds a whole replica and all-reduces buckets sized by bytes, and the fake group's collectives return at
+    once, so its traced step is the same at every world size from 2 (the world prices it afterwards:
+    predict_step_time); a sweep's DDP world sizes share one trace. One rank runs DDP without all-reduces."""
+    traced = traced_config(config)
+    if traced.train.strategy != "ddp" or traced.resources.workers < 2:
+        return traced
+    return traced.model_copy(update={"resources": traced.resources.model_copy(update={"workers": 2})})
+
+
+def block_ops_key(config: TrialConfig, gpu: str, calibration: Calibration) -> tuple:
+    """What one decoder block's operators (policy.block_ops) depend on: the model, its techniques, the strategy's
+    compute dtype, one micro-batch's shape, the GPU and what prices it. Not the world size, the micro-batches a
+    step or the checkpointing: block_ops runs one forward of the unwrapped model on one micro-batch, so a sweep's
+    world sizes and accumulation counts share it."""
+    train = config.train.model_copy(update={"ac_ratio": "0", "compile": False, "grad_accum": 1})
+    resources = config.resources.model_copy(update={"workers": 1})
+    one = config.model_copy(update={"train": train, "resources": resources})
+    return ("block ops", config_id(traced_config(one)), gpu, calibration.source)
+
+
 def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
                 traces: dict, extrapolate_depth: bool) -> tuple[StepTrace, str | None]:
     """The trial's StepTrace, extrapolated from shallow models where that holds (depth.py), else traced whole;
@@ -217,7 +242,7 @@ def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | No
         base = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
         shallow = {}
         for name, layout in layouts.items():
-            key = ("shallow", config_id(traced_config(base)), layout, rank, gpu, calibration.source)
+            key = ("shallow", config_id(step_config(base)), layout, rank, gpu, calibration.source)
             if key not in traces:
                 traces[key] = _trace(config, shape, rank, gpu, calibration, layout)
             shallow[name] = traces[key]

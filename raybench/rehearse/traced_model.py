@@ -79,14 +79,16 @@ def build_traced(config: TrialConfig, train: TrainSpec,
     return activation_checkpointing.checkpoint(model, train, [i for i, ac in enumerate(kinds) if ac]), source, info
 
 
-def unwrapped_model(config: TrialConfig) -> tuple[nn.Module, TrainSpec]:
+def unwrapped_model(config: TrialConfig, layers: int | None = None) -> tuple[nn.Module, TrainSpec]:
     """The trial's model with its techniques (no checkpointing, no compile) on the meta device, its parameters
     in the dtype its strategy computes with, and the TrainSpec it was built with. FSDP2's mixed-precision
     policy casts them to bf16 before each forward (fsdp2.shard); ddp and tp keep them fp32 (a LoRA base in
     train.lora.base_dtype, cast by the LoRA technique itself) and run forward under autocast
-    (`strategies.autocast_for`). Cast on meta: fake storage cannot be swapped in place afterwards."""
+    (`strategies.autocast_for`). Cast on meta: fake storage cannot be swapped in place afterwards.
+
+    layers: build only this many decoder blocks (for what one block runs, whatever the model's depth)."""
     train = config.train.model_copy(update={"ac_ratio": "0", "compile": False})
-    model, _, _ = build_traced(config, train)
+    model, _, _ = build_traced(config, train, None if layers is None else (False,) * layers)
     if train.precision == "bf16" and train.fsdp2_sharded:
         model.to(torch.bfloat16)
     return model, train
