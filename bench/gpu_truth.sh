@@ -2,7 +2,7 @@
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
 #   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
-#                                           snapshot ddp-liger tests stacks probe
+#                                           snapshot ddp-liger tests stacks probe hf-check
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -93,6 +93,11 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     # Every GPU test runs whatever another one does (no -x): each outcome is a measurement; -rA prints what the
     # passing ones printed (the compiled-block byte counts, CUDA against the CPU rehearsal).
     stacks) stacks_stage ;;
+    # Round 2's open question: TRL's B at 0.32x. B again with packing off (TRL's padding-free flattened rows are the
+    # first suspect), after the stacks stage wrote the model and data (CPU twin of this: ok on 2026-11-28).
+    hf-check) sed 's/^    packing: true$/    packing: false/' bench/sweeps/gpu-stack-hf.yaml > bench/sweeps/gpu-stack-hf-unpacked.yaml
+              timeout -k 10 180 python3 -m raybench trial bench/sweeps/gpu-stack-hf-unpacked.yaml 0 --store "$store"
+              rm -f bench/sweeps/gpu-stack-hf-unpacked.yaml ;;
     # The probe's cost on CUDA (one synchronization per optimizer step): the tiny Llama with and without the probe,
     # A B B A per round, 16k tokens a step (CPU twin: RAYBENCH_GPU_STACKS_TWIN=1, a few small rounds).
     probe) if [ -n "${RAYBENCH_GPU_STACKS_TWIN:-}" ]; then
