@@ -167,7 +167,7 @@ class PoolManager:
         self.leased: dict[str, str] = {}  # lease -> the group it was granted, until released
         self.changed = asyncio.Condition()
 
-    async def acquire(self, shape: tuple, lease: str = "") -> tuple[str, list]:
+    async def acquire(self, shape: tuple, lease: str) -> tuple[str, list]:
         """A free group of `shape`, else a new one (its placement group may wait for resources). `lease` names the
         request so that its driver can give it up (`cancel`) while it waits."""
         async with self.changed:
