@@ -159,17 +159,11 @@ def attention_share(gpu_name: str | None, seq_len: int, head_dim: int, backward:
         return 1.0
     rates = kernel.backward_tflops if backward else kernel.forward_tflops
     nearest = min(rates, key=lambda dim: (abs(dim - head_dim), -dim))
-    return min(1.0, _log2_interpolated(kernel.seq_lens, rates[nearest], seq_len) / kernel.matmul_tflops)
+    import numpy as np  # here, as spec.tokenized_data does: the spec layer imports light
 
-
-def _log2_interpolated(xs: tuple[int, ...], ys: tuple[float, ...], x: int) -> float:
-    if x <= xs[0]:
-        return ys[0]
-    if x >= xs[-1]:
-        return ys[-1]
-    i = next(k for k in range(1, len(xs)) if x <= xs[k])
-    t = (math.log2(x) - math.log2(xs[i - 1])) / (math.log2(xs[i]) - math.log2(xs[i - 1]))
-    return ys[i - 1] + t * (ys[i] - ys[i - 1])
+    # numpy's interp holds the ends' figures beyond them
+    rate = float(np.interp(math.log2(seq_len), np.log2(kernel.seq_lens), rates[nearest]))
+    return min(1.0, rate / kernel.matmul_tflops)
 
 
 def nominal_link(gpu_name: str | None) -> Link | None:
