@@ -65,9 +65,9 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
 
 def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
                   source: str = "<sweep>") -> list[PlannedTrial]:
-    """The trials, each runnable hf trial's payload carrying its tokenized data: every distinct data spec is
-    tokenized once into the store's cache (or found there from an earlier sweep), before any trial starts, and
-    every trial and rank memory-maps it. A build that fails is bad input: nothing has been launched or written."""
+    """The trials, each runnable hf or json trial's payload carrying its tokenized data: every distinct data spec
+    (json: every layout) is tokenized once into the store's cache (or found there from an earlier sweep), before
+    any trial starts, and every trial and rank reads it from there. A build that fails is bad input: nothing has been launched or written."""
     cache_root = Path(store_path).resolve() / "_cache" / "data"
     prepared: dict[str, tuple] = {}  # data spec and tokenizer -> (TokenizedData, tokens per sample)
     laid_out: dict[tuple, TokenizedData] = {}  # and the trial's layout -> its TokenizedData
@@ -77,8 +77,12 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
         # The hf and lightning stacks take the same tokens as raybench's loop through their context; the other
         # stacks read their own data, which raybench's tokenization would not describe (the registry's
         # tokenized_data).
-        if data.source != "hf" or t.status != "planned" or not stacks.kind(t.config.stack.kind).tokenized_data:
+        if (data.source not in ("hf", "json") or t.status != "planned"
+                or not stacks.kind(t.config.stack.kind).tokenized_data):
             out.append(t)
+            continue
+        if data.source == "json":
+            out.append(_with_json_data(t, laid_out, cache_root.parent, progress, source))
             continue
         key, tokenizer = tokenized.spec_key(data, t.config.model.path)
         if key not in prepared:
@@ -97,12 +101,38 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
         if layout not in laid_out:
             ref, counts, masks = prepared[key]
             laid_out[layout] = packing.for_trial(ref, t.config.train.seq_len, data, counts, masks)
-            note = laid_out[layout].cut_note()
-            if note:  # never silent: the trial trains on less than the data holds
-                progress(f"data {ref.name} at seq_len {t.config.train.seq_len}: {note} ({data.overflow}; "
-                         "data.overflow split or drop, or a longer train.seq_len, keeps more)")
+            _say_cut(laid_out[layout], t.config.train.seq_len, f"{data.overflow}; data.overflow split or drop, or a "
+                     "longer train.seq_len, keeps more", progress)
         out.append(dataclasses.replace(t, payload=t.payload.replace(tokenized=laid_out[layout])))
     return out
+
+
+def _with_json_data(t: PlannedTrial, laid_out: dict[tuple, TokenizedData], cache_dir: Path, progress,
+                    source: str) -> PlannedTrial:
+    """A json trial, its payload carrying its data's rows in the store's cache and what its overflow cuts (the
+    ranks tokenize nothing). Each layout is prepared once per sweep; a failure is bad input, as for hf data."""
+    from raybench.runtime import data as json_data  # torch: only a sweep of JSON data loads it here
+
+    data, seq_len = t.config.data, t.config.train.seq_len
+    layout = ("json", data.path, data.tokenizer or t.config.model.path, seq_len, data.packing, data.overflow)
+    if layout not in laid_out:
+        try:
+            ref = json_data.prepare_json(data, t.config.model.path, seq_len, cache_dir, tokenized.data_hash(data.path))
+        except Exception as err:  # a record that cannot be rendered, too little data for one row
+            raise ConfigError(source, [Problem("data.path", data.path, f"cannot be tokenized: "
+                                               f"{type(err).__name__}: {err}")]) from None
+        laid_out[layout] = ref
+        took = f" in {ref.build_s:.1f} s" if ref.build_s is not None else ""
+        progress(f"data {ref.name} at seq_len {seq_len}: {ref.samples} samples, cache {ref.cache}{took} ({ref.key})")
+        _say_cut(ref, seq_len, f"{data.overflow}; data.packing true, where samples run on across rows, or a longer "
+                 "train.seq_len keeps them", progress)
+    return dataclasses.replace(t, payload=t.payload.replace(tokenized=laid_out[layout]))
+
+
+def _say_cut(ref: TokenizedData, seq_len: int, fix: str, progress) -> None:
+    note = ref.cut_note()
+    if note:  # never silent: the trial trains on less than the data holds
+        progress(f"data {ref.name} at seq_len {seq_len}: {note} ({fix})")
 
 
 def compact_if_many_files(store_path: str, sweep_name: str, progress=print) -> None:

@@ -149,7 +149,7 @@ DESCRIPTIONS = {
     "est_step_time_s": ("The plan's step-time guess: FLOPs per step at an assumed 40% MFU of the GPU's peak; "
                         "null on CPU."),
     "est_peak_error": "ok rows: measured peak / the part of the raw estimate it covers − 1.",
-    # the data (data.source hf; null otherwise)
+    # the data (data.source hf and json; null otherwise)
     "dataset_name": "Last component of data.path.",
     "dataset_hash": "Content hash of the data files.",
     "data_cache_key": ("Key of the tokenized data in the store's cache: the hash of the data files, the tokenizer "

@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from raybench.runtime.packing import layout_rows
+from raybench.runtime.packing import cut, layout_rows
 from raybench.spec import tokenized_data
 from raybench.spec.presets import ModelShape
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
@@ -76,15 +77,31 @@ def pad(sequences: list[list[int]], seq_len: int, pad_id: int) -> tuple[torch.Te
     return ids, mask
 
 
-def text_dataset(data: DataSpec, model_path: str | None, seq_len: int) -> TensorDataset:
+def json_sequences(data: DataSpec, model_path: str | None) -> tuple[list[list[int]], int]:
+    """(token ids of every record, the padding id) of JSON data, before any cut to seq_len."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(data.tokenizer or model_path, local_files_only=True)
-    sequences = tokenize_records(read_records(data.path), tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    return tokenize_records(read_records(data.path), tokenizer), pad_id
+
+
+def lay_out_json(sequences: list[list[int]], data: DataSpec, seq_len: int, pad_id: int) -> TensorDataset:
+    """JSON data's rows: with data.overflow drop, every sample longer than seq_len left out first; then packed
+    (samples concatenated and cut into rows, so none is truncated) or one padded sample per row (truncated)."""
+    if data.overflow == "drop":
+        sequences = [seq for seq in sequences if len(seq) <= seq_len]
     if data.packing:
         return TensorDataset(pack(sequences, seq_len))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    if not sequences:
+        raise ValueError(f"no sample of {data.path} holds at most {seq_len} tokens, and data.overflow drop left "
+                         "out every longer one")
     return _dataset(*pad(sequences, seq_len, pad_id))
+
+
+def text_dataset(data: DataSpec, model_path: str | None, seq_len: int) -> TensorDataset:
+    sequences, pad_id = json_sequences(data, model_path)
+    return lay_out_json(sequences, data, seq_len, pad_id)
 
 
 def _dataset(ids: torch.Tensor, mask: torch.Tensor) -> TensorDataset:
@@ -102,9 +119,10 @@ def memory_cache_bytes() -> int:
 
 
 def dataset_cache_key(data: DataSpec, tokenizer_dir: str, seq_len: int) -> str:
-    """Content hash of (data file, tokenizer, seq_len, packing): a changed file never hits a stale entry. The
+    """Content hash of (data file, tokenizer, seq_len, packing, overflow): a changed file never hits a stale entry. The
     tokenizer's part is the hf cache's too (tokenized_data.tokenizer_digest)."""
-    h = hashlib.sha256(f"v2:{seq_len}:{data.packing}:{tokenized_data.tokenizer_digest(tokenizer_dir)}".encode())
+    h = hashlib.sha256(f"v3:{seq_len}:{data.packing}:{data.overflow}:"
+                       f"{tokenized_data.tokenizer_digest(tokenizer_dir)}".encode())
     with open(data.path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
@@ -158,6 +176,35 @@ def cached_text_dataset(data: DataSpec, model_path: str | None, seq_len: int, ca
         _MEMORY_CACHE.pop(next(iter(_MEMORY_CACHE)))
     _MEMORY_CACHE[key] = dataset
     return dataset
+
+
+def prepare_json(data: DataSpec, model_path: str | None, seq_len: int, cache_dir: str | Path,
+                 data_hash: str) -> TokenizedData:
+    """JSON data (data.source json) before launch, once per layout (seq_len, packing, overflow): its rows in the
+    store's cache, where every rank finds them (cached_text_dataset), and the row's data columns: what the data
+    holds and what data.overflow cuts, counted as for hf data (runtime.packing.cut; every token a label)."""
+    t0 = time.perf_counter()
+    key = dataset_cache_key(data, data.tokenizer or model_path, seq_len)
+    path = Path(cache_dir, "data", f"{key}.arrow")
+    sequences, pad_id = json_sequences(data, model_path)
+    cached = path.exists()
+    dataset = _read_arrow(path) if cached else lay_out_json(sequences, data, seq_len, pad_id)
+    if not cached:
+        _write_arrow(dataset, path)
+    counts = np.array([len(seq) for seq in sequences], dtype=np.int64)
+    # Packed, samples run on from one row into the next: truncate cuts none of them (the cut at a reach no sample
+    # passes); drop leaves out the longer ones before packing, as it does padded.
+    reach = int(counts.max(initial=seq_len)) if data.packing and data.overflow == "truncate" else seq_len
+    left_out = cut(counts, reach, data.overflow)
+    masks = dataset.tensors[1] if len(dataset.tensors) > 1 else None
+    return TokenizedData(
+        key=key, path=str(path), cache="hit" if cached else "build",
+        build_s=None if cached else time.perf_counter() - t0, name=Path(data.path).name, data_hash=data_hash,
+        samples=len(counts), tokens_mean=float(counts.mean()) if len(counts) else 0.0,
+        tokens_max=int(counts.max(initial=0)), pad_id=pad_id,
+        packing_efficiency=1.0 if masks is None else float(masks.float().mean()),
+        samples_cut=left_out.samples, tokens_cut=left_out.tokens, label_tokens_cut=left_out.label_tokens,
+        label_tokens_cut_frac=left_out.label_fraction())
 
 
 class _ListColumn:

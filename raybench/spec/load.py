@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from raybench.spec.errors import ConfigError, Problem
-from raybench.spec.sweep_spec import HF_ONLY_FIELDS, DataSpec, SweepSpec
+from raybench.spec.sweep_spec import HF_ONLY_FIELDS, JSON_LAYOUT_FIELDS, DataSpec, SweepSpec
 from raybench.spec.validate import data_layout_problems, problems_from_validation, sweep_problems
 
 
@@ -48,8 +48,12 @@ def _check_data(data: DataSpec, model_path: str | None) -> list[Problem]:
         problems = _check_data_files(data, model_path)
     if data.source != "hf":
         defaults = DataSpec.model_fields
+        taken = JSON_LAYOUT_FIELDS if data.source == "json" else ()
         problems += [Problem(f"data.{name}", getattr(data, name), "only used with data.source=hf; remove it")
-                     for name in HF_ONLY_FIELDS if getattr(data, name) != defaults[name].default]
+                     for name in HF_ONLY_FIELDS if getattr(data, name) != defaults[name].default and name not in taken]
+        if data.source == "json" and data.overflow == "split":
+            problems.append(Problem("data.overflow", data.overflow, "json data takes truncate or drop; for split "
+                                    "use data.source hf (format alpaca reads the same records)"))
     else:
         problems += data_layout_problems(data)
         if data.loss_on == "assistant" and data.format == "text":

@@ -66,7 +66,8 @@ class DataSpec(Section):
     overflow: Literal["truncate", "drop", "split"] = Field("truncate", description=(
         "hf: a sample longer than train.seq_len is truncated (its tail dropped), dropped (left out whole), or "
         "split into seq_len-long pieces (the last one shorter), each laid out as a sample of its own: its first "
-        "token unlabelled, its position ids from 0. What it cuts is in the row (samples_cut, tokens_cut, "
+        "token unlabelled, its position ids from 0. json: truncate or drop (packed json data runs samples on "
+        "across rows, so truncate cuts none there). What it cuts is in the row (samples_cut, tokens_cut, "
         "label_tokens_cut). Result rows hold null for truncate."))
     pack_order: Literal["in_order", "best_fit"] = Field("in_order", description=(
         "hf, packing: in_order fills rows in the data's order, a new row when the next sample does not fit; "
@@ -92,9 +93,15 @@ class DataSpec(Section):
         # Trial ids hash the dumped config (plan.config_id): the hf fields came after ids were issued, so other
         # sources leave them out and every earlier trial keeps its id (load refuses them set off their defaults).
         data = handler(self)
-        # The layout fields came later still: left out at their defaults, so hf trials keep their ids too.
-        dropped = HF_ONLY_FIELDS if self.source != "hf" else [
-            name for name in LAYOUT_FIELDS if getattr(self, name) == DataSpec.model_fields[name].default]
+        # The layout fields came later still: left out at their defaults, so hf trials keep their ids too (and
+        # json trials, which take overflow).
+        at_default = [name for name in LAYOUT_FIELDS if getattr(self, name) == DataSpec.model_fields[name].default]
+        if self.source == "hf":
+            dropped = at_default
+        elif self.source == "json":
+            dropped = [name for name in HF_ONLY_FIELDS if name not in JSON_LAYOUT_FIELDS or name in at_default]
+        else:
+            dropped = HF_ONLY_FIELDS
         for name in dropped:
             data.pop(name, None)
         return data
@@ -103,6 +110,8 @@ class DataSpec(Section):
 # How the loader lays hf samples out in rows and batches (runtime.data): per trial, not part of the cache key.
 LAYOUT_FIELDS = ("overflow", "pack_order", "pad_to", "pad_multiple")
 HF_ONLY_FIELDS = ("format", "field", "loss_on", "split", "max_samples", *LAYOUT_FIELDS)
+# Of those, the ones json data takes too (overflow: truncate or drop; runtime.data.lay_out_json).
+JSON_LAYOUT_FIELDS = ("overflow",)
 
 
 # Module names shared by the Llama and Qwen2 families, per LoraSpec.targets.

@@ -98,15 +98,16 @@ def test_tune_callback_reports_dashboard_starts_and_results(cluster, tmp_path):
 
 def test_failed_trial_keeps_group_usable(cluster, tmp_path, model_dir):
     one_record = tmp_path / "one.jsonl"
-    one_record.write_text('{"instruction": "say hi", "input": "", "output": "hi"}\n')
+    one_record.write_text(json.dumps({"instruction": "say hi", "input": "", "output": "the fox " * 150}) + "\n")
     before = {g["id"] for g in groups()}
-    # Too little text for one 256-token sequence: every rank fails while loading data, after the group formed.
+    # Text for one 256-token row (the driver lays it out before launch), too little for a micro-batch on each of
+    # two ranks: every rank fails while loading data, after the group formed.
     bad = parse_sweep({"name": "pool-fail", "model": {"path": str(model_dir)}, "executor": "pool",
                        "data": {"source": "json", "path": str(one_record)},
                        "train": {"steps": 6, "warmup_steps": 1, "seq_len": 256, "precision": "fp32"},
                        "resources": {"workers": 2}})
     rows = run(bad, tmp_path)
-    assert list(rows.status) == ["error"] and "fewer than one sequence" in rows.message.iloc[0]
+    assert list(rows.status) == ["error"] and "fewer than one micro-batch per rank" in rows.message.iloc[0]
     # The failing rank's own traceback, for debugging later: its frames down to the raise in raybench.runtime.data.
     assert 'raybench/runtime/data.py", line' in rows.error_detail.iloc[0] and "\x1b" not in rows.error_detail.iloc[0]
     rows = run(pool_sweep("pool-after-fail", {"train.lr": [1e-4]}), tmp_path)
