@@ -20,23 +20,36 @@ CPU_SWEEPS = sorted((REPO / "sweeps").glob("*cpu*.yaml"))
 OWN_ENVIRONMENT = {"stack-torchtune-cpu": "torchtune", "stack-torchtitan-cpu": "torchtitan"}
 
 
+def environment(kind: str) -> Path | None:
+    """The directory of a stack's own environment: RAYBENCH_<KIND>_PYTHON's (the stacks' own tests read it too),
+    else the repository's .venvs/KIND, where scripts/KIND-venv.sh puts it as the sweeps expect; None: neither."""
+    python = os.environ.get(f"RAYBENCH_{kind.upper()}_PYTHON")
+    if python:
+        return Path(python).absolute().parent.parent  # DIR/bin/python, not resolved: a venv's python is a link
+    built = REPO / ".venvs" / kind
+    return built if (built / "bin" / "python").exists() else None
+
+
 def clone_of_sweeps(root: Path) -> Path:
-    """root/sweeps: the shipped sweeps and their stacks/ as a fresh clone has them, with root/.venvs the
-    repository's (where scripts/*-venv.sh put the stacks' environments) when there is one."""
+    """root/sweeps: the shipped sweeps and their stacks/ as a fresh clone has them, with root/.venvs/KIND each
+    stack environment there is (`environment`), where the sweeps name it."""
     sweeps = root / "sweeps"
     sweeps.mkdir()
     for path in CPU_SWEEPS:
         shutil.copy(path, sweeps / path.name)
     (sweeps / "stacks").symlink_to(REPO / "sweeps" / "stacks", target_is_directory=True)
-    if (REPO / ".venvs").is_dir():
-        (root / ".venvs").symlink_to(REPO / ".venvs", target_is_directory=True)
+    (root / ".venvs").mkdir()
+    for kind in OWN_ENVIRONMENT.values():
+        if environment(kind) is not None:
+            (root / ".venvs" / kind).symlink_to(environment(kind), target_is_directory=True)
     return sweeps
 
 
 def skip_without_environment(root: Path, sweep: Path) -> None:
     kind = OWN_ENVIRONMENT.get(sweep.stem)
     if kind and not os.access(root / ".venvs" / kind / "bin" / "python", os.X_OK):
-        pytest.skip(f"{sweep.name} runs in {kind}'s own environment: scripts/{kind}-venv.sh .venvs/{kind} builds it")
+        pytest.skip(f"{sweep.name} runs in {kind}'s own environment: build it with scripts/{kind}-venv.sh "
+                    f".venvs/{kind}, or set RAYBENCH_{kind.upper()}_PYTHON to its interpreter")
 
 
 @pytest.fixture(scope="module")
