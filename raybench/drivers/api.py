@@ -67,7 +67,8 @@ def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
                   source: str = "<sweep>") -> list[PlannedTrial]:
     """The trials, each runnable hf or json trial's payload carrying its tokenized data: every distinct data spec
     (json: every layout) is tokenized once into the store's cache (or found there from an earlier sweep), before
-    any trial starts, and every trial and rank reads it from there. A build that fails is bad input: nothing has been launched or written."""
+    any trial starts, and every trial and rank reads it from there. A build that fails is bad input: nothing has
+    been launched or written."""
     cache_root = Path(store_path).resolve() / "_cache" / "data"
     prepared: dict[str, tuple] = {}  # data spec and tokenizer -> (TokenizedData, tokens per sample)
     laid_out: dict[tuple, TokenizedData] = {}  # and the trial's layout -> its TokenizedData
