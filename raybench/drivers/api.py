@@ -125,8 +125,8 @@ def _with_json_data(t: PlannedTrial, laid_out: dict[tuple, TokenizedData], cache
         laid_out[layout] = ref
         took = f" in {ref.build_s:.1f} s" if ref.build_s is not None else ""
         progress(f"data {ref.name} at seq_len {seq_len}: {ref.samples} samples, cache {ref.cache}{took} ({ref.key})")
-        _say_cut(ref, seq_len, f"{data.overflow}; data.packing true, where samples run on across rows, or a longer "
-                 "train.seq_len keeps them", progress)
+        _say_cut(ref, seq_len, f"{data.overflow}; data.packing true with overflow truncate, where samples run on "
+                 "across rows, or a longer train.seq_len keeps them", progress)
     return dataclasses.replace(t, payload=t.payload.replace(tokenized=laid_out[layout]))
 
 

@@ -222,5 +222,5 @@ def cut_report(rows) -> str | None:
              f"at seq_len {r.train_seq_len} cut "
              f"{r.samples_cut} samples, {r.tokens_cut} tokens, {r.label_tokens_cut_frac:.1%} of the label tokens"
              for r in cut.itertuples()]
-    return "\n".join(["data cut by data.overflow (data.overflow split or drop, or a longer train.seq_len, keeps "
-                       "more):", *lines])
+    return "\n".join(["data cut by data.overflow (a longer train.seq_len keeps more; so do, for hf data, "
+                       "data.overflow split and, for json data, data.packing true with truncate):", *lines])
