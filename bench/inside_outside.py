@@ -1,6 +1,7 @@
 """The same training script inside raybench and outside it: does a stack's trial time as its script does alone?
 
-    .venv/bin/python bench/inside_outside.py [--stacks command,hf,lightning] [--rounds 2] [--steps 40] [--out DIR]
+    .venv/bin/python bench/inside_outside.py [--stacks command,hf,lightning] [--variants inside,trial,outside]
+        [--rounds 2] [--steps 40] [--out DIR]
 
 Per stack, the shipped CPU sweep's first grid point (sweeps/stack-<kind>-cpu.yaml, its axes pinned to their first
 value, train.steps raised to --steps so that each median has more steps) on `raybench example-data` data, 2 gloo
@@ -12,16 +13,20 @@ ranks of 1 CPU:
        trial's filled command line; hf: the trial's SFTConfig keys, spec.stacks.hf.trial_args; lightning: the
        entry's overrides and the Trainer's arguments raybench builds) and the environment raybench gives the
        trial's ranks (OMP_NUM_THREADS=1; train.env, none here)
+    T  trial: `raybench trial` of the same sweep's one trial (raybench's whole harness, its hooks, probe and process
+       group, under torchrun with no Ray actor): the row's step_time_p50_s. Where A and B differ, T says whether
+       the Ray Train actor or the rest of the harness makes the difference
     C  as B with MALLOC_MMAP_THRESHOLD_=131072: what raybench's own loop gets on CPU, and what stack trials got
        before 2026-11-28 (docs/metrics.md)
 
-B and C are timed the same way as A: each rank's StepProbe (the command script calls it itself; for hf and
+B and C are timed the same way as A and T: each rank's StepProbe (the command script calls it itself; for hf and
 lightning a callback at the hooks raybench's stack modules use), the records reduced by raybench's own
 `rank_metrics.combine` (a step lasts as long as its slowest rank), the median over the steps after
-train.warmup_steps. Each round runs A B C C B A, so that a drift of the machine's speed over the round falls on
-every variant alike. Per round: inside/outside = mean(A) / mean(B), and what the glibc threshold costs =
-mean(C) / mean(B); the medians over rounds are the figures. B and C also give each rank's peak RSS (ru_maxrss,
-the process's whole life): what the fixed threshold buys. Prints a table and one JSON line.
+train.warmup_steps. Each round runs the variants forward then backward (--variants inside,trial,outside: A T B B T
+A), so that a drift of the machine's speed over the round falls on every variant alike. Per round: inside/outside =
+mean(A) / mean(B), trial/outside = mean(T) / mean(B), and what the glibc threshold costs = mean(C) / mean(B); the
+medians over rounds are the figures. B and C also give each rank's peak RSS (ru_maxrss, the process's whole
+life): what the fixed threshold buys. Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 STACKS = ("command", "hf", "lightning")
-ORDER = ("inside", "outside", "outside-mmap", "outside-mmap", "outside", "inside")
+VARIANTS = ("inside", "trial", "outside", "outside-mmap")
 MMAP_BYTES = "131072"  # glibc's initial threshold, fixed: raybench's own loop's CPU default
 MMAP = "MALLOC_MMAP_THRESHOLD_"
 
@@ -75,12 +80,12 @@ def planned_trial(sweep: Path):
     return trial
 
 
-def run_inside(sweep: Path, store: Path) -> dict:
-    """One `raybench run` into a fresh store: the row's step p50."""
+def run_inside(sweep: Path, store: Path, command: list[str]) -> dict:
+    """One `raybench run` (or `raybench trial`) into a fresh store: the row's step p50."""
     from raybench import read_results
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "raybench", "run", str(sweep), "--store", str(store), "--quiet"],
+    done = subprocess.run([sys.executable, "-m", "raybench", *command, "--store", str(store)],
                           env=env, capture_output=True, text=True)
     rows = read_results(str(store)) if store.exists() else None
     if done.returncode != 0 or rows is None or len(rows) != 1 or rows.iloc[0]["status"] != "ok":
@@ -129,7 +134,15 @@ def run_outside(kind: str, trial, sweep: Path, cache_root: Path, mmap: bool, scr
             "peak_rss_gib_by_rank": reduced.peak_rss_gib_by_rank}
 
 
-def bench_stack(kind: str, rounds: int, steps: int, work: Path) -> dict:
+def run_variant(variant: str, kind: str, trial, sweep: Path, cache_root: Path, work: Path, store: Path) -> dict:
+    if variant == "inside":
+        return run_inside(sweep, store, ["run", str(sweep), "--quiet"])
+    if variant == "trial":
+        return run_inside(sweep, store, ["trial", str(sweep), "0"])
+    return run_outside(kind, trial, sweep, cache_root, variant == "outside-mmap", work)
+
+
+def bench_stack(kind: str, variants: list[str], rounds: int, steps: int, work: Path) -> dict:
     from raybench.planning import tokenized
 
     sweep = pinned_sweep(kind, steps, work)
@@ -140,30 +153,26 @@ def bench_stack(kind: str, rounds: int, steps: int, work: Path) -> dict:
                           cache_root)
     blocks = []
     for r in range(rounds):
-        for i, variant in enumerate(ORDER):
-            if variant == "inside":
-                result = run_inside(sweep, work / f"store-{kind}-{r}-{i}")
-            else:
-                result = run_outside(kind, trial, sweep, cache_root, variant == "outside-mmap", work)
+        for i, variant in enumerate([*variants, *reversed(variants)]):
+            result = run_variant(variant, kind, trial, sweep, cache_root, work, work / f"store-{kind}-{r}-{i}")
             blocks.append({"round": r, "variant": variant, **result})
             print(f"  {kind} round {r} {variant:16s} step p50 {result['step_p50_s'] * 1e3:7.1f} ms", flush=True)
-    return {"stack": kind, "blocks": blocks, **figures(blocks, rounds)}
+    return {"stack": kind, "blocks": blocks, **figures(blocks, variants, rounds)}
 
 
-def figures(blocks: list[dict], rounds: int) -> dict:
-    def mean_of(r: int, variant: str, key: str = "step_p50_s") -> float:
-        return statistics.fmean(b[key] for b in blocks if b["round"] == r and b["variant"] == variant)
+def figures(blocks: list[dict], variants: list[str], rounds: int) -> dict:
+    """Each variant's ratio to the outside run (B), per round and the median over rounds; the outside runs' RSS."""
+    def mean_of(r: int, variant: str) -> float:
+        return statistics.fmean(b["step_p50_s"] for b in blocks if b["round"] == r and b["variant"] == variant)
 
-    inside_outside = [mean_of(r, "inside") / mean_of(r, "outside") for r in range(rounds)]
-    mmap_cost = [mean_of(r, "outside-mmap") / mean_of(r, "outside") for r in range(rounds)]
-    rss = {v: [max(b["peak_rss_gib_by_rank"]) for b in blocks if b["variant"] == v]
-           for v in ("outside", "outside-mmap")}
+    ratios = {v: [mean_of(r, v) / mean_of(r, "outside") for r in range(rounds)] for v in variants if v != "outside"}
+    outside = [v for v in ("outside", "outside-mmap") if v in variants]
+    rss = {v: [max(b["peak_rss_gib_by_rank"]) for b in blocks if b["variant"] == v] for v in outside}
     spread = {v: [max(b["peak_rss_gib_by_rank"]) - min(b["peak_rss_gib_by_rank"]) for b in blocks
-                  if b["variant"] == v] for v in ("outside", "outside-mmap")}
-    return {"inside_outside_by_round": inside_outside, "inside_outside": statistics.median(inside_outside),
-            "mmap_cost_by_round": mmap_cost, "mmap_cost": statistics.median(mmap_cost),
+                  if b["variant"] == v] for v in outside}
+    return {"to_outside_by_round": ratios, "to_outside": {v: statistics.median(x) for v, x in ratios.items()},
             "step_p50_ms": {v: statistics.median(b["step_p50_s"] * 1e3 for b in blocks if b["variant"] == v)
-                            for v in ("inside", "outside", "outside-mmap")},
+                            for v in variants},
             "peak_rss_gib_max": {v: max(x) for v, x in rss.items()},
             "rank_rss_spread_gib_max": {v: max(x) for v, x in spread.items()}}
 
@@ -171,6 +180,8 @@ def figures(blocks: list[dict], rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--stacks", default=",".join(STACKS))
+    parser.add_argument("--variants", default="inside,trial,outside",
+                        help=f"the blocks of a round, run forward then backward; of {','.join(VARIANTS)}")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, default=None)
@@ -180,6 +191,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.rank_of:
         return outside_rank(args.rank_of, args.sweep, args.cache_root)
+    variants = args.variants.split(",")
+    if "outside" not in variants or not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants {args.variants!r}: name some of {','.join(VARIANTS)}, 'outside' among them "
+                     "(every figure is a ratio to it)")
     from raybench.runtime.fingerprint import cpu_model
 
     work = Path(tempfile.mkdtemp(prefix="inside-outside-"))
@@ -187,26 +202,33 @@ def main() -> None:
                    capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     (work / "stacks").symlink_to(REPO / "sweeps" / "stacks", target_is_directory=True)
     t0 = time.perf_counter()
-    results = [bench_stack(kind, args.rounds, args.steps, work) for kind in args.stacks.split(",")]
-    print("\n| stack | inside p50 ms | outside p50 ms | outside, threshold 131072, p50 ms | inside/outside (by "
-          "round) | threshold's cost C/B (by round) | peak RSS GiB B / C | rank spread GiB B / C |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        ms, rss, spread = r["step_p50_ms"], r["peak_rss_gib_max"], r["rank_rss_spread_gib_max"]
-        print(f"| {r['stack']} | {ms['inside']:.1f} | {ms['outside']:.1f} | {ms['outside-mmap']:.1f} | "
-              f"{r['inside_outside']:.3f} ({', '.join(f'{x:.3f}' for x in r['inside_outside_by_round'])}) | "
-              f"{r['mmap_cost']:.3f} ({', '.join(f'{x:.3f}' for x in r['mmap_cost_by_round'])}) | "
-              f"{rss['outside']:.3f} / {rss['outside-mmap']:.3f} | "
-              f"{spread['outside']:.3f} / {spread['outside-mmap']:.3f} |")
+    results = [bench_stack(kind, variants, args.rounds, args.steps, work) for kind in args.stacks.split(",")]
+    print_table(results, variants)
     summary = {"bench": "inside_outside", "cpu": cpu_model(), "python": platform.python_version(),
-               "rounds": args.rounds, "steps": args.steps, "wall_s": round(time.perf_counter() - t0, 1),
-               "stacks": results}
+               "rounds": args.rounds, "steps": args.steps, "variants": variants,
+               "wall_s": round(time.perf_counter() - t0, 1), "stacks": results}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "inside_outside.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "stacks"}
-                     | {r["stack"]: {"inside_outside": r["inside_outside"], "mmap_cost": r["mmap_cost"]}
-                        for r in results}))
+                     | {r["stack"]: r["to_outside"] for r in results}))
+
+
+def print_table(results: list[dict], variants: list[str]) -> None:
+    others = [v for v in variants if v != "outside"]
+    print("\n| stack | " + " | ".join(f"{v} p50 ms" for v in variants) + " | "
+          + " | ".join(f"{v} / outside (by round)" for v in others) + " |")
+    print("|---" * (1 + len(variants) + len(others)) + "|")
+    for r in results:
+        ms = r["step_p50_ms"]
+        ratios = [f"{r['to_outside'][v]:.3f} ({', '.join(f'{x:.3f}' for x in r['to_outside_by_round'][v])})"
+                  for v in others]
+        print(f"| {r['stack']} | " + " | ".join(f"{ms[v]:.1f}" for v in variants) + " | " + " | ".join(ratios) + " |")
+    if "outside-mmap" in variants:
+        print("\npeak RSS GiB, outside / outside-mmap (rank spread): " + "; ".join(
+            f"{r['stack']} {r['peak_rss_gib_max']['outside']:.3f} / {r['peak_rss_gib_max']['outside-mmap']:.3f} "
+            f"({r['rank_rss_spread_gib_max']['outside']:.3f} / {r['rank_rss_spread_gib_max']['outside-mmap']:.3f})"
+            for r in results))
 
 
 # ---- an outside rank: the stack's script as a user starts it, timed by the probe ----
