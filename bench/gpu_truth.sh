@@ -64,11 +64,12 @@ stacks_stage() {
 # losses-<axis>.txt) and the fastest point of each fine-tune with its profile (OUT_DIR/speed-best.txt).
 # Budget (H100; the whole round, `env speed`, in 9 minutes): pip install of .whl ~25 s and env ~10 s (rounds 1-2);
 # the stage RAYBENCH_GPU_SPEED_S (default 460 s): Ray's start ~25 s, then ~50 s a point: ~22 s outside the worker
-# (a compiled trial on the pool: trial_wall_s less worker_wall_s, gpu-h100-recheck 2026-11-26), ~4 s of build,
-# 6-16 s of compile (gpu-sac-1b, gpu-seed000), 43 steps at 0.19-0.45 s (40 timed and warm-up, 3 profiled; the
-# same shapes in gpu-2026-11-22/) and a few seconds reading the profile: 7-8 of the 11 points, in the sweep's order,
-# within the sweep's limit (the stage less 60 s); the rest are not run. Losses and the summary ~25 s; the final
-# summary ~10 s. A rerun of the same command on the same machine resumes (rows stored ok are not run again).
+# (a compiled trial on the pool warms up by compiling a miniature of itself first: trial_wall_s less worker_wall_s
+# was 21-25 s in gpu-h100-recheck 2026-11-26, 9.6 s for a tiny CPU model here), ~4 s of build, 6-16 s of compile
+# (gpu-sac-1b, gpu-seed000), 43 steps at 0.19-0.45 s (40 trained, 3 profiled; these shapes in gpu-2026-11-22/) and
+# a few seconds reading the profile: 7-8 of the 11 points, in the sweep's order, within the sweep's limit (the
+# stage less 60 s); the rest are not run, and a later machine runs them from this one's rows (RAYBENCH_GPU_SEED).
+# The comparisons and the summary ~25 s; the final summary ~10 s. About 8.5 minutes in all.
 # RAYBENCH_GPU_SPEED_TWIN=1 validates and plans the GPU sweep, then runs the CPU twin (gpu-speed-1gpu-cpu.yaml)
 # through the same commands.
 speed_stage() {
