@@ -58,33 +58,38 @@ stacks_stage() {
   done
 }
 
-# GPU round 3 (speed, issue 46): bench/sweeps/gpu-speed-1gpu.yaml (FP8 tensorwise and rowwise, Liger, the full
-# loss and micro-batch 12 beside the bf16 points of seed 000's LoRA and the 1B full fine-tune, 40 steps, compiled,
-# each point profiled for 3 steps) on the warm pool; then `raybench losses` over each of the three axes (OUT_DIR/
+# GPU round 3 (speed, issue 46): bench/sweeps/gpu-speed-1gpu.yaml (FP8 tensorwise and rowwise, Liger, micro-batch
+# 12 and the full loss beside the bf16 points of seed 000's LoRA and the 1B full fine-tune, 30 steps, compiled, each
+# point profiled for 3 steps) on the warm pool; then `raybench losses` over each of the three axes (OUT_DIR/
 # losses-<axis>.txt) and the fastest point of each fine-tune with its profile (OUT_DIR/speed-best.txt).
 # Budget (H100; the whole round, `env speed`, in 9 minutes): pip install of .whl ~25 s and env ~10 s (rounds 1-2);
-# the stage RAYBENCH_GPU_SPEED_S (default 460 s): Ray's start ~25 s, then ~50 s a point: ~22 s outside the worker
-# (a compiled trial on the pool warms up by compiling a miniature of itself first: trial_wall_s less worker_wall_s
-# was 21-25 s in gpu-h100-recheck 2026-11-26, 9.6 s for a tiny CPU model here), ~4 s of build, 6-16 s of compile
-# (gpu-sac-1b, gpu-seed000), 43 steps at 0.19-0.45 s (40 trained, 3 profiled; these shapes in gpu-2026-11-22/) and
-# a few seconds reading the profile: 7-8 of the 11 points, in the sweep's order, within the sweep's limit (the
-# stage less 60 s); the rest are not run, and a later machine runs them from this one's rows (RAYBENCH_GPU_SEED).
-# The comparisons and the summary ~25 s; the final summary ~10 s. About 8.5 minutes in all.
+# the stage RAYBENCH_GPU_SPEED_S (default 480 s): Ray's start ~25 s, then ~45-65 s a point: ~22 s outside the
+# worker (a compiled trial on the pool first compiles a miniature of itself: trial_wall_s less worker_wall_s was
+# 21-25 s in gpu-h100-recheck 2026-11-26, 9.6 s for the tiny model on the CPU here), ~4 s of build, 6-16 s of
+# compile (gpu-sac-1b, gpu-seed000; FP8's casts add graphs), 33 steps at 0.19-0.49 s (30 trained, 3 profiled: these
+# shapes in gpu-2026-11-22/ and their rehearsal), a few seconds reading the profile, and ~15 s of new actors after
+# each Liger point (Liger patches transformers: its group is replaced). So 6-8 of the 11 points, in the sweep's
+# order, within the sweep's limit (the stage less 90 s); the rest are not run, and a later machine runs them from
+# this one's rows (RAYBENCH_GPU_SEED). Comparisons and summary ~10 s; the final summary ~10 s. ~8.7 minutes in all.
 # RAYBENCH_GPU_SPEED_TWIN=1 validates and plans the GPU sweep, then runs the CPU twin (gpu-speed-1gpu-cpu.yaml)
 # through the same commands.
 speed_stage() {
-  local deadline=$((SECONDS + ${RAYBENCH_GPU_SPEED_S:-460})) sweep=gpu-speed-1gpu
+  local deadline=$((SECONDS + ${RAYBENCH_GPU_SPEED_S:-480})) sweep=gpu-speed-1gpu
   if [ -n "${RAYBENCH_GPU_SPEED_TWIN:-}" ]; then
     step 60 "$deadline" python3 -m raybench validate "bench/sweeps/$sweep.yaml"
     step 60 "$deadline" python3 -m raybench plan "bench/sweeps/$sweep.yaml" --store "$store"
     sweep=$sweep-cpu
   fi
-  # The sweep stops 60 s before the stage's end (SIGTERM: the rows stored are kept, Ray is shut down within
-  # timeout's 30 s grace), leaving that time to the comparisons and the summary.
-  local limit=$((deadline - SECONDS - 60))
-  echo "== $(date -u +%FT%TZ) raybench run bench/sweeps/$sweep.yaml (limit $limit s)"
-  timeout -k 30 "$limit" python3 -m raybench run "bench/sweeps/$sweep.yaml" --store "$store" --quiet
-  echo "== exit $? at $(date -u +%FT%TZ)"
+  # The sweep gets SIGTERM 90 s before the stage's end (the rows stored are kept; Ray is shut down within
+  # timeout's 30 s grace), leaving 60 s to the comparisons and the summary.
+  local limit=$((deadline - SECONDS - 90))
+  if [ "$limit" -gt 0 ]; then  # (timeout 0 would mean no limit)
+    echo "== $(date -u +%FT%TZ) raybench run bench/sweeps/$sweep.yaml (limit $limit s)"
+    timeout -k 30 "$limit" python3 -m raybench run "bench/sweeps/$sweep.yaml" --store "$store" --quiet
+    echo "== exit $? at $(date -u +%FT%TZ)"
+  else
+    echo "== $(date -u +%FT%TZ) not run (no time left): raybench run bench/sweeps/$sweep.yaml"
+  fi
   for pair in train.fp8=off train.liger=false train.loss=full; do
     step 30 "$deadline" python3 -m raybench losses "$store" --sweep "$sweep" --axis "${pair%%=*}" \
       --baseline "${pair#*=}" | tee "$out/losses-${pair%%=*}.txt"
