@@ -2,7 +2,7 @@
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
 #   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
-#                                           snapshot ddp-liger tests stacks probe hf-check
+#                                           snapshot ddp-liger tests stacks probe hf-check speed
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -58,6 +58,45 @@ stacks_stage() {
   done
 }
 
+# GPU round 3 (speed, issue 46): bench/sweeps/gpu-speed-1gpu.yaml (FP8 tensorwise and rowwise, Liger, micro-batch
+# 12 and the full loss beside the bf16 points of seed 000's LoRA and the 1B full fine-tune, 30 steps, compiled, each
+# point profiled for 3 steps) on the warm pool; then `raybench losses` over each of the three axes (OUT_DIR/
+# losses-<axis>.txt) and the fastest point of each fine-tune with its profile (OUT_DIR/speed-best.txt).
+# Budget (H100; the whole round, `env speed`, in 9 minutes): pip install of .whl ~25 s and env ~10 s (rounds 1-2);
+# the stage RAYBENCH_GPU_SPEED_S (default 480 s): Ray's start ~25 s, then ~45-65 s a point: ~22 s outside the
+# worker (a compiled trial on the pool first compiles a miniature of itself: trial_wall_s less worker_wall_s was
+# 21-25 s in gpu-h100-recheck 2026-11-26, 9.6 s for the tiny model on the CPU here), ~4 s of build, 6-16 s of
+# compile (gpu-sac-1b, gpu-seed000; FP8's casts add graphs), 33 steps at 0.19-0.49 s (30 trained, 3 profiled: these
+# shapes in gpu-2026-11-22/ and their rehearsal), a few seconds reading the profile, and ~15 s of new actors after
+# each Liger point (Liger patches transformers: its group is replaced). So 6-8 of the 11 points, in the sweep's
+# order, within the sweep's limit (the stage less 90 s); the rest are not run, and a later machine runs them from
+# this one's rows (RAYBENCH_GPU_SEED). Comparisons and summary ~10 s; the final summary ~10 s. ~8.7 minutes in all.
+# RAYBENCH_GPU_SPEED_TWIN=1 validates and plans the GPU sweep, then runs the CPU twin (gpu-speed-1gpu-cpu.yaml)
+# through the same commands.
+speed_stage() {
+  local deadline=$((SECONDS + ${RAYBENCH_GPU_SPEED_S:-480})) sweep=gpu-speed-1gpu
+  if [ -n "${RAYBENCH_GPU_SPEED_TWIN:-}" ]; then
+    step 60 "$deadline" python3 -m raybench validate "bench/sweeps/$sweep.yaml"
+    step 60 "$deadline" python3 -m raybench plan "bench/sweeps/$sweep.yaml" --store "$store"
+    sweep=$sweep-cpu
+  fi
+  # The sweep gets SIGTERM 90 s before the stage's end (the rows stored are kept; Ray is shut down within
+  # timeout's 30 s grace), leaving 60 s to the comparisons and the summary.
+  local limit=$((deadline - SECONDS - 90))
+  if [ "$limit" -gt 0 ]; then  # (timeout 0 would mean no limit)
+    echo "== $(date -u +%FT%TZ) raybench run bench/sweeps/$sweep.yaml (limit $limit s)"
+    timeout -k 30 "$limit" python3 -m raybench run "bench/sweeps/$sweep.yaml" --store "$store" --quiet
+    echo "== exit $? at $(date -u +%FT%TZ)"
+  else
+    echo "== $(date -u +%FT%TZ) not run (no time left): raybench run bench/sweeps/$sweep.yaml"
+  fi
+  for pair in train.fp8=off train.liger=false train.loss=full; do
+    step 30 "$deadline" python3 -m raybench losses "$store" --sweep "$sweep" --axis "${pair%%=*}" \
+      --baseline "${pair#*=}" | tee "$out/losses-${pair%%=*}.txt"
+  done
+  step 30 "$deadline" python3 bench/speed_best.py "$store" --sweep "$sweep" | tee "$out/speed-best.txt"
+}
+
 for stage in "$@"; do
   echo "== $(date -u +%FT%TZ) stage $stage" | tee -a "$log"
   case $stage in
@@ -65,7 +104,7 @@ for stage in "$@"; do
       nvidia-smi -q > "$out/nvidia-smi.txt"
       nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,power.limit,driver_version --format=csv
       python3 -c 'import importlib.metadata as m
-for p in ["torch","ray","transformers","peft","accelerate","trl","datasets","lightning","deepspeed","optuna","pyarrow","bitsandbytes","liger-kernel","triton","flash-attn"]:
+for p in ["torch","ray","transformers","peft","accelerate","trl","datasets","lightning","deepspeed","optuna","pyarrow","bitsandbytes","liger-kernel","torchao","triton","flash-attn"]:
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, "not installed")
 import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name())' ;;
@@ -106,6 +145,7 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
              timeout -k 10 75 python3 bench/probe_overhead.py --device cuda --rounds 10 --steps 20 --micro-batch 8 \
                --seq-len 2048
            fi ;;
+    speed) speed_stage ;;
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"
