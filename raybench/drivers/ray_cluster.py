@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -37,22 +38,48 @@ class Terminated(BaseException):
     """SIGTERM (end of allocation, scancel) reached the sweep: stop now, keep what is stored."""
 
 
+# The stops of the sweep this process runs, one per active terminate_on_sigterm (innermost last), and the reason
+# stop_sweep gave (a SIGTERM from outside has none: "received signal 15").
+_stops: list[Callable[..., None] | None] = []
+_reason: list[str] = []
+# How long a sweep whose cluster is gone waits for Ray's teardown before it exits without it: with its head gone,
+# Tune's cleanup waits on it for good (a sweep stopped by SIGTERM waits sweep.STOP_GRACE_S: its head may be up).
+GONE_CLUSTER_GRACE_S = 3.0
+
+
 @contextlib.contextmanager
-def terminate_on_sigterm(on_stop: Callable[[str], None] | None = None):
+def terminate_on_sigterm(on_stop: Callable[..., None] | None = None):
     """Turn SIGTERM into `Terminated` in the main thread so that every `finally` (Ray shutdown) runs. `on_stop`,
     given the reason, runs first: what must be recorded before a teardown that may hang (the sweep's
     `interrupted` rows)."""
     def handler(signum, frame):
-        why = f"received signal {signum}"
+        why = _reason[0] if _reason else f"received signal {signum}"
         if on_stop is not None:
             on_stop(why)
         raise Terminated(why)
 
     previous = signal.signal(signal.SIGTERM, handler)
+    _stops.append(on_stop)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _stops.pop()
+        if not _stops:
+            _reason.clear()
+
+
+def stop_sweep(why: str, grace_s: float = GONE_CLUSTER_GRACE_S) -> None:
+    """Stop this process's sweep from another thread as SIGTERM does, for `why` (a warm cluster's allocation
+    ended). The stop's records are made here and now (the main thread may be blocked inside Ray, waiting on a
+    head that is gone), and the process exits after `grace_s` if the teardown has not finished by then; SIGTERM to
+    the main thread raises `Terminated(why)` there as soon as it can."""
+    if not _reason:
+        _reason.append(why)
+    recorders = [on_stop for on_stop in _stops if on_stop is not None]
+    if recorders:
+        recorders[-1](why, grace_s)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
 
 def _process_id(pid: int) -> str:

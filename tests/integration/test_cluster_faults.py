@@ -298,3 +298,146 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
           f"{len(attempts)} rows (1 ok, 1 interrupted, {len(attempts) - 2} other), after resubmission "
           f"{len(ok_rows)} ok, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
           f"{time.monotonic() - started:.0f} s wall")
+
+
+def _job_id_from_squeue(env: dict, name: str, timeout: float = 60) -> str | None:
+    """The id of the running job named `name` (the one `slurm submit` just made)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "--noheader", "--format=%i %j %T"], env=env, capture_output=True,
+                             text=True).stdout.splitlines()
+        job_id = next((line.split()[0] for line in out if name in line and "RUNNING" in line), None)
+        if job_id:
+            return job_id
+        time.sleep(0.5)
+    return None
+
+
+def _wait_for(ready, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} after {timeout:.0f} s"
+        time.sleep(0.3)
+
+
+def _idle_trials_running(job_id: str) -> int:
+    return sum("idle_trial.py" in " ".join(_cmdline(p)) for p in job_processes(job_id))
+
+
+def _kill_head_node(job_id: str) -> list[str]:
+    """kill -9 every process of the job on the head node (rbnode1), as the node's death would end them: the batch
+    script and `raybench run` under it, the Ray head's GCS, raylet and workers, the trials' processes there.
+    SLURM's own daemons stay (they stand for the controller's view of the node)."""
+    victims = [p for p in job_processes(job_id) if _environ(p).get("SLURMD_NODENAME") == f"{NODE_PREFIX}1"
+               and _name(p) not in ("slurmstepd", "slurmd", "")]
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return sorted({_name(p) for p in victims})
+
+
+@pytest.mark.slow  # ~90 s; the default run keeps the time limit's and the worker node's loss
+def test_head_node_dies_with_the_driver_then_resubmission_runs_exactly_the_missing_trials(slurm2, tmp_path):
+    # Three idle trials on two nodes, two at a time: the first ends in seconds; the second and third are held
+    # (one per node) when the head node dies under them.
+    holds = [tmp_path / "free", tmp_path / "held-1", tmp_path / "held-2"]
+    for hold in holds[1:]:
+        hold.touch()
+    sweep, store = _idle_sweep(tmp_path, holds), tmp_path / "store"
+    started = time.monotonic()
+    submit = subprocess.Popen([*RAYBENCH, "slurm", "submit", str(sweep), "--store", str(store), "--wait",
+                               *_options(2)], env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        job_id = _job_id_from_squeue(slurm2, f"raybench-{SWEEP}")
+        assert job_id, "the job never ran"
+        _wait_for(lambda: len(_attempts(store)) == 1 if (store / f"sweep={SWEEP}").is_dir() else False, 180,
+                  "the first trial stored no row")
+        _wait_for(lambda: _idle_trials_running(job_id) == 2, 120, "the two held trials did not both start")
+        killed = _kill_head_node(job_id)
+    finally:
+        stdout, stderr = submit.communicate(timeout=300)
+    print(stdout, stderr)
+    assert "raybench" in " ".join(killed) or "python" in " ".join(killed), killed
+    assert submit.returncode == 1 and "ended before the sweep finished" in stderr, stderr
+    _wait_for(lambda: not job_processes(job_id), 90, "processes of the dead job are left")
+    leftovers = sorted(p.name for p in Path("/tmp").glob(f"rbs-{job_id}-*"))
+
+    # The rows written before the head died are intact and read by an independent reader; the trials in flight
+    # have no row or one that is not ok.
+    attempts = _attempts(store)
+    assert [a["status"] for a in attempts][:1] == ["ok"] and attempts[0]["steps_timed"] == IDLE_STEPS - 1
+    assert all(a["status"] != "ok" for a in attempts[1:]), attempts
+    import pyarrow.parquet as pq
+    for path in (store / f"sweep={SWEEP}").glob("*.parquet"):
+        assert pq.read_table(path).num_rows == 1  # whole files, none torn
+
+    for hold in holds[1:]:
+        hold.unlink()
+    again = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(2))
+    assert again.returncode == 0, again.stderr
+    after = _attempts(store)
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
+    added = [a["trial_id"] for a in after[len(attempts):]]
+    assert sorted(added) == sorted(set(ok_rows) - {attempts[0]["trial_id"]})  # exactly the missing trials
+    print(f"FIGURES head node: faults 1 (killed -9: {', '.join(killed)}), left after the job: {leftovers or 'nothing'}"
+          f"; rows expected 3, first job {len(attempts)} rows ({len(attempts) - 1} of the cut trials, none ok), "
+          f"resubmission added {len(added)}, ok rows {len(ok_rows)}, duplicate ok rows "
+          f"{len(ok_rows) - len(set(ok_rows))}; {time.monotonic() - started:.0f} s wall")
+
+
+@pytest.mark.slow  # ~150 s (SLURM's least limit is a minute); the default run keeps the one-shot job's time limit
+def test_a_warm_clusters_allocation_ends_mid_run_then_a_new_cluster_runs_exactly_the_rest(slurm2, tmp_path):
+    # Three idle trials, one at a time on one node: the first ends in seconds, the second is held until the warm
+    # cluster's 1-minute limit ends its job (60 to 90 s after it starts), the third never starts.
+    held = tmp_path / "held"
+    held.touch()
+    sweep, store = _idle_sweep(tmp_path, [tmp_path / "free-1", held, tmp_path / "free-2"]), tmp_path / "store"
+    started = time.monotonic()
+    assert raybench_cli(slurm2, "cluster", "up", "short", *_options(1, "1")).returncode == 0
+    job_id = _job_id_of(slurm2, "short")
+    try:
+        run = raybench_cli(slurm2, "run", str(sweep), "--cluster", "short", "--store", str(store), "--quiet")
+        run_ended = time.time()
+        status = raybench_cli(slurm2, "cluster", "status", "short")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "short")
+    job_end = subprocess.run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%e %T"],
+                             env=slurm2, capture_output=True, text=True).stdout.split()
+    # `run` says at once that the allocation ended (not a minute of reconnecting to a dead head, no traceback),
+    # with the tally and the resume hint, and exits non-zero.
+    assert run.returncode == 130, run.stderr
+    assert f"the allocation of cluster short ended: job {job_id}" in run.stderr
+    assert "of 3 trials: 1 interrupted, 1 ok, 1 not started" in run.stderr, run.stderr
+    assert "run the same command again to resume" in run.stderr and "cluster up short" in run.stderr
+    assert "Traceback" not in run.stderr and "Failed to connect to GCS" not in run.stderr
+    assert status.returncode == 1 and "GONE (its allocation ended" in status.stdout, status.stdout
+
+    attempts = _attempts(store)
+    latest = list(_latest(attempts).values())
+    assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts  # the third never started
+    ok, interrupted = latest
+    assert ok["steps_timed"] == IDLE_STEPS - 1
+    assert interrupted["message"].startswith("the sweep was stopped while this trial ran (the allocation of "
+                                             f"cluster short ended: job {job_id}"), interrupted
+    assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == interrupted["trial_id"]}
+
+    # A new cluster: the same run runs exactly the held trial and the one never started.
+    held.unlink()
+    assert raybench_cli(slurm2, "cluster", "up", "short", *_options(1)).returncode == 0
+    try:
+        again = raybench_cli(slurm2, "run", str(sweep), "--cluster", "short", "--store", str(store), "--quiet")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "short")
+    assert again.returncode == 0, again.stderr
+    after = _attempts(store)
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
+    assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
+    print(f"FIGURES warm time limit: faults 1 (job {job_id} {job_end}, run exited at "
+          f"{time.strftime('%H:%M:%S', time.localtime(run_ended))}), rows expected 3, first run {len(attempts)} rows "
+          f"(1 ok, 1 interrupted, {len(attempts) - 2} other), after the new cluster {len(ok_rows)} ok, duplicate ok "
+          f"rows {len(ok_rows) - len(set(ok_rows))}; {time.monotonic() - started:.0f} s wall")
