@@ -32,6 +32,9 @@ DRIVER_SLOTS = 1000
 # Embedded Ray clusters live in TEMP_ROOT/rb-*; OWNER_FILE there names the raybench process that owns one.
 TEMP_ROOT = "/tmp"
 OWNER_FILE = "raybench-owner"
+# A SLURM job's Ray keeps its files in TEMP_ROOT/rbs-JOBID-NODE; one not touched for this long and used by no
+# process is an earlier job's that died without its cleanup (reap_stale_job_dirs).
+JOB_DIR_MIN_AGE_S = 20.0
 
 
 class Terminated(BaseException):
@@ -103,7 +106,7 @@ def _processes_using(directory: Path) -> list:
             if proc.info["uids"].real != os.getuid() or proc.pid == os.getpid():
                 continue
             paths = [f.path for f in proc.open_files()] + [proc.cwd()]
-            if any(p.startswith(prefix) for p in paths):
+            if any(p.startswith(prefix) or p == str(directory) for p in paths):
                 found.append(proc)
         except psutil.Error:
             continue
@@ -120,6 +123,25 @@ def reap_stale_clusters(root: str = TEMP_ROOT) -> list[Path]:
             continue
         remove_cluster_dir(temp_dir)
         reaped.append(temp_dir)
+    return reaped
+
+
+def reap_stale_job_dirs(job_id: str, root: str = TEMP_ROOT, min_age_s: float = JOB_DIR_MIN_AGE_S) -> list[Path]:
+    """Delete the Ray temp dirs of earlier SLURM jobs on this node (`rbs-JOBID-NODE`, the sbatch template's) that
+    no process uses any more: a job whose head node was killed -9 never ran the cleanup that removes its own. A dir
+    that a process still uses (the Ray of a job that runs, on this SLURM or another) is left alone, and so is one
+    made in the last `min_age_s` (a job starting now, whose Ray has not opened its files yet). Run by the template
+    on each node before its Ray starts."""
+    now, reaped = time.time(), []
+    for temp_dir in Path(root).glob("rbs-*-*"):
+        try:
+            info = temp_dir.stat()
+        except OSError:
+            continue
+        ours = temp_dir.is_dir() and info.st_uid == os.getuid() and now - info.st_mtime > min_age_s
+        if ours and not temp_dir.name.startswith(f"rbs-{job_id}-") and not _processes_using(temp_dir):
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            reaped.append(temp_dir)
     return reaped
 
 
@@ -233,3 +255,6 @@ def wait_for_nodes(count: int, timeout: float) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["wait-nodes"]:
     wait_for_nodes(int(sys.argv[2]), float(sys.argv[3]))
+if __name__ == "__main__" and sys.argv[1:2] == ["reap-job-dirs"]:
+    for reaped_dir in reap_stale_job_dirs(sys.argv[2]):
+        print(f"raybench: removed {reaped_dir}, the Ray files of an earlier job that ended without removing them")
