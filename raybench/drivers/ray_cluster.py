@@ -32,9 +32,11 @@ DRIVER_SLOTS = 1000
 # Embedded Ray clusters live in TEMP_ROOT/rb-*; OWNER_FILE there names the raybench process that owns one.
 TEMP_ROOT = "/tmp"
 OWNER_FILE = "raybench-owner"
-# A SLURM job's Ray keeps its files in TEMP_ROOT/rbs-JOBID-NODE; one not touched for this long and used by no
-# process is an earlier job's that died without its cleanup (reap_stale_job_dirs).
-JOB_DIR_MIN_AGE_S = 20.0
+# A SLURM job's Ray keeps its files in TEMP_ROOT/rbs-JOBID-NODE, and the template holds a file open there from the
+# moment it makes the dir; one not touched for this long that no process uses is an earlier job's that died
+# without its cleanup (reap_stale_job_dirs).
+JOB_DIR_MIN_AGE_S = 5.0
+JOB_MARKER = "raybench-node"  # in a job's dir: which SLURM the job runs under (slurm_identity)
 
 
 class Terminated(BaseException):
@@ -126,23 +128,45 @@ def reap_stale_clusters(root: str = TEMP_ROOT) -> list[Path]:
     return reaped
 
 
-def reap_stale_job_dirs(job_id: str, root: str = TEMP_ROOT, min_age_s: float = JOB_DIR_MIN_AGE_S) -> list[Path]:
-    """Delete the Ray temp dirs of earlier SLURM jobs on this node (`rbs-JOBID-NODE`, the sbatch template's) that
-    no process uses any more: a job whose head node was killed -9 never ran the cleanup that removes its own. A dir
-    that a process still uses (the Ray of a job that runs, on this SLURM or another) is left alone, and so is one
-    made in the last `min_age_s` (a job starting now, whose Ray has not opened its files yet). Run by the template
-    on each node before its Ray starts."""
-    now, reaped = time.time(), []
+def reap_stale_job_dirs(job_id: str, job_over: Callable[[str], bool], root: str = TEMP_ROOT,
+                        min_age_s: float = JOB_DIR_MIN_AGE_S) -> list[Path]:
+    """Remove what earlier SLURM jobs' Rays left on this node (`rbs-JOBID-NODE`, the sbatch template's dirs): a job
+    whose head was killed -9 ran no cleanup, and Ray's runtime-env and dashboard agents outlive their raylet by a
+    minute, holding the job's ports. A dir no process uses is deleted. One still in use is the Ray of a job that
+    runs, unless its JOB_MARKER says it is this SLURM's and SLURM says (`job_over`) that the job is over: then its
+    processes are stopped and it is deleted. Dirs made in the last `min_age_s` (a job starting now) are left alone.
+    Run by the template on each node before its Ray starts."""
+    now, reaped, this_slurm = time.time(), [], slurm_identity()
     for temp_dir in Path(root).glob("rbs-*-*"):
         try:
             info = temp_dir.stat()
         except OSError:
             continue
-        ours = temp_dir.is_dir() and info.st_uid == os.getuid() and now - info.st_mtime > min_age_s
-        if ours and not temp_dir.name.startswith(f"rbs-{job_id}-") and not _processes_using(temp_dir):
+        dir_job = temp_dir.name.split("-")[1]
+        if (not temp_dir.is_dir() or info.st_uid != os.getuid() or now - info.st_mtime <= min_age_s
+                or dir_job == job_id):
+            continue
+        if not _processes_using(temp_dir):
             shutil.rmtree(temp_dir, ignore_errors=True)
-            reaped.append(temp_dir)
+        elif _marker(temp_dir) == this_slurm and job_over(dir_job):
+            remove_cluster_dir(temp_dir)
+        else:
+            continue
+        reaped.append(temp_dir)
     return reaped
+
+
+def slurm_identity() -> str:
+    """Which SLURM a job runs under, as the template writes it into JOB_MARKER: two test SLURMs on one host share a
+    cluster name and not their SLURM_CONF."""
+    return f"{os.environ.get('SLURM_CLUSTER_NAME', '')} {os.environ.get('SLURM_CONF', '')}".strip()
+
+
+def _marker(temp_dir: Path) -> str | None:
+    try:
+        return (temp_dir / JOB_MARKER).read_text().strip()
+    except OSError:
+        return None
 
 
 def remove_cluster_dir(temp_dir: Path) -> None:
@@ -256,5 +280,7 @@ def wait_for_nodes(count: int, timeout: float) -> None:
 if __name__ == "__main__" and sys.argv[1:2] == ["wait-nodes"]:
     wait_for_nodes(int(sys.argv[2]), float(sys.argv[3]))
 if __name__ == "__main__" and sys.argv[1:2] == ["reap-job-dirs"]:
-    for reaped_dir in reap_stale_job_dirs(sys.argv[2]):
+    from raybench.drivers.slurm import job_state
+
+    for reaped_dir in reap_stale_job_dirs(sys.argv[2], job_over=lambda job: job_state(job) is None):
         print(f"raybench: removed {reaped_dir}, the Ray files of an earlier job that ended without removing them")

@@ -6,7 +6,13 @@ fault injected for real and the rows read back by an independent reader (duckdb)
   healed (slow variant), the next run runs exactly the missing trials (the default run's resume check is
   test_ray_sweep's rerun);
 - the allocation's time limit expires mid-sweep (`--time 1`): finished rows kept, the running trial `interrupted`
-  (never ok, never a late error), and a resubmission completes the sweep with no trial stored ok twice.
+  (never ok, never a late error), and a resubmission completes the sweep with no trial stored ok twice;
+- a warm cluster's allocation ends under `run --cluster` (scancel in the default run; its real time limit, then a
+  new cluster, with `-m slow`): `run` says so at once, the running trial `interrupted`, exit 130 with the tally and
+  the resume hint; `cluster status` says how the allocation ended; the new cluster runs exactly the rest;
+- the head node dies with the driver in a one-shot job (`-m slow`; every process of the job on node 1 killed -9):
+  the rows written before are whole, SLURM ends the job and its processes, the next job reaps the head's Ray files
+  and runs exactly the missing trials.
 
 Kept cheap for the default run: three trials of the fewest steps for a node loss (one 2-node trial killed, one
 2-node trial refused, one 1-node trial ok), and for the time limit `command` trials that idle (only SLURM's clock
@@ -367,6 +373,9 @@ def test_head_node_dies_with_the_driver_then_resubmission_runs_exactly_the_missi
     # Ray files stay behind (nothing of the head ran its cleanup) until the next job on the node reaps them.
     _wait_for(lambda: not job_processes(job_id), 90, "processes of the dead job are left")
     leftovers = sorted(p.name for p in Path("/tmp").glob(f"rbs-{job_id}-*"))
+    # Ray's agents outlive their killed raylet by about a minute (holding the dead job's ports), out of SLURM's
+    # sight: they no longer count as the job's processes.
+    agents = sorted(_name(p) for d in leftovers for p in _using(Path("/tmp") / d))
 
     # The rows written before the head died are intact and read by an independent reader; the trials in flight
     # have no row or one that is not ok.
@@ -382,6 +391,7 @@ def test_head_node_dies_with_the_driver_then_resubmission_runs_exactly_the_missi
     again = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(2))
     assert again.returncode == 0, again.stderr
     assert not list(Path("/tmp").glob(f"rbs-{job_id}-*")), "the dead head's Ray files were not reaped"
+    assert not [p for p in psutil.process_iter() if _name(p) in agents and f"rbs-{job_id}-" in " ".join(_cmdline(p))]
     if leftovers:
         assert f"removed /tmp/{leftovers[0]}" in _job_log(slurm2)
     after = _attempts(store)
@@ -390,7 +400,7 @@ def test_head_node_dies_with_the_driver_then_resubmission_runs_exactly_the_missi
     added = [a["trial_id"] for a in after[len(attempts):]]
     assert sorted(added) == sorted(set(ok_rows) - {attempts[0]["trial_id"]})  # exactly the missing trials
     print(f"FIGURES head node: faults 1 (killed -9: {', '.join(killed)}), left after the job: {leftovers or 'nothing'} "
-          f"(reaped by the next job)"
+          f"used by {agents or 'no process'} (reaped by the next job)"
           f"; rows expected 3, first job {len(attempts)} rows ({len(attempts) - 1} of the cut trials, none ok), "
           f"resubmission added {len(added)}, ok rows {len(ok_rows)}, duplicate ok rows "
           f"{len(ok_rows) - len(set(ok_rows))}; {time.monotonic() - started:.0f} s wall")
@@ -446,5 +456,63 @@ def test_a_warm_clusters_allocation_ends_mid_run_then_a_new_cluster_runs_exactly
     assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
     print(f"FIGURES warm time limit: faults 1 (job {job_id} {job_end}, run exited at "
           f"{time.strftime('%H:%M:%S', time.localtime(run_ended))}), rows expected 3, first run {len(attempts)} rows "
-          f"(1 ok, 1 interrupted, {len(attempts) - 2} other), after the new cluster {len(ok_rows)} ok, duplicate ok "
-          f"rows {len(ok_rows) - len(set(ok_rows))}; {time.monotonic() - started:.0f} s wall")
+          f"({_statuses(attempts)}), after the new cluster {len(ok_rows)} ok, duplicate ok rows "
+          f"{len(ok_rows) - len(set(ok_rows))}; {time.monotonic() - started:.0f} s wall")
+
+
+def _statuses(attempts: list[dict]) -> str:
+    """The attempts in the order they were stored, a failure's message cut short."""
+    return ", ".join(a["status"] + (f" {a['message'][:60]!r}" if a["status"] == "error" else "") for a in attempts)
+
+
+def test_a_warm_clusters_allocation_cancelled_mid_run_stops_the_run_at_once(slurm2, tmp_path):
+    # The default run's check of the same path as the time limit above, without a minute's wait: scancel ends the
+    # warm cluster's allocation while its second trial runs.
+    held = tmp_path / "held"
+    held.touch()
+    sweep, store = _idle_sweep(tmp_path, [tmp_path / "free-1", held, tmp_path / "free-2"]), tmp_path / "store"
+    started = time.monotonic()
+    assert raybench_cli(slurm2, "cluster", "up", "cut", *_options(1)).returncode == 0
+    job_id = _job_id_of(slurm2, "cut")
+    try:
+        run = subprocess.Popen([*RAYBENCH, "run", str(sweep), "--cluster", "cut", "--store", str(store), "--quiet"],
+                               env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(lambda: _idle_trials_running(job_id) == 1 and _stored(store) == 1, 120,
+                      "the held trial never ran")
+            subprocess.run(["scancel", job_id], env=slurm2, check=True)
+            cancelled = time.monotonic()
+        finally:
+            stdout, stderr = run.communicate(timeout=120)
+        run_exit_s = time.monotonic() - cancelled
+        print(stdout, stderr)
+        status = raybench_cli(slurm2, "cluster", "status", "cut")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "cut")
+    assert run.returncode == 130, stderr
+    assert f"the allocation of cluster cut ended: job {job_id}" in stderr and "cluster up cut" in stderr
+    assert "of 3 trials: 1 interrupted, 1 ok, 1 not started" in stderr and "Traceback" not in stderr
+    assert run_exit_s < 20, run_exit_s  # at once: SLURM's signal, a 2 s poll, a 3 s grace; not a minute
+    assert status.returncode == 1 and "GONE (its allocation ended" in status.stdout, status.stdout
+    attempts = _attempts(store)
+    latest = list(_latest(attempts).values())
+    assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts
+    assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == latest[1]["trial_id"]}
+    print(f"FIGURES warm scancel: faults 1, run exited {run_exit_s:.1f} s after scancel, rows expected 2 (1 ok, "
+          f"1 interrupted), rows found {len(attempts)} ({_statuses(attempts)}); {time.monotonic() - started:.0f} s wall")
+
+
+def _using(directory: Path) -> list[psutil.Process]:
+    """The processes with a file open in `directory`."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if any(f.path.startswith(f"{directory}/") for f in proc.open_files()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _stored(store: Path) -> int:
+    return len(list((store / f"sweep={SWEEP}").glob("*.parquet")))
