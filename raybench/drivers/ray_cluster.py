@@ -79,6 +79,8 @@ def stop_sweep(why: str, grace_s: float = GONE_CLUSTER_GRACE_S) -> None:
     ended). The stop's records are made here and now (the main thread may be blocked inside Ray, waiting on a
     head that is gone), and the process exits after `grace_s` if the teardown has not finished by then; SIGTERM to
     the main thread raises `Terminated(why)` there as soon as it can."""
+    if not _stops:  # no sweep running any more (it ended as the allocation did): nothing to stop
+        return
     if not _reason:
         _reason.append(why)
     recorders = [on_stop for on_stop in _stops if on_stop is not None]

@@ -152,3 +152,10 @@ def test_a_stop_from_another_thread_gives_its_reason_the_tally_and_exits_within_
 def test_cluster_status_says_how_a_clusters_allocation_ended():
     status = {"name": "c", "job_id": "7", "state": "GONE", "ended": "TIMEOUT", "address": None, "nodes": None}
     assert cli.cluster_status_text(status) == "cluster c: job 7 GONE (its allocation ended: TIMEOUT), address -"
+
+
+def test_a_stop_after_the_sweep_has_ended_does_nothing():
+    # The allocation may end just as the sweep does: `run` then prints its table and exits as it would have.
+    script = "from raybench.drivers.ray_cluster import stop_sweep; stop_sweep('the allocation ended'); print('alive')"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "alive", done.stderr
