@@ -12,7 +12,8 @@ fault injected for real and the rows read back by an independent reader (duckdb)
   the resume hint; `cluster status` says how the allocation ended; the new cluster runs exactly the rest;
 - the head node dies with the driver in a one-shot job (`-m slow`; every process of the job on node 1 killed -9):
   the rows written before are whole, SLURM ends the job and its processes, the next job reaps the head's Ray files
-  and runs exactly the missing trials.
+  and runs exactly the missing trials; the same on a warm cluster under `run --cluster` (`-m slow`), whose run
+  stops at once with the trials in flight `interrupted`.
 
 Kept cheap for the default run: three trials of the fewest steps for a node loss (one 2-node trial killed, one
 2-node trial refused, one 1-node trial ok), and for the time limit `command` trials that idle (only SLURM's clock
@@ -516,3 +517,57 @@ def _using(directory: Path) -> list[psutil.Process]:
 
 def _stored(store: Path) -> int:
     return len(list((store / f"sweep={SWEEP}").glob("*.parquet")))
+
+
+@pytest.mark.slow  # ~100 s; the default run keeps the warm cluster cancelled under `run` (the same stop)
+def test_a_warm_clusters_head_node_dies_under_run_then_a_new_cluster_runs_exactly_the_rest(slurm2, tmp_path):
+    # The head node of a warm cluster dies (every process of the hold job on node 1 killed -9: the batch script, the
+    # Ray head) while `run --cluster`, outside the job as on a login node, has two trials running on it.
+    holds = [tmp_path / "free", tmp_path / "held-1", tmp_path / "held-2"]
+    for hold in holds[1:]:
+        hold.touch()
+    sweep, store = _idle_sweep(tmp_path, holds), tmp_path / "store"
+    started = time.monotonic()
+    assert raybench_cli(slurm2, "cluster", "up", "headless", *_options(2)).returncode == 0
+    job_id = _job_id_of(slurm2, "headless")
+    try:
+        run = subprocess.Popen([*RAYBENCH, "run", str(sweep), "--cluster", "headless", "--store", str(store),
+                                "--quiet"], env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(lambda: _idle_trials_running(job_id) == 2 and _stored(store) == 1, 180,
+                      "the two held trials did not both run")
+            killed = _kill_head_node(job_id)
+            killed_at = time.monotonic()
+        finally:
+            stdout, stderr = run.communicate(timeout=180)
+        run_exit_s = time.monotonic() - killed_at
+        print(stdout, stderr)
+        status = raybench_cli(slurm2, "cluster", "status", "headless")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "headless")
+    assert {"gcs_server", "raylet"} <= set(killed), killed
+    assert run.returncode == 130 and f"the allocation of cluster headless ended: job {job_id}" in stderr, stderr
+    assert "of 3 trials: 2 interrupted, 1 ok" in stderr and "Traceback" not in stderr
+    assert status.returncode == 1 and "GONE (its allocation ended" in status.stdout, status.stdout
+    attempts = _attempts(store)
+    latest = list(_latest(attempts).values())
+    assert sorted(a["status"] for a in latest) == ["interrupted", "interrupted", "ok"], attempts
+    assert [a["status"] for a in attempts if a["status"] == "ok"] == ["ok"]  # no cut trial ever ok
+
+    for hold in holds[1:]:
+        hold.unlink()
+    assert raybench_cli(slurm2, "cluster", "up", "headless", *_options(2)).returncode == 0
+    try:
+        again = raybench_cli(slurm2, "run", str(sweep), "--cluster", "headless", "--store", str(store), "--quiet")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "headless")
+    assert again.returncode == 0, again.stderr
+    assert not list(Path("/tmp").glob(f"rbs-{job_id}-*")), "the dead head's Ray files were not reaped"
+    after = _attempts(store)
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3
+    assert sorted(a["trial_id"] for a in after[len(attempts):]) == sorted(t for t in ok_rows if t != ok_rows[0])
+    print(f"FIGURES warm head node: faults 1 (killed -9: {', '.join(killed)}), run exited {run_exit_s:.1f} s after "
+          f"the kill, rows expected 3, first run {len(attempts)} rows ({_statuses(attempts)}), the new cluster added "
+          f"{len(after) - len(attempts)}, ok rows {len(ok_rows)}, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
+          f"{time.monotonic() - started:.0f} s wall")
