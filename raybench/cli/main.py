@@ -126,20 +126,23 @@ def _run(args) -> int:
     spec = load_sweep(args.sweep)
     address = args.address
     if args.cluster:  # before anything imports ray: the cluster's token must be in the environment first
-
         address = slurm.connect(args.cluster)
     store_path = args.store or spec.store
     from raybench.drivers.progress import SweepProgress
-    from raybench.drivers.ray_cluster import Terminated, terminate_on_sigterm
+    from raybench.drivers.ray_cluster import Terminated, stop_sweep, terminate_on_sigterm
 
+    progress = SweepProgress.for_terminal(args.quiet, args.verbose)
     try:
-        with terminate_on_sigterm(), SweepProgress.for_terminal(args.quiet, args.verbose) as progress:
+        with terminate_on_sigterm(), progress:
+            if args.cluster:  # its allocation may end mid-sweep (time limit, scancel): stop at once, not via Ray
+                slurm.watch_allocation(args.cluster, on_end=stop_sweep)
             done = run_sweep(spec, address=address, store_path=store_path, keep_invalid=args.keep_invalid,
                              rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
     except (Terminated, KeyboardInterrupt) as why:
         # Every finished trial's row is already stored (each is written atomically when its trial ends).
-        print(f"interrupted ({why or 'Ctrl-C'}); finished trials are stored in {store_path}; "
-              f"run the same command again to resume", file=sys.stderr, flush=True)
+        up = f" (once the cluster is up again: `raybench cluster up {args.cluster}`)" if args.cluster else ""
+        print(f"interrupted ({why or 'Ctrl-C'}); {progress.tally()}; finished trials are stored in {store_path}; "
+              f"run the same command again to resume{up}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     # The sweep's rows, the run's own included: run_sweep read the store once, and it is not read again.
     text, failed = run_report(done.results.to_pandas(), {t.trial_id for t in done.ran}, spec.search, store_path)
@@ -241,7 +244,6 @@ def _slurm_submit(args) -> int:
 
 
 def _cluster_up(args) -> int:
-
     record = slurm.cluster_up(args.name, _slurm_options(args), ready_timeout=args.ready_timeout)
     print(f"cluster {args.name} up: job {record['job_id']}, address {record['address']}; "
           f"run sweeps with `raybench run SWEEP --cluster {args.name}`")
@@ -249,7 +251,6 @@ def _cluster_up(args) -> int:
 
 
 def _cluster_status(args) -> int:
-
     status = slurm.cluster_status(args.name)
     print(json.dumps(status) if args.json else cluster_status_text(status))
     return EXIT_OK if status["state"] != "GONE" else EXIT_TRIALS_FAILED
@@ -257,7 +258,8 @@ def _cluster_status(args) -> int:
 
 def cluster_status_text(status: dict) -> str:
     """`cluster status` as a line, then one line per Ray node: a node lost mid-sweep is named with Ray's reason."""
-    lines = [f"cluster {status['name']}: job {status['job_id']} {status['state']}, "
+    ended = f" (its allocation ended: {status['ended']})" if status.get("ended") else ""
+    lines = [f"cluster {status['name']}: job {status['job_id']} {status['state']}{ended}, "
              f"address {status['address'] or '-'}"]
     if status.get("nodes_error"):
         lines.append(f"  Ray nodes: cannot ask the cluster ({status['nodes_error']})")
@@ -271,7 +273,6 @@ def cluster_status_text(status: dict) -> str:
 
 
 def _cluster_down(args) -> int:
-
     job_id = slurm.cluster_down(args.name, timeout=args.timeout)
     print(f"cluster {args.name} down (job {job_id} ended)")
     return EXIT_OK

@@ -178,7 +178,9 @@ class SweepProgress:
         with self._lock:
             now = time.monotonic()
             state = self.states.setdefault(trial_id, TrialState(trial_id, "", now))
-            state.status, state.ended_s = result["status"], now
+            # A trial the stop cut stays `interrupted` (as its latest row) whatever its dying driver reports.
+            state.status = "interrupted" if state.status == "interrupted" else result["status"]
+            state.ended_s = now
             state.tok_per_s_per_device = result.get("tok_per_s_per_device") if result["status"] == "ok" else None
             state.peak_gib = result.get("peak_gib")
             self.done += 1
@@ -188,6 +190,25 @@ class SweepProgress:
     def trial_failed(self, trial_id: str, message: str) -> None:
         """The trial's driver died (Tune saw an error): no result came back."""
         self.trial_finished(trial_id, {"status": "error", "summary": f"{trial_id} error  {message}"})
+
+    def trials_interrupted(self, trial_ids: set[str]) -> None:
+        """These running trials were cut by a stop and stored as `interrupted`."""
+        with self._lock:
+            for trial_id in trial_ids:
+                if trial_id in self.states and self.states[trial_id].status == "running":
+                    self.states[trial_id].status = "interrupted"
+
+    def tally(self) -> str:
+        """What this run did to its trials so far, for a stopped sweep's last words: "of 3 trials: 1 ok, 1
+        interrupted, 1 not started"."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for state in self.states.values():
+                counts[state.status] = counts.get(state.status, 0) + 1
+            not_started = self.total - len(self.states)
+        parts = [f"{n} {status}" for status, n in sorted(counts.items())]
+        parts += [f"{not_started} not started"] if not_started > 0 else []
+        return f"of {self.total} trials: {', '.join(parts) or 'none started'}"
 
     def __enter__(self) -> SweepProgress:
         return self

@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -31,28 +32,61 @@ DRIVER_SLOTS = 1000
 # Embedded Ray clusters live in TEMP_ROOT/rb-*; OWNER_FILE there names the raybench process that owns one.
 TEMP_ROOT = "/tmp"
 OWNER_FILE = "raybench-owner"
+# A SLURM job's Ray keeps its files in TEMP_ROOT/rbs-JOBID-NODE, and the template holds a file open there from the
+# moment it makes the dir; one not touched for this long that no process uses is an earlier job's that died
+# without its cleanup (reap_stale_job_dirs).
+JOB_DIR_MIN_AGE_S = 5.0
+JOB_MARKER = "raybench-node"  # in a job's dir: which SLURM the job runs under (slurm_identity)
 
 
 class Terminated(BaseException):
     """SIGTERM (end of allocation, scancel) reached the sweep: stop now, keep what is stored."""
 
 
+# The stops of the sweep this process runs, one per active terminate_on_sigterm (innermost last), and the reason
+# stop_sweep gave (a SIGTERM from outside has none: "received signal 15").
+_stops: list[Callable[..., None] | None] = []
+_reason: list[str] = []
+# How long a sweep whose cluster is gone waits for Ray's teardown before it exits without it: with its head gone,
+# Tune's cleanup waits on it for good (a sweep stopped by SIGTERM waits sweep.STOP_GRACE_S: its head may be up).
+GONE_CLUSTER_GRACE_S = 3.0
+
+
 @contextlib.contextmanager
-def terminate_on_sigterm(on_stop: Callable[[str], None] | None = None):
+def terminate_on_sigterm(on_stop: Callable[..., None] | None = None):
     """Turn SIGTERM into `Terminated` in the main thread so that every `finally` (Ray shutdown) runs. `on_stop`,
     given the reason, runs first: what must be recorded before a teardown that may hang (the sweep's
     `interrupted` rows)."""
     def handler(signum, frame):
-        why = f"received signal {signum}"
+        why = _reason[0] if _reason else f"received signal {signum}"
         if on_stop is not None:
             on_stop(why)
         raise Terminated(why)
 
     previous = signal.signal(signal.SIGTERM, handler)
+    _stops.append(on_stop)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _stops.pop()
+        if not _stops:
+            _reason.clear()
+
+
+def stop_sweep(why: str, grace_s: float = GONE_CLUSTER_GRACE_S) -> None:
+    """Stop this process's sweep from another thread as SIGTERM does, for `why` (a warm cluster's allocation
+    ended). The stop's records are made here and now (the main thread may be blocked inside Ray, waiting on a
+    head that is gone), and the process exits after `grace_s` if the teardown has not finished by then; SIGTERM to
+    the main thread raises `Terminated(why)` there as soon as it can."""
+    if not _stops:  # no sweep running any more (it ended as the allocation did): nothing to stop
+        return
+    if not _reason:
+        _reason.append(why)
+    recorders = [on_stop for on_stop in _stops if on_stop is not None]
+    if recorders:
+        recorders[-1](why, grace_s)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
 
 def _process_id(pid: int) -> str:
@@ -76,7 +110,7 @@ def _processes_using(directory: Path) -> list:
             if proc.info["uids"].real != os.getuid() or proc.pid == os.getpid():
                 continue
             paths = [f.path for f in proc.open_files()] + [proc.cwd()]
-            if any(p.startswith(prefix) for p in paths):
+            if any(p.startswith(prefix) or p == str(directory) for p in paths):
                 found.append(proc)
         except psutil.Error:
             continue
@@ -94,6 +128,47 @@ def reap_stale_clusters(root: str = TEMP_ROOT) -> list[Path]:
         remove_cluster_dir(temp_dir)
         reaped.append(temp_dir)
     return reaped
+
+
+def reap_stale_job_dirs(job_id: str, job_over: Callable[[str], bool], root: str = TEMP_ROOT,
+                        min_age_s: float = JOB_DIR_MIN_AGE_S) -> list[Path]:
+    """Remove what earlier SLURM jobs' Rays left on this node (`rbs-JOBID-NODE`, the sbatch template's dirs): a job
+    whose head was killed -9 ran no cleanup, and Ray's runtime-env and dashboard agents outlive their raylet by a
+    minute, holding the job's ports. A dir no process uses is deleted. One still in use is the Ray of a job that
+    runs, unless its JOB_MARKER says it is this SLURM's and SLURM says (`job_over`) that the job is over: then its
+    processes are stopped and it is deleted. Dirs made in the last `min_age_s` (a job starting now) are left alone.
+    Run by the template on each node before its Ray starts."""
+    now, reaped, this_slurm = time.time(), [], slurm_identity()
+    for temp_dir in Path(root).glob("rbs-*-*"):
+        try:
+            info = temp_dir.stat()
+        except OSError:
+            continue
+        dir_job = temp_dir.name.split("-")[1]
+        if (not temp_dir.is_dir() or info.st_uid != os.getuid() or now - info.st_mtime <= min_age_s
+                or dir_job == job_id):
+            continue
+        if not _processes_using(temp_dir):
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        elif _marker(temp_dir) == this_slurm and job_over(dir_job):
+            remove_cluster_dir(temp_dir)
+        else:
+            continue
+        reaped.append(temp_dir)
+    return reaped
+
+
+def slurm_identity() -> str:
+    """Which SLURM a job runs under, as the template writes it into JOB_MARKER: two test SLURMs on one host share a
+    cluster name and not their SLURM_CONF."""
+    return f"{os.environ.get('SLURM_CLUSTER_NAME', '')} {os.environ.get('SLURM_CONF', '')}".strip()
+
+
+def _marker(temp_dir: Path) -> str | None:
+    try:
+        return (temp_dir / JOB_MARKER).read_text().strip()
+    except OSError:
+        return None
 
 
 def remove_cluster_dir(temp_dir: Path) -> None:
@@ -206,3 +281,8 @@ def wait_for_nodes(count: int, timeout: float) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["wait-nodes"]:
     wait_for_nodes(int(sys.argv[2]), float(sys.argv[3]))
+if __name__ == "__main__" and sys.argv[1:2] == ["reap-job-dirs"]:
+    from raybench.drivers.slurm import job_state
+
+    for reaped_dir in reap_stale_job_dirs(sys.argv[2], job_over=lambda job: job_state(job) is None):
+        print(f"raybench: removed {reaped_dir}, the Ray files of an earlier job that ended without removing them")

@@ -16,6 +16,7 @@ import secrets
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -31,6 +32,11 @@ from raybench.spec.load import load_sweep
 TEMPLATE = Path(__file__).resolve().parents[2] / "cluster_yaml" / "raybench.sbatch.tmpl"
 GONE_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                "PREEMPTED", "TIMEOUT"}
+# A job in these states holds its allocation, or waits for one; any other state means it is over or ending.
+RUNNING_STATES = {"CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "SIGNALING"}
+WAITING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+# How often `run --cluster` asks SLURM whether the cluster's allocation still runs (watch_allocation).
+WATCH_POLL_S = 2.0
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")  # sbatch --time forms: M, M:S, H:M:S, D-H[:M[:S]]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MEM = re.compile(r"^\d+[KMGT]?$")
@@ -181,17 +187,31 @@ def sbatch(script: str, job_dir: Path, job_name: str) -> str:
 
 def job_state(job_id: str) -> str | None:
     """The job's SLURM state, or None once it has left the queue (finished and purged, or unknown)."""
+    state = _squeue_state(job_id)
+    return None if not state or state in GONE_STATES else state
+
+
+def _squeue_state(job_id: str, fields: str = "%T") -> str:
+    """The job's state as squeue prints it (TIMEOUT, CANCELLED, … included; `fields`: squeue's format), "" once
+    SLURM no longer knows it."""
     for attempt in range(5):
-        done = _slurm("squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T", check=False)
+        done = _slurm("squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={fields}", check=False)
         if done.returncode == 0 or "Invalid job id" in done.stderr:
             break
         time.sleep(2 * attempt + 1)  # slurmctld busy or restarting: a failed query does not mean the job is gone
     else:
         raise SlurmError(f"squeue cannot tell the state of job {job_id}: {done.stderr.strip()}")
-    state = done.stdout.strip()
-    if done.returncode or not state or state in GONE_STATES:
+    return "" if done.returncode else done.stdout.strip()
+
+
+def ended_state(job_id: str, running_only: bool = False) -> str | None:
+    """How a job's allocation ended (TIMEOUT, CANCELLED, NODE_FAIL, …; while SLURM ends its processes, COMPLETING
+    and SLURM's reason, e.g. "COMPLETING (TimeLimit)"; "GONE" once it has left the queue), or None while it is
+    pending or running. With `running_only`, a job waiting again (requeued, preempted) has ended too."""
+    state, _, reason = _squeue_state(job_id, "%T %r").partition(" ")
+    if state in RUNNING_STATES or (state in WAITING_STATES and not running_only):
         return None
-    return state
+    return f"{state} ({reason})" if state == "COMPLETING" and reason not in ("", "None") else state or "GONE"
 
 
 def wait_gone(job_id: str, timeout: float | None = None, poll: float = 1.0,
@@ -326,11 +346,13 @@ def _address(record: dict) -> str | None:
 def cluster_status(name: str, with_nodes: bool = True) -> dict:
     """The cluster's job state and address; with `with_nodes`, its Ray nodes as Ray sees them (a node lost
     mid-sweep is listed dead with Ray's reason: SLURM may still count it as allocated). Asking Ray imports it:
-    run in a process that has not imported Ray yet (the CLI)."""
+    run in a process that has not imported Ray yet (the CLI). A cluster whose allocation is over or ending is
+    GONE, with how it ended (`ended`: TIMEOUT, CANCELLED, COMPLETING, …)."""
     record = load_record(name)
-    state = job_state(record["job_id"])
-    status = {"name": name, "job_id": record["job_id"], "state": state or "GONE",
-              "address": _address(record) if state else None, "job_dir": record["job_dir"], "nodes": None}
+    ended = ended_state(record["job_id"])
+    state = "GONE" if ended else job_state(record["job_id"])
+    status = {"name": name, "job_id": record["job_id"], "state": state, "ended": ended,
+              "address": None if ended else _address(record), "job_dir": record["job_dir"], "nodes": None}
     if with_nodes and state == "RUNNING" and status["address"]:
         try:
             status["nodes"] = nodes.cluster_nodes(connect(name))
@@ -368,3 +390,30 @@ def connect(name: str) -> str:
     os.environ["RAY_AUTH_TOKEN"] = record["token"]
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
     return address
+
+
+def watch_allocation(name: str, on_end: Callable[[str], None], poll_s: float = WATCH_POLL_S) -> threading.Thread:
+    """While a sweep runs on the warm cluster `name`, ask SLURM every `poll_s` whether its allocation still runs;
+    once it is over (its time limit, scancel, a failed head node), say so and call `on_end` with the reason, once.
+    Without this, the sweep's driver learns of it from Ray only after a minute of reconnecting to a head that is
+    gone, and dies with a traceback. A daemon thread: it ends with the process."""
+    job_id = load_record(name)["job_id"]
+
+    def watch() -> None:
+        while True:
+            try:
+                ended = ended_state(job_id, running_only=True)
+            except SlurmError:  # squeue not answering is no news of the job
+                ended = None
+            if ended:
+                break
+            time.sleep(poll_s)
+        why = f"the allocation of cluster {name} ended: job {job_id} {ended}"
+        print(f"raybench: {why}; the sweep stops (the trials in flight are stored as interrupted); start the "
+              f"cluster again (`raybench cluster up {name}`) and run the same command to run the rest",
+              file=sys.stderr, flush=True)
+        on_end(why)
+
+    watcher = threading.Thread(target=watch, name=f"raybench-watch-{name}", daemon=True)
+    watcher.start()
+    return watcher

@@ -201,15 +201,18 @@ def record_interrupted(progress: SweepProgress, trials: list[PlannedTrial], swee
     stopping = threading.Event()
 
     def interrupted(why: str) -> None:
-        running = {trial_id for trial_id, state in list(progress.states.items()) if state.status == "running"}
+        running = {trial_id for trial_id, state in list(progress.states.items())
+                   if state.status in ("running", "interrupted")}
         write_interrupted_rows([t for t in trials if t.trial_id in running], sweep, store_path, executor, listed,
                                why)
+        progress.trials_interrupted(running)
 
-    def on_stop(why: str) -> None:
+    def on_stop(why: str, grace_s: float | None = None) -> None:
         if not stopping.is_set():  # first, so that even a row that cannot be written leaves no hang
             stopping.set()
-            threading.Thread(target=_exit_unless_stopped, args=(stopping, interrupted, why, store_path),
-                             name="raybench-stop-grace", daemon=True).start()
+            threading.Thread(target=_exit_unless_stopped, name="raybench-stop-grace", daemon=True,
+                             args=(stopping, interrupted, why, store_path, progress,
+                                   STOP_GRACE_S if grace_s is None else grace_s)).start()
         interrupted(why)
 
     try:
@@ -225,15 +228,16 @@ def record_interrupted(progress: SweepProgress, trials: list[PlannedTrial], swee
 
 
 def _exit_unless_stopped(stopping: threading.Event, interrupted: Callable[[str], None], why: str,
-                         store_path: str) -> None:
-    """The grace thread of a stop: if the sweep has not finished stopping after STOP_GRACE_S, record what the stop
-    interrupted once more (late failure rows superseded) and exit the process."""
-    time.sleep(STOP_GRACE_S)
+                         store_path: str, progress: SweepProgress, grace_s: float) -> None:
+    """The grace thread of a stop: if the sweep has not finished stopping after `grace_s` (STOP_GRACE_S unless the
+    stop says otherwise), record what the stop interrupted once more (late failure rows superseded) and exit."""
+    time.sleep(grace_s)
     if not stopping.is_set():
         return
     code = EXIT_INTERRUPTED
-    message = (f"interrupted ({why}); Ray did not shut down within {STOP_GRACE_S:g} s, exiting without it; "
-               f"finished trials are stored in {store_path}; run the same command again to resume")
+    message = (f"interrupted ({why}); Ray did not shut down within {grace_s:g} s, exiting without it; "
+               f"{progress.tally()}; finished trials are stored in {store_path}; run the same command again to "
+               "resume")
     try:
         interrupted(why)
     except Exception as err:  # a row that cannot be written (a full store): say so, and exit all the same

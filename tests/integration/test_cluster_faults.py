@@ -6,7 +6,14 @@ fault injected for real and the rows read back by an independent reader (duckdb)
   healed (slow variant), the next run runs exactly the missing trials (the default run's resume check is
   test_ray_sweep's rerun);
 - the allocation's time limit expires mid-sweep (`--time 1`): finished rows kept, the running trial `interrupted`
-  (never ok, never a late error), and a resubmission completes the sweep with no trial stored ok twice.
+  (never ok, never a late error), and a resubmission completes the sweep with no trial stored ok twice;
+- a warm cluster's allocation ends under `run --cluster` (scancel in the default run; its real time limit, then a
+  new cluster, with `-m slow`): `run` says so at once, the running trial `interrupted`, exit 130 with the tally and
+  the resume hint; `cluster status` says how the allocation ended; the new cluster runs exactly the rest;
+- the head node dies with the driver in a one-shot job (`-m slow`; every process of the job on node 1 killed -9):
+  the rows written before are whole, SLURM ends the job and its processes, the next job reaps the head's Ray files
+  and runs exactly the missing trials; the same on a warm cluster under `run --cluster` (`-m slow`), whose run
+  stops at once with the trials in flight `interrupted`.
 
 Kept cheap for the default run: three trials of the fewest steps for a node loss (one 2-node trial killed, one
 2-node trial refused, one 1-node trial ok), and for the time limit `command` trials that idle (only SLURM's clock
@@ -297,4 +304,270 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     print(f"FIGURES time limit: faults 1 (limit expired, first job {first_s:.0f} s), rows expected 3, first job "
           f"{len(attempts)} rows (1 ok, 1 interrupted, {len(attempts) - 2} other), after resubmission "
           f"{len(ok_rows)} ok, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
+          f"{time.monotonic() - started:.0f} s wall")
+
+
+def _job_id_from_squeue(env: dict, name: str, timeout: float = 60) -> str | None:
+    """The id of the running job named `name` (the one `slurm submit` just made)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "--noheader", "--format=%i %j %T"], env=env, capture_output=True,
+                             text=True).stdout.splitlines()
+        job_id = next((line.split()[0] for line in out if name in line and "RUNNING" in line), None)
+        if job_id:
+            return job_id
+        time.sleep(0.5)
+    return None
+
+
+def _wait_for(ready, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} after {timeout:.0f} s"
+        time.sleep(0.3)
+
+
+def _idle_trials_running(job_id: str) -> int:
+    return sum("idle_trial.py" in " ".join(_cmdline(p)) for p in job_processes(job_id))
+
+
+def _kill_head_node(job_id: str) -> list[str]:
+    """kill -9 every process of the job on the head node (rbnode1), as the node's death would end them: the batch
+    script and `raybench run` under it, the Ray head's GCS, raylet and workers, the trials' processes there.
+    SLURM's own daemons stay (they stand for the controller's view of the node)."""
+    victims = [p for p in job_processes(job_id) if _environ(p).get("SLURMD_NODENAME") == f"{NODE_PREFIX}1"
+               and _name(p) not in ("slurmstepd", "slurmd", "")]
+    names = sorted({_name(p) for p in victims})
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return names
+
+
+@pytest.mark.slow  # ~90 s; the default run keeps the time limit's and the worker node's loss
+def test_head_node_dies_with_the_driver_then_resubmission_runs_exactly_the_missing_trials(slurm2, tmp_path):
+    # Three idle trials on two nodes, two at a time: the first ends in seconds; the second and third are held
+    # (one per node) when the head node dies under them.
+    holds = [tmp_path / "free", tmp_path / "held-1", tmp_path / "held-2"]
+    for hold in holds[1:]:
+        hold.touch()
+    sweep, store = _idle_sweep(tmp_path, holds), tmp_path / "store"
+    started = time.monotonic()
+    submit = subprocess.Popen([*RAYBENCH, "slurm", "submit", str(sweep), "--store", str(store), "--wait",
+                               *_options(2)], env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        job_id = _job_id_from_squeue(slurm2, f"raybench-{SWEEP}")
+        assert job_id, "the job never ran"
+        _wait_for(lambda: len(_attempts(store)) == 1 if (store / f"sweep={SWEEP}").is_dir() else False, 180,
+                  "the first trial stored no row")
+        _wait_for(lambda: _idle_trials_running(job_id) == 2, 120, "the two held trials did not both start")
+        killed = _kill_head_node(job_id)
+    finally:
+        stdout, stderr = submit.communicate(timeout=300)
+    print(stdout, stderr)
+    assert {"gcs_server", "raylet", "python"} <= set(killed), killed  # the Ray head and `raybench run`
+    assert submit.returncode == 1 and "ended before the sweep finished" in stderr, stderr
+    # SLURM ends the job (its batch script died) and every process of it, node 2's raylet included; the head's
+    # Ray files stay behind (nothing of the head ran its cleanup) until the next job on the node reaps them.
+    _wait_for(lambda: not job_processes(job_id), 90, "processes of the dead job are left")
+    leftovers = sorted(p.name for p in Path("/tmp").glob(f"rbs-{job_id}-*"))
+    # Ray's agents outlive their killed raylet by about a minute (holding the dead job's ports), out of SLURM's
+    # sight: they no longer count as the job's processes.
+    agents = sorted(_name(p) for d in leftovers for p in _using(Path("/tmp") / d))
+
+    # The rows written before the head died are intact and read by an independent reader; the trials in flight
+    # have no row or one that is not ok.
+    attempts = _attempts(store)
+    assert [a["status"] for a in attempts][:1] == ["ok"] and attempts[0]["steps_timed"] == IDLE_STEPS - 1
+    assert all(a["status"] != "ok" for a in attempts[1:]), attempts
+    import pyarrow.parquet as pq
+    for path in (store / f"sweep={SWEEP}").glob("*.parquet"):
+        assert pq.read_table(path).num_rows == 1  # whole files, none torn
+
+    for hold in holds[1:]:
+        hold.unlink()
+    again = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(2))
+    assert again.returncode == 0, again.stderr
+    assert not list(Path("/tmp").glob(f"rbs-{job_id}-*")), "the dead head's Ray files were not reaped"
+    assert not [p for p in psutil.process_iter() if _name(p) in agents and f"rbs-{job_id}-" in " ".join(_cmdline(p))]
+    if leftovers:
+        assert f"removed /tmp/{leftovers[0]}" in _job_log(slurm2)
+    after = _attempts(store)
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
+    added = [a["trial_id"] for a in after[len(attempts):]]
+    assert sorted(added) == sorted(set(ok_rows) - {attempts[0]["trial_id"]})  # exactly the missing trials
+    print(f"FIGURES head node: faults 1 (killed -9: {', '.join(killed)}), left after the job: {leftovers or 'nothing'} "
+          f"used by {agents or 'no process'} (reaped by the next job)"
+          f"; rows expected 3, first job {len(attempts)} rows ({len(attempts) - 1} of the cut trials, none ok), "
+          f"resubmission added {len(added)}, ok rows {len(ok_rows)}, duplicate ok rows "
+          f"{len(ok_rows) - len(set(ok_rows))}; {time.monotonic() - started:.0f} s wall")
+
+
+@pytest.mark.slow  # ~150 s (SLURM's least limit is a minute); the default run keeps the one-shot job's time limit
+def test_a_warm_clusters_allocation_ends_mid_run_then_a_new_cluster_runs_exactly_the_rest(slurm2, tmp_path):
+    # Three idle trials, one at a time on one node: the first ends in seconds, the second is held until the warm
+    # cluster's 1-minute limit ends its job (60 to 90 s after it starts), the third never starts.
+    held = tmp_path / "held"
+    held.touch()
+    sweep, store = _idle_sweep(tmp_path, [tmp_path / "free-1", held, tmp_path / "free-2"]), tmp_path / "store"
+    started = time.monotonic()
+    assert raybench_cli(slurm2, "cluster", "up", "short", *_options(1, "1")).returncode == 0
+    job_id = _job_id_of(slurm2, "short")
+    try:
+        run = raybench_cli(slurm2, "run", str(sweep), "--cluster", "short", "--store", str(store), "--quiet")
+        run_ended = time.time()
+        status = raybench_cli(slurm2, "cluster", "status", "short")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "short")
+    job_end = subprocess.run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%e %T"],
+                             env=slurm2, capture_output=True, text=True).stdout.split()
+    # `run` says at once that the allocation ended (not a minute of reconnecting to a dead head, no traceback),
+    # with the tally and the resume hint, and exits non-zero.
+    assert run.returncode == 130, run.stderr
+    assert f"the allocation of cluster short ended: job {job_id}" in run.stderr
+    assert "of 3 trials: 1 interrupted, 1 ok, 1 not started" in run.stderr, run.stderr
+    assert "run the same command again to resume" in run.stderr and "cluster up short" in run.stderr
+    assert "Traceback" not in run.stderr and "Failed to connect to GCS" not in run.stderr
+    assert status.returncode == 1 and "GONE (its allocation ended" in status.stdout, status.stdout
+
+    attempts = _attempts(store)
+    latest = list(_latest(attempts).values())
+    assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts  # the third never started
+    ok, interrupted = latest
+    assert ok["steps_timed"] == IDLE_STEPS - 1
+    assert interrupted["message"].startswith("the sweep was stopped while this trial ran (the allocation of "
+                                             f"cluster short ended: job {job_id}"), interrupted
+    assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == interrupted["trial_id"]}
+
+    # A new cluster: the same run runs exactly the held trial and the one never started.
+    held.unlink()
+    assert raybench_cli(slurm2, "cluster", "up", "short", *_options(1)).returncode == 0
+    try:
+        again = raybench_cli(slurm2, "run", str(sweep), "--cluster", "short", "--store", str(store), "--quiet")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "short")
+    assert again.returncode == 0, again.stderr
+    after = _attempts(store)
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
+    assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
+    print(f"FIGURES warm time limit: faults 1 (job {job_id} {job_end}, run exited at "
+          f"{time.strftime('%H:%M:%S', time.localtime(run_ended))}), rows expected 3, first run {len(attempts)} rows "
+          f"({_statuses(attempts)}), after the new cluster {len(ok_rows)} ok, duplicate ok rows "
+          f"{len(ok_rows) - len(set(ok_rows))}; {time.monotonic() - started:.0f} s wall")
+
+
+def _statuses(attempts: list[dict]) -> str:
+    """The attempts in the order they were stored, a failure's message cut short."""
+    return ", ".join(a["status"] + (f" {a['message'][:60]!r}" if a["status"] == "error" else "") for a in attempts)
+
+
+def test_a_warm_clusters_allocation_cancelled_mid_run_stops_the_run_at_once(slurm2, tmp_path):
+    # The default run's check of the same path as the time limit above, without a minute's wait: scancel ends the
+    # warm cluster's allocation while its second trial runs.
+    held = tmp_path / "held"
+    held.touch()
+    sweep, store = _idle_sweep(tmp_path, [tmp_path / "free-1", held, tmp_path / "free-2"]), tmp_path / "store"
+    started = time.monotonic()
+    assert raybench_cli(slurm2, "cluster", "up", "cut", *_options(1)).returncode == 0
+    job_id = _job_id_of(slurm2, "cut")
+    try:
+        run = subprocess.Popen([*RAYBENCH, "run", str(sweep), "--cluster", "cut", "--store", str(store), "--quiet"],
+                               env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(lambda: _idle_trials_running(job_id) == 1 and _stored(store) == 1, 120,
+                      "the held trial never ran")
+            subprocess.run(["scancel", job_id], env=slurm2, check=True)
+            cancelled = time.monotonic()
+        finally:
+            stdout, stderr = run.communicate(timeout=120)
+        run_exit_s = time.monotonic() - cancelled
+        print(stdout, stderr)
+        status = raybench_cli(slurm2, "cluster", "status", "cut")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "cut")
+    assert run.returncode == 130, stderr
+    assert f"the allocation of cluster cut ended: job {job_id}" in stderr and "cluster up cut" in stderr
+    assert "of 3 trials: 1 interrupted, 1 ok, 1 not started" in stderr and "Traceback" not in stderr
+    assert run_exit_s < 20, run_exit_s  # at once: SLURM's signal, a 2 s poll, a 3 s grace; not a minute
+    assert status.returncode == 1 and "GONE (its allocation ended" in status.stdout, status.stdout
+    attempts = _attempts(store)
+    latest = list(_latest(attempts).values())
+    assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts
+    assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == latest[1]["trial_id"]}
+    print(f"FIGURES warm scancel: faults 1, run exited {run_exit_s:.1f} s after scancel, rows expected 2 (1 ok, "
+          f"1 interrupted), rows found {len(attempts)} ({_statuses(attempts)}); {time.monotonic() - started:.0f} s wall")
+
+
+def _using(directory: Path) -> list[psutil.Process]:
+    """The processes with a file open in `directory`."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if any(f.path.startswith(f"{directory}/") for f in proc.open_files()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _stored(store: Path) -> int:
+    return len(list((store / f"sweep={SWEEP}").glob("*.parquet")))
+
+
+@pytest.mark.slow  # ~100 s; the default run keeps the warm cluster cancelled under `run` (the same stop)
+def test_a_warm_clusters_head_node_dies_under_run_then_a_new_cluster_runs_exactly_the_rest(slurm2, tmp_path):
+    # The head node of a warm cluster dies (every process of the hold job on node 1 killed -9: the batch script, the
+    # Ray head) while `run --cluster`, outside the job as on a login node, has two trials running on it.
+    holds = [tmp_path / "free", tmp_path / "held-1", tmp_path / "held-2"]
+    for hold in holds[1:]:
+        hold.touch()
+    sweep, store = _idle_sweep(tmp_path, holds), tmp_path / "store"
+    started = time.monotonic()
+    assert raybench_cli(slurm2, "cluster", "up", "headless", *_options(2)).returncode == 0
+    job_id = _job_id_of(slurm2, "headless")
+    try:
+        run = subprocess.Popen([*RAYBENCH, "run", str(sweep), "--cluster", "headless", "--store", str(store),
+                                "--quiet"], env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for(lambda: _idle_trials_running(job_id) == 2 and _stored(store) == 1, 180,
+                      "the two held trials did not both run")
+            killed = _kill_head_node(job_id)
+            killed_at = time.monotonic()
+        finally:
+            stdout, stderr = run.communicate(timeout=180)
+        run_exit_s = time.monotonic() - killed_at
+        print(stdout, stderr)
+        status = raybench_cli(slurm2, "cluster", "status", "headless")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "headless")
+    assert {"gcs_server", "raylet"} <= set(killed), killed
+    assert run.returncode == 130 and f"the allocation of cluster headless ended: job {job_id}" in stderr, stderr
+    assert "of 3 trials: 2 interrupted, 1 ok" in stderr and "Traceback" not in stderr
+    assert status.returncode == 1 and "GONE (its allocation ended" in status.stdout, status.stdout
+    attempts = _attempts(store)
+    latest = list(_latest(attempts).values())
+    assert sorted(a["status"] for a in latest) == ["interrupted", "interrupted", "ok"], attempts
+    assert [a["status"] for a in attempts if a["status"] == "ok"] == ["ok"]  # no cut trial ever ok
+
+    for hold in holds[1:]:
+        hold.unlink()
+    assert raybench_cli(slurm2, "cluster", "up", "headless", *_options(2)).returncode == 0
+    try:
+        again = raybench_cli(slurm2, "run", str(sweep), "--cluster", "headless", "--store", str(store), "--quiet")
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "headless")
+    assert again.returncode == 0, again.stderr
+    assert not list(Path("/tmp").glob(f"rbs-{job_id}-*")), "the dead head's Ray files were not reaped"
+    after = _attempts(store)
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3
+    assert sorted(a["trial_id"] for a in after[len(attempts):]) == sorted(t for t in ok_rows if t != ok_rows[0])
+    print(f"FIGURES warm head node: faults 1 (killed -9: {', '.join(killed)}), run exited {run_exit_s:.1f} s after "
+          f"the kill, rows expected 3, first run {len(attempts)} rows ({_statuses(attempts)}), the new cluster added "
+          f"{len(after) - len(attempts)}, ok rows {len(ok_rows)}, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
           f"{time.monotonic() - started:.0f} s wall")

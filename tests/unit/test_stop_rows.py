@@ -109,3 +109,53 @@ def test_sigterm_stores_the_rows_before_the_teardown_and_exits_when_it_hangs(tmp
     assert _statuses(tmp_path, trial.trial_id) == ["interrupted"] and _statuses(tmp_path, other.trial_id) == []
     (row,) = store.read_results(tmp_path, "stop").to_dict("records")
     assert row["message"].startswith("the sweep was stopped while this trial ran (received signal 15)")
+
+
+STOPPED_FROM_ANOTHER_THREAD = """
+import threading, time
+from raybench.drivers import sweep
+from raybench.drivers.progress import SweepProgress
+from raybench.drivers.ray_cluster import stop_sweep, terminate_on_sigterm
+from raybench.planning.plan import plan
+from raybench.spec.load import parse_sweep
+
+trials = plan(parse_sweep({tiny!r}))
+progress = SweepProgress("quiet")
+progress.start(len(trials))
+progress.trial_started(trials[0].trial_id, trials[0].axis_values)
+with sweep.record_interrupted(progress, trials, "stop", {root!r}, "train", set()) as on_stop:
+    try:
+        with terminate_on_sigterm(on_stop):  # the allocation watcher of `run --cluster` calls stop_sweep
+            threading.Thread(target=stop_sweep, args=({why!r}, 1.0)).start()
+            time.sleep(30)
+    finally:  # Ray's teardown, blocked on a head that is gone
+        print("teardown", flush=True)
+        time.sleep(30)
+"""
+
+
+def test_a_stop_from_another_thread_gives_its_reason_the_tally_and_exits_within_its_grace(tmp_path):
+    why = "the allocation of cluster c ended: job 7 COMPLETING (TimeLimit)"
+    script = STOPPED_FROM_ANOTHER_THREAD.format(tiny=TINY, root=str(tmp_path), why=why)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == sweep.EXIT_INTERRUPTED, done.stderr
+    assert time.monotonic() - started < 20 and done.stdout.strip() == "teardown"
+    assert f"interrupted ({why}); Ray did not shut down within 1 s" in done.stderr, done.stderr
+    assert "of 2 trials: 1 interrupted, 1 not started" in done.stderr
+    (row,) = store.read_results(tmp_path, "stop").to_dict("records")
+    assert row["status"] == "interrupted"
+    assert row["message"].startswith(f"the sweep was stopped while this trial ran ({why})")
+
+
+def test_cluster_status_says_how_a_clusters_allocation_ended():
+    status = {"name": "c", "job_id": "7", "state": "GONE", "ended": "TIMEOUT", "address": None, "nodes": None}
+    assert cli.cluster_status_text(status) == "cluster c: job 7 GONE (its allocation ended: TIMEOUT), address -"
+
+
+def test_a_stop_after_the_sweep_has_ended_does_nothing():
+    # The allocation may end just as the sweep does: `run` then prints its table and exits as it would have.
+    script = "from raybench.drivers.ray_cluster import stop_sweep; stop_sweep('the allocation ended'); print('alive')"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "alive", done.stderr
