@@ -3,8 +3,8 @@
 Every decoder block of one kind (checkpointed or not) runs the same operators on the same shapes, allocates the
 same tensors and issues the same collectives, wherever it sits. A deep model's step is therefore its shallow
 twin's plus, per extra block, what one more block of that kind adds. The rehearsal traces shallow models that keep
-the deep one's ends as they are (its bottom block and its two top ones, where backward starts: `END_BLOCKS`)
-with zero or one middle block of each kind, and extrapolates every count linearly to the deep model's middle:
+the deep one's ends as they are (its bottom block, and its top ones: `top_blocks`) with zero or one middle block
+of each kind, and extrapolates every count linearly to the deep model's middle:
 
 - operator costs, FLOPs, collectives (bytes and calls) and resident storage add up per block, and so does the
   time collectives add beyond compute (each block of a kind overlaps its collectives alike): the deep model's
@@ -15,6 +15,12 @@ with zero or one middle block of each kind, and extrapolates every count linearl
   no shallow model peaks in a middle block, and backward never grows memory across the middle blocks (each
   block frees at least what it leaves behind). A middle block then sits below the place that peaks by what
   every other block adds to both alike.
+
+Where a kind of block peaks depends on what runs above it: the top block's backward starts with no gradient in
+flight, a lower block's with the gradients of the block above being reduced (FSDP2), so a checkpointed block
+recomputing under the top one can hold more than the top block does. The top end therefore reaches down to the
+highest block of each kind below the top block (`top_blocks`): the deep model's highest block of each kind is
+an end block, and every middle block of that kind sits below it.
 
 A further shallow model with one more block checks the line exactly before it is used; anything that does not
 hold (DDP's gradient buckets, whose count is not per block; gradients that grow memory in backward) gets the
@@ -30,19 +36,29 @@ from raybench.rehearse.trace import StepTrace
 
 # Below this depth a full trace costs about what the shallow ones would.
 MIN_LAYERS = 8
+BOTTOM_BLOCKS = 1  # the bottom end a shallow model keeps: the block above the embedding
 _SCALARS = ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s", "optimizer_roofline_s",
             "launches")
 _TABLES = ("comm_bytes", "comm_calls", "op_s", "resident_gib")
 _REL_TOL = 1e-6  # float sums in another order; byte counts compare exactly
 
 
+def top_blocks(kinds: tuple[bool, ...]) -> int:
+    """How many top blocks of the deep model `kinds` the shallow models keep: the top block, and down to the
+    highest block of each kind (checkpointed or not) below it and above the bottom block; at least two."""
+    below_top = kinds[BOTTOM_BLOCKS:-1]
+    highest = [BOTTOM_BLOCKS + len(below_top) - 1 - below_top[::-1].index(kind) for kind in set(below_top)]
+    return len(kinds) - min(highest + [len(kinds) - 2])
+
+
 def shallow_layouts(kinds: tuple[bool, ...]) -> dict[str, tuple[bool, ...]] | None:
     """The shallow models the deep model `kinds` (per block, checkpointed or not) is extrapolated from: "base"
     (the ends alone), one per middle kind (the ends and one block of that kind), and "check" (one more block);
-    None where the model is too shallow to gain from it."""
-    if len(kinds) < MIN_LAYERS:
+    None where the model is too shallow to gain from it (the check model would be as deep)."""
+    top_count = top_blocks(kinds)
+    if len(kinds) < MIN_LAYERS or BOTTOM_BLOCKS + 2 + top_count >= len(kinds):
         return None
-    bottom, middle, top = kinds[:1], kinds[1:-2], kinds[-2:]
+    bottom, middle, top = kinds[:BOTTOM_BLOCKS], kinds[BOTTOM_BLOCKS:-top_count], kinds[-top_count:]
     present = sorted(set(middle))
     layouts = {"base": bottom + top}
     layouts.update({_name(kind): bottom + (kind,) + top for kind in present})
@@ -57,20 +73,23 @@ def _name(kind: bool) -> str:
 def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace]) -> StepTrace | str:
     """The deep model's StepTrace from its shallow models' (keyed as shallow_layouts names them), or why the line
     does not hold for it."""
-    middle = Counter(kinds[1:-2])
+    top = top_blocks(kinds)
+    layouts = shallow_layouts(kinds)
+    middle = Counter(kinds[BOTTOM_BLOCKS:-top])
     counts = {_name(kind): n for kind, n in middle.items()}
     check_counts = {name: 1 for name in counts} if len(counts) > 1 else {name: 2 for name in counts}
     for name, trace in shallow.items():
-        why = _middle_peaks(name, trace)
+        why = _middle_peaks(name, trace, len(layouts[name]), top)
         if why:
             return why
+    values = {name: _values(trace, len(layouts[name]), top) for name, trace in shallow.items()}
     base = shallow["base"]
-    steps = {name: _difference(shallow[name], base) for name in counts}
-    expected = _line(base, steps, check_counts)
-    mismatch = _first_mismatch(expected, _values(shallow["check"]))
+    steps = {name: _combine(values[name], values["base"], -1) for name in counts}
+    expected = _line(values["base"], steps, check_counts)
+    mismatch = _first_mismatch(expected, values["check"])
     if mismatch:
         return f"depth not extrapolated ({mismatch} is not linear in the number of blocks)"
-    deep = _line(base, steps, counts)
+    deep = _line(values["base"], steps, counts)
     place = max(deep["place_gib"], key=lambda p: (sum(deep["place_gib"][p].values()), p))
     return StepTrace(
         memory_gib=deep["place_gib"][place], resident_gib=deep["resident_gib"], comm_bytes=deep["comm_bytes"],
@@ -79,7 +98,7 @@ def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace]) -> StepT
         block_memory_bound_s=deep["block_memory_bound_s"], grad_accum=base.grad_accum,
         traced_micro_batches=base.traced_micro_batches, optimizer_roofline_s=deep["optimizer_roofline_s"],
         launches=deep["launches"],
-        place_gib=deep["place_gib"], middle_growth_gib=0.0, timeline=_timeline(base, shallow, counts))
+        place_gib=deep["place_gib"], timeline=_timeline(base, shallow, counts))
 
 
 def _timeline(base: StepTrace, shallow: dict[str, StepTrace], counts: dict[str, int]) -> list:
@@ -92,33 +111,58 @@ def _timeline(base: StepTrace, shallow: dict[str, StepTrace], counts: dict[str, 
     return timeline
 
 
-def _middle_peaks(name: str, trace: StepTrace) -> str | None:
-    """Why the shallow model `name` shows that a middle block could hold the deep model's peak, if it does."""
-    if trace.middle_growth_gib > 0:
-        return (f"depth not extrapolated (backward grows memory by {trace.middle_growth_gib * 1024:.1f} MiB across a "
+def _middle_peaks(name: str, trace: StepTrace, layers: int, top: int) -> str | None:
+    """Why the shallow model `name` (of `layers` blocks, `top` of them its top end) shows that a middle block
+    could hold the deep model's peak, if it does."""
+    growth_gib = _middle_growth_gib(trace, layers, top)
+    if growth_gib > 0:
+        return (f"depth not extrapolated (backward grows memory by {growth_gib * 1024:.1f} MiB across a "
                 f"{name} block: the peak could sit at any depth)")
     totals = {place: sum(gib.values()) for place, gib in trace.place_gib.items()}
     peak = max(totals, key=totals.get)
-    if peak.endswith(":middle"):
+    if _end_place(peak, layers, top) is None:
         return f"depth not extrapolated (the {name} shallow model peaks in a middle block)"
     return None
 
 
-def _values(trace: StepTrace) -> dict:
-    """What extrapolates, as plain numbers and tables of numbers."""
+def _middle_growth_gib(trace: StepTrace, layers: int, top: int) -> float:
+    """The most memory grew, in any micro-batch's backward, from entering the highest middle block (the first
+    one backward reaches) to entering the bottom end: 0 without middle blocks, infinite where a part's backward
+    was not seen entering both."""
+    entry = trace.backward_entry_gib
+    highest_middle, bottom = layers - top - 1, BOTTOM_BLOCKS - 1
+    if highest_middle <= bottom:
+        return 0.0
+    growth = [entry[(p, bottom)] - entry[(p, highest_middle)] if (p, bottom) in entry and (p, highest_middle) in entry
+              else math.inf for p in {part for part, _ in entry}]
+    return max(growth, default=math.inf)
+
+
+def _end_place(place: str, layers: int, top: int) -> str | None:
+    """A shallow model's place (`step_tracker.place_of`) as the deep model has it too: outside the blocks, or in
+    an end block (bottom, top, top-1, ...), by its distance from its end; None for a middle block's."""
+    part, direction, where = place.split(":")
+    if where == "outside":
+        return place
+    block = int(where)
+    if block < BOTTOM_BLOCKS:
+        return f"{part}:{direction}:bottom" + (f"+{block}" if block else "")
+    if block >= layers - top:
+        return f"{part}:{direction}:top" + (f"-{layers - 1 - block}" if block < layers - 1 else "")
+    return None
+
+
+def _values(trace: StepTrace, layers: int, top: int) -> dict:
+    """What extrapolates, as plain numbers and tables of numbers; the memory at the places every model has."""
     values = {name: getattr(trace, name) for name in _SCALARS}
     values.update({name: dict(getattr(trace, name)) for name in _TABLES})
-    values["place_gib"] = {place: dict(gib) for place, gib in trace.place_gib.items() if not place.endswith(":middle")}
+    named = {place: _end_place(place, layers, top) for place in trace.place_gib}
+    values["place_gib"] = {name: dict(trace.place_gib[place]) for place, name in named.items() if name}
     return values
 
 
-def _difference(trace: StepTrace, base: StepTrace) -> dict:
-    """What one middle block adds: `trace`'s values less `base`'s, key by key (a key one lacks counts 0)."""
-    return _combine(_values(trace), _values(base), -1)
-
-
-def _line(base: StepTrace, steps: dict[str, dict], counts: dict[str, int]) -> dict:
-    values = _values(base)
+def _line(base: dict, steps: dict[str, dict], counts: dict[str, int]) -> dict:
+    values = base
     for name, n in counts.items():
         values = _combine(values, steps[name], n)
     return values

@@ -4,7 +4,7 @@ rehearsal traces the whole model and says why."""
 
 from __future__ import annotations
 
-import dataclasses
+from fractions import Fraction
 
 import pytest
 
@@ -12,6 +12,7 @@ from raybench.planning.plan import plan
 from raybench.rehearse import depth, rehearsal
 from raybench.rehearse.trace import StepTrace
 from raybench.spec.load import parse_sweep
+from raybench.spec.sac import checkpointed_blocks
 from conftest import make_model_dir
 
 GPU = "H100 SXM"
@@ -23,6 +24,9 @@ MEMORY_TOLERANCE_GIB = 64 / 2**20
 CASES = {
     "fsdp2 no checkpointing": (2, {"strategy": "fsdp2", "ac_ratio": "0"}),
     "fsdp2 sAC 1/3": (2, {"strategy": "fsdp2", "ac_ratio": "1/3"}),
+    # Top ends of five blocks (1/4: plain block 8 and checkpointed 5 are the highest below the top) and three.
+    "fsdp2 sAC 1/4, 8 ranks": (8, {"strategy": "fsdp2", "ac_ratio": "1/4"}),
+    "fsdp2 sAC 3/4, 8 ranks": (8, {"strategy": "fsdp2", "ac_ratio": "3/4"}),
     "fsdp2 op-level": (2, {"strategy": "fsdp2", "ac_ratio": "1", "ac_mode": "op"}),
     "tp sAC 1/2": (2, {"strategy": "tp", "tp_size": 2, "ac_ratio": "1/2"}),
     "tp_fsdp2 lora accumulating": (4, {"strategy": "tp_fsdp2", "tp_size": 2, "finetune": "lora", "ac_ratio": "3/4",
@@ -54,8 +58,9 @@ def test_gradients_that_outgrow_a_block_s_saved_input_get_the_full_trace(deep_mo
     assert any("grows memory" in note and "checkpointed block" in note for note in rehearsed.notes), rehearsed.notes
 
 
-# LoRA's PEFT wrapping makes each trace several times slower: those cases run with -m slow.
-SLOW = {"tp_fsdp2 lora accumulating", "ddp lora"}
+# LoRA's PEFT wrapping makes each trace several times slower, and 3/4 checks what 1/4 checks (an extended
+# top end): those cases run with -m slow.
+SLOW = {"tp_fsdp2 lora accumulating", "ddp lora", "fsdp2 sAC 3/4, 8 ranks"}
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) if case in SLOW else case
@@ -90,10 +95,12 @@ def test_sac_ratios_share_their_shallow_models(deep_model):
 
 
 def shallow_trace(middle_gib: float, peak_place: str = "0:backward:outside", growth: float = 0.0) -> StepTrace:
-    """A shallow StepTrace whose only memory is `middle_gib` of activations at `peak_place`."""
+    """A shallow StepTrace whose only memory is `middle_gib` of activations at `peak_place`, and whose backward
+    grows memory by `growth` GiB from its block 1 (the highest middle block of a 4-block model) to block 0."""
     return StepTrace(memory_gib={}, resident_gib={}, comm_bytes={"all_gather": 1}, comm_calls={"all_gather": 1},
                      overlapped_comm=(), flops=1.0, roofline_s=1.0, compute_s=1.0, memory_s=0.0,
-                     place_gib={peak_place: {"activations": middle_gib}}, middle_growth_gib=growth)
+                     place_gib={peak_place: {"activations": middle_gib}},
+                     backward_entry_gib={(0, 0): 1.0 + growth, (0, 1): 1.0, (0, 2): 1.0})
 
 
 def test_a_line_the_check_model_breaks_is_not_extrapolated():
@@ -111,15 +118,27 @@ def test_a_line_the_check_model_breaks_is_not_extrapolated():
 def test_memory_that_grows_across_middle_blocks_or_peaks_in_one_is_not_extrapolated():
     kinds = (False,) * 12
     line = {"base": shallow_trace(1.0), "plain": shallow_trace(2.0), "check": shallow_trace(3.0)}
-    grows = dict(line, plain=dataclasses.replace(line["plain"], middle_growth_gib=0.25))
+    grows = dict(line, plain=shallow_trace(2.0, growth=0.25))
     assert "grows memory by 256.0 MiB" in depth.extrapolate(kinds, grows)
-    middle = dict(line, check=shallow_trace(3.0, peak_place="0:backward:middle"))
+    middle = dict(line, check=shallow_trace(3.0, peak_place="0:backward:2"))  # blocks 1 and 2 of 5 are the middle
     assert "peaks in a middle block" in depth.extrapolate(kinds, middle)
 
 
 def test_shallow_models_keep_the_deep_ends():
+    """The top end reaches down to the highest block of each kind below the top block (here block 7, plain)."""
     kinds = (True, False, True, False, True, False, True, False, True, True)
     layouts = depth.shallow_layouts(kinds)
-    assert layouts == {"base": (True, True, True), "plain": (True, False, True, True),
-                       "checkpointed": (True, True, True, True), "check": (True, False, True, True, True)}
+    assert layouts == {"base": (True, False, True, True), "plain": (True, False, False, True, True),
+                       "checkpointed": (True, True, False, True, True),
+                       "check": (True, False, True, False, True, True)}
     assert depth.shallow_layouts(kinds[:depth.MIN_LAYERS - 1]) is None
+
+
+@pytest.mark.parametrize("ratio, top", [("0", 2), ("1", 2), ("1/4", 3), ("1/2", 3), ("3/4", 3), ("1/40", 21)])
+def test_the_top_end_holds_the_highest_block_of_each_kind_below_the_top(ratio, top):
+    """On 80 blocks: sAC 1/4 checkpoints block 77 under two plain ones, 3/4 blocks 77 and 79 around a plain 78;
+    a middle block of a kind then sits below a block of its kind in the top end, never above it."""
+    kinds = tuple(i in set(checkpointed_blocks(Fraction(ratio), 80)) for i in range(80))
+    assert depth.top_blocks(kinds) == top
+    top_end, middle = kinds[-top:], kinds[depth.BOTTOM_BLOCKS:-top]
+    assert set(middle) <= set(top_end[:-1])
