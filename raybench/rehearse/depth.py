@@ -3,7 +3,7 @@
 Every decoder block of one kind (checkpointed or not) runs the same operators on the same shapes, allocates the
 same tensors and issues the same collectives, wherever it sits. A deep model's step is therefore its shallow
 twin's plus, per extra block, what one more block of that kind adds. The rehearsal traces shallow models that keep
-the deep one's ends as they are (its bottom block, and its top ones: `top_blocks`) with zero or one middle block
+the deep one's ends as they are (its bottom block, and its top ones: `ends`) with zero or one middle block
 of each kind, and extrapolates every count linearly to the deep model's middle:
 
 - operator costs, FLOPs, collectives (bytes and calls) and resident storage add up per block, and so does the
@@ -19,8 +19,11 @@ of each kind, and extrapolates every count linearly to the deep model's middle:
 Where a kind of block peaks depends on what runs above it: the top block's backward starts with no gradient in
 flight, a lower block's with the gradients of the block above being reduced (FSDP2), so a checkpointed block
 recomputing under the top one can hold more than the top block does. The top end therefore reaches down to the
-highest block of each kind below the top block (`top_blocks`): the deep model's highest block of each kind is
-an end block, and every middle block of that kind sits below it.
+highest block of each kind below the top block (`ends`): the deep model's highest block of each kind is an end
+block, and every middle block of that kind sits below it. Where backward grows memory down the blocks (gradient
+shards larger than what a block frees: TP x FSDP2 over few ranks), the peak of a kind sits at its lowest block
+instead: the rehearsal then tries a bottom end reaching up to the lowest block of each kind as well
+(`reach_bottom`), and takes it where memory grows across every kind of block (or across none).
 
 A further shallow model with one more block checks the line exactly before it is used; anything that does not
 hold (DDP's gradient buckets, whose count is not per block; gradients that grow memory in backward) gets the
@@ -36,29 +39,32 @@ from raybench.rehearse.trace import StepTrace
 
 # Below this depth a full trace costs about what the shallow ones would.
 MIN_LAYERS = 8
-BOTTOM_BLOCKS = 1  # the bottom end a shallow model keeps: the block above the embedding
 _SCALARS = ("flops", "roofline_s", "compute_s", "memory_s", "block_memory_bound_s", "optimizer_roofline_s",
             "launches")
 _TABLES = ("comm_bytes", "comm_calls", "op_s", "resident_gib")
 _REL_TOL = 1e-6  # float sums in another order; byte counts compare exactly
 
 
-def top_blocks(kinds: tuple[bool, ...]) -> int:
-    """How many top blocks of the deep model `kinds` the shallow models keep: the top block, and down to the
-    highest block of each kind (checkpointed or not) below it and above the bottom block; at least two."""
-    below_top = kinds[BOTTOM_BLOCKS:-1]
-    highest = [BOTTOM_BLOCKS + len(below_top) - 1 - below_top[::-1].index(kind) for kind in set(below_top)]
-    return len(kinds) - min(highest + [len(kinds) - 2])
+def ends(kinds: tuple[bool, ...], reach_bottom: bool = False) -> tuple[int, int]:
+    """How many bottom and top blocks of the deep model `kinds` the shallow models keep as it has them. The top
+    end: the top block, and down to the highest block of each kind (checkpointed or not) below it; at least two.
+    The bottom end: the bottom block, or with reach_bottom (for backward that grows memory down the blocks) up to
+    the lowest block of each kind above it."""
+    inner = range(1, len(kinds) - 1)
+    highest = [max(i for i in inner if kinds[i] == kind) for kind in {kinds[i] for i in inner}]
+    lowest = [min(i for i in inner if kinds[i] == kind) for kind in {kinds[i] for i in inner}]
+    bottom = max(lowest, default=0) + 1 if reach_bottom else 1
+    return bottom, len(kinds) - min(highest + [len(kinds) - 2])
 
 
-def shallow_layouts(kinds: tuple[bool, ...]) -> dict[str, tuple[bool, ...]] | None:
+def shallow_layouts(kinds: tuple[bool, ...], reach_bottom: bool = False) -> dict[str, tuple[bool, ...]] | None:
     """The shallow models the deep model `kinds` (per block, checkpointed or not) is extrapolated from: "base"
-    (the ends alone), one per middle kind (the ends and one block of that kind), and "check" (one more block);
-    None where the model is too shallow to gain from it (the check model would be as deep)."""
-    top_count = top_blocks(kinds)
-    if len(kinds) < MIN_LAYERS or BOTTOM_BLOCKS + 2 + top_count >= len(kinds):
+    (the ends alone, `ends`), one per middle kind (the ends and one block of that kind), and "check" (one more
+    block); None where the model is too shallow to gain from it (the check model would be as deep)."""
+    bottom_count, top_count = ends(kinds, reach_bottom)
+    if len(kinds) < MIN_LAYERS or bottom_count + 2 + top_count >= len(kinds):
         return None
-    bottom, middle, top = kinds[:BOTTOM_BLOCKS], kinds[BOTTOM_BLOCKS:-top_count], kinds[-top_count:]
+    bottom, middle, top = kinds[:bottom_count], kinds[bottom_count:-top_count], kinds[-top_count:]
     present = sorted(set(middle))
     layouts = {"base": bottom + top}
     layouts.update({_name(kind): bottom + (kind,) + top for kind in present})
@@ -70,19 +76,22 @@ def _name(kind: bool) -> str:
     return "checkpointed" if kind else "plain"
 
 
-def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace]) -> StepTrace | str:
-    """The deep model's StepTrace from its shallow models' (keyed as shallow_layouts names them), or why the line
-    does not hold for it."""
-    top = top_blocks(kinds)
-    layouts = shallow_layouts(kinds)
-    middle = Counter(kinds[BOTTOM_BLOCKS:-top])
+def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace], reach_bottom: bool = False) -> StepTrace | str:
+    """The deep model's StepTrace from its shallow models' (keyed as shallow_layouts(kinds, reach_bottom) names
+    them), or why the line does not hold for it."""
+    bottom, top = ends(kinds, reach_bottom)
+    layouts = shallow_layouts(kinds, reach_bottom)
+    middle = Counter(kinds[bottom:-top])
     counts = {_name(kind): n for kind, n in middle.items()}
     check_counts = {name: 1 for name in counts} if len(counts) > 1 else {name: 2 for name in counts}
+    growth = {name: _middle_growth_gib(trace, len(layouts[name]), bottom, top) for name, trace in shallow.items()}
+    why = _grows(growth, reach_bottom)
+    if why:
+        return why
     for name, trace in shallow.items():
-        why = _middle_peaks(name, trace, len(layouts[name]), top)
-        if why:
-            return why
-    values = {name: _values(trace, len(layouts[name]), top) for name, trace in shallow.items()}
+        if _end_place(_peak_place(trace), len(layouts[name]), bottom, top) is None:
+            return f"depth not extrapolated (the {name} shallow model peaks in a middle block)"
+    values = {name: _values(trace, len(layouts[name]), bottom, top) for name, trace in shallow.items()}
     base = shallow["base"]
     steps = {name: _combine(values[name], values["base"], -1) for name in counts}
     expected = _line(values["base"], steps, check_counts)
@@ -111,52 +120,70 @@ def _timeline(base: StepTrace, shallow: dict[str, StepTrace], counts: dict[str, 
     return timeline
 
 
-def _middle_peaks(name: str, trace: StepTrace, layers: int, top: int) -> str | None:
-    """Why the shallow model `name` (of `layers` blocks, `top` of them its top end) shows that a middle block
-    could hold the deep model's peak, if it does."""
-    growth_gib = _middle_growth_gib(trace, layers, top)
-    if growth_gib > 0:
-        return (f"depth not extrapolated (backward grows memory by {growth_gib * 1024:.1f} MiB across a "
-                f"{name} block: the peak could sit at any depth)")
-    totals = {place: sum(gib.values()) for place, gib in trace.place_gib.items()}
-    peak = max(totals, key=totals.get)
-    if _end_place(peak, layers, top) is None:
-        return f"depth not extrapolated (the {name} shallow model peaks in a middle block)"
+def _grows(growth: dict[str, dict[int, float]], reach_bottom: bool) -> str | None:
+    """Why the memory entering each middle block's backward (`growth`: from the highest middle block's to the
+    bottom end's, by shallow model and micro-batch) does not keep the deep model's peak at an end, if it does not:
+    in each micro-batch it must not grow down the blocks, or with the bottom end reaching up (a middle block of
+    each kind then sits above an end block of its kind) change alike across every kind: never grow, or never
+    shrink."""
+    for part in sorted({part for by_part in growth.values() for part in by_part}):
+        in_part = {name: by_part.get(part, math.inf) for name, by_part in growth.items()}
+        grows = {name: gib for name, gib in in_part.items() if gib > 0}
+        if not grows:
+            continue
+        name, gib = max(grows.items(), key=lambda item: item[1])
+        why = f"backward grows memory by {gib * 1024:.1f} MiB across a {name} block"
+        shrinks = [other for other, other_gib in in_part.items() if other_gib < 0]
+        if shrinks:
+            return f"depth not extrapolated ({why}, and shrinks it across a {shrinks[0]} block)"
+        if not reach_bottom or math.isinf(gib):
+            return f"depth not extrapolated ({why}: the peak could sit at any depth)"
     return None
 
 
-def _middle_growth_gib(trace: StepTrace, layers: int, top: int) -> float:
-    """The most memory grew, in any micro-batch's backward, from entering the highest middle block (the first
+def worth_reaching_bottom(why: str) -> bool:
+    """Whether shallow models with a bottom end reaching up could extrapolate what `why` refused: memory grew
+    down the blocks, and no kind shrank it."""
+    return "grows memory" in why and "shrinks" not in why and "inf MiB" not in why
+
+
+def _peak_place(trace: StepTrace) -> str:
+    totals = {place: sum(gib.values()) for place, gib in trace.place_gib.items()}
+    return max(totals, key=totals.get)
+
+
+def _middle_growth_gib(trace: StepTrace, layers: int, bottom: int, top: int) -> dict[int, float]:
+    """How much memory grew, in each micro-batch's backward, from entering the highest middle block (the first
     one backward reaches) to entering the bottom end: 0 without middle blocks, infinite where a part's backward
     was not seen entering both."""
     entry = trace.backward_entry_gib
-    highest_middle, bottom = layers - top - 1, BOTTOM_BLOCKS - 1
-    if highest_middle <= bottom:
-        return 0.0
-    growth = [entry[(p, bottom)] - entry[(p, highest_middle)] if (p, bottom) in entry and (p, highest_middle) in entry
-              else math.inf for p in {part for part, _ in entry}]
-    return max(growth, default=math.inf)
+    highest_middle, bottom_end = layers - top - 1, bottom - 1
+    parts = {part for part, _ in entry} or {0}
+    if highest_middle <= bottom_end:
+        return dict.fromkeys(parts, 0.0)
+    return {p: entry[(p, bottom_end)] - entry[(p, highest_middle)]
+            if (p, bottom_end) in entry and (p, highest_middle) in entry else math.inf for p in parts}
 
 
-def _end_place(place: str, layers: int, top: int) -> str | None:
+def _end_place(place: str, layers: int, bottom: int, top: int) -> str | None:
     """A shallow model's place (`step_tracker.place_of`) as the deep model has it too: outside the blocks, or in
-    an end block (bottom, top, top-1, ...), by its distance from its end; None for a middle block's."""
+    an end block (bottom, bottom+1, ..., top-1, top), by its distance from its end; None for a middle block's."""
     part, direction, where = place.split(":")
     if where == "outside":
         return place
     block = int(where)
-    if block < BOTTOM_BLOCKS:
+    if block < bottom:
         return f"{part}:{direction}:bottom" + (f"+{block}" if block else "")
     if block >= layers - top:
         return f"{part}:{direction}:top" + (f"-{layers - 1 - block}" if block < layers - 1 else "")
     return None
 
 
-def _values(trace: StepTrace, layers: int, top: int) -> dict:
+def _values(trace: StepTrace, layers: int, bottom: int, top: int) -> dict:
     """What extrapolates, as plain numbers and tables of numbers; the memory at the places every model has."""
     values = {name: getattr(trace, name) for name in _SCALARS}
     values.update({name: dict(getattr(trace, name)) for name in _TABLES})
-    named = {place: _end_place(place, layers, top) for place in trace.place_gib}
+    named = {place: _end_place(place, layers, bottom, top) for place in trace.place_gib}
     values["place_gib"] = {name: dict(trace.place_gib[place]) for place, name in named.items() if name}
     return values
 

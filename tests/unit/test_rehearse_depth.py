@@ -58,8 +58,8 @@ def test_gradients_that_outgrow_a_block_s_saved_input_get_the_full_trace(deep_mo
     assert any("grows memory" in note and "checkpointed block" in note for note in rehearsed.notes), rehearsed.notes
 
 
-# LoRA's PEFT wrapping makes each trace several times slower, and 3/4 checks what 1/4 checks (an extended
-# top end): those cases run with -m slow.
+# LoRA's PEFT wrapping makes each trace several times slower, and 3/4 checks what 1/4 checks (an extended top
+# end): those cases run with -m slow.
 SLOW = {"tp_fsdp2 lora accumulating", "ddp lora", "fsdp2 sAC 3/4, 8 ranks"}
 
 
@@ -100,7 +100,7 @@ def shallow_trace(middle_gib: float, peak_place: str = "0:backward:outside", gro
     return StepTrace(memory_gib={}, resident_gib={}, comm_bytes={"all_gather": 1}, comm_calls={"all_gather": 1},
                      overlapped_comm=(), flops=1.0, roofline_s=1.0, compute_s=1.0, memory_s=0.0,
                      place_gib={peak_place: {"activations": middle_gib}},
-                     backward_entry_gib={(0, 0): 1.0 + growth, (0, 1): 1.0, (0, 2): 1.0})
+                     backward_entry_gib={(0, 0): 1.0 + growth, **{(0, block): 1.0 for block in range(1, 6)}})
 
 
 def test_a_line_the_check_model_breaks_is_not_extrapolated():
@@ -137,8 +137,31 @@ def test_shallow_models_keep_the_deep_ends():
 @pytest.mark.parametrize("ratio, top", [("0", 2), ("1", 2), ("1/4", 3), ("1/2", 3), ("3/4", 3), ("1/40", 21)])
 def test_the_top_end_holds_the_highest_block_of_each_kind_below_the_top(ratio, top):
     """On 80 blocks: sAC 1/4 checkpoints block 77 under two plain ones, 3/4 blocks 77 and 79 around a plain 78;
-    a middle block of a kind then sits below a block of its kind in the top end, never above it."""
+    a middle block of a kind then sits below a block of its kind in the top end, never above it. Reaching up,
+    the bottom end holds the lowest block of each kind above the bottom block as well."""
     kinds = tuple(i in set(checkpointed_blocks(Fraction(ratio), 80)) for i in range(80))
-    assert depth.top_blocks(kinds) == top
-    top_end, middle = kinds[-top:], kinds[depth.BOTTOM_BLOCKS:-top]
-    assert set(middle) <= set(top_end[:-1])
+    assert depth.ends(kinds) == (1, top)
+    bottom, _ = depth.ends(kinds, reach_bottom=True)
+    middle = kinds[bottom:-top]
+    assert set(middle) <= set(kinds[-top:-1]) and set(middle) <= set(kinds[1:bottom])
+
+
+def test_memory_growing_down_the_blocks_needs_a_bottom_end_reaching_up_and_every_kind_growing():
+    kinds = (False,) * 12
+    line = {"base": shallow_trace(1.0), "plain": shallow_trace(2.0, growth=0.25), "check": shallow_trace(3.0)}
+    assert "grows memory" in depth.extrapolate(kinds, line)
+    layouts = depth.shallow_layouts(kinds, reach_bottom=True)
+    assert [len(layout) for layout in layouts.values()] == [4, 5, 6]  # bottom end: blocks 0 and 1
+    reaching = {"base": shallow_trace(1.0), "plain": shallow_trace(2.0), "check": shallow_trace(3.0)}
+    reaching["plain"].backward_entry_gib = {(0, 1): 1.25, (0, 2): 1.0}  # entering block 2 (middle), then 1
+    reaching["check"].backward_entry_gib = {(0, 1): 1.5, (0, 3): 1.0}
+    assert isinstance(depth.extrapolate(kinds, reaching, reach_bottom=True), StepTrace)
+    mixed = (False, True) * 6
+    mixed_layouts = depth.shallow_layouts(mixed, reach_bottom=True)
+    bottom, top = depth.ends(mixed, reach_bottom=True)
+    entering = {}
+    for name, layout in mixed_layouts.items():
+        change = {"plain": 0.25, "checkpointed": -0.25}.get(name, 0.0)
+        entering[name] = shallow_trace(1.0)
+        entering[name].backward_entry_gib = {(0, bottom - 1): 1.0 + change, (0, len(layout) - top - 1): 1.0}
+    assert "and shrinks it across a checkpointed block" in depth.extrapolate(mixed, entering, reach_bottom=True)
