@@ -11,23 +11,21 @@ of each kind, and extrapolates every count linearly to the deep model's middle:
   timeline is the shallow models' timelines in the same linear combination;
 - the memory at each place of the step (`step_tracker.place_of`: a part, forward or backward, an end block or
   outside the blocks) holds every block's saved activations and gradients, so it adds up too; the peak is the highest
-  place of the deep model, and it is taken only when the shallow models show it cannot be a middle block's:
-  no shallow model peaks in a middle block, and backward never grows memory across the middle blocks (each
-  block frees at least what it leaves behind). A middle block then sits below the place that peaks by what
-  every other block adds to both alike.
+  place of the deep model. Where the shallow models show it cannot be a middle block's (no shallow model peaks in a
+  middle block, and backward never grows memory across the middle blocks: a middle block then sits below the place
+  that peaks by what every other block adds to both alike), the ends' places alone are taken. Otherwise each middle
+  block's places are extrapolated too (`_middle_places`): its own, in the shallow model of its kind, plus what
+  each block below adds (as it adds to the top block's places) and each block above (as to the bottom block's),
+  checked on the check model's middle blocks before use.
 
 Where a kind of block peaks depends on what runs above it: the top block's backward starts with no gradient in
 flight, a lower block's with the gradients of the block above being reduced (FSDP2), so a checkpointed block
 recomputing under the top one can hold more than the top block does. The top end therefore reaches down to the
 highest block of each kind below the top block (`ends`): the deep model's highest block of each kind is an end
-block, and every middle block of that kind sits below it. Where backward grows memory down the blocks (gradient
-shards larger than what a block frees: TP x FSDP2 over few ranks), the peak of a kind sits at its lowest block
-instead: the rehearsal then tries a bottom end reaching up to the lowest block of each kind as well
-(`reach_bottom`), and takes it where memory grows across every kind of block (or across none).
+block, and every middle block of that kind sits below it, in the same company as in the shallow model of its kind.
 
 A further shallow model with one more block checks the line exactly before it is used; anything that does not
-hold (DDP's gradient buckets, whose count is not per block; gradients that grow memory in backward) gets the
-full trace, and the row says why.
+hold (DDP's gradient buckets, whose count is not per block) gets the full trace, and the row says why.
 """
 
 from __future__ import annotations
@@ -45,23 +43,20 @@ _TABLES = ("comm_bytes", "comm_calls", "op_s", "resident_gib")
 _REL_TOL = 1e-6  # float sums in another order; byte counts compare exactly
 
 
-def ends(kinds: tuple[bool, ...], reach_bottom: bool = False) -> tuple[int, int]:
-    """How many bottom and top blocks of the deep model `kinds` the shallow models keep as it has them. The top
-    end: the top block, and down to the highest block of each kind (checkpointed or not) below it; at least two.
-    The bottom end: the bottom block, or with reach_bottom (for backward that grows memory down the blocks) up to
-    the lowest block of each kind above it."""
+def ends(kinds: tuple[bool, ...]) -> tuple[int, int]:
+    """How many bottom and top blocks of the deep model `kinds` the shallow models keep as it has them: the bottom
+    block; the top block, and down to the highest block of each kind (checkpointed or not) below it (at least
+    two)."""
     inner = range(1, len(kinds) - 1)
     highest = [max(i for i in inner if kinds[i] == kind) for kind in {kinds[i] for i in inner}]
-    lowest = [min(i for i in inner if kinds[i] == kind) for kind in {kinds[i] for i in inner}]
-    bottom = max(lowest, default=0) + 1 if reach_bottom else 1
-    return bottom, len(kinds) - min(highest + [len(kinds) - 2])
+    return 1, len(kinds) - min(highest + [len(kinds) - 2])
 
 
-def shallow_layouts(kinds: tuple[bool, ...], reach_bottom: bool = False) -> dict[str, tuple[bool, ...]] | None:
+def shallow_layouts(kinds: tuple[bool, ...]) -> dict[str, tuple[bool, ...]] | None:
     """The shallow models the deep model `kinds` (per block, checkpointed or not) is extrapolated from: "base"
     (the ends alone, `ends`), one per middle kind (the ends and one block of that kind), and "check" (one more
     block); None where the model is too shallow to gain from it (the check model would be as deep)."""
-    bottom_count, top_count = ends(kinds, reach_bottom)
+    bottom_count, top_count = ends(kinds)
     if len(kinds) < MIN_LAYERS or bottom_count + 2 + top_count >= len(kinds):
         return None
     bottom, middle, top = kinds[:bottom_count], kinds[bottom_count:-top_count], kinds[-top_count:]
@@ -76,21 +71,19 @@ def _name(kind: bool) -> str:
     return "checkpointed" if kind else "plain"
 
 
-def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace], reach_bottom: bool = False) -> StepTrace | str:
-    """The deep model's StepTrace from its shallow models' (keyed as shallow_layouts(kinds, reach_bottom) names
-    them), or why the line does not hold for it."""
-    bottom, top = ends(kinds, reach_bottom)
-    layouts = shallow_layouts(kinds, reach_bottom)
+def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace]) -> StepTrace | str:
+    """The deep model's StepTrace from its shallow models' (keyed as shallow_layouts names them), or why the line
+    does not hold for it."""
+    bottom, top = ends(kinds)
+    layouts = shallow_layouts(kinds)
     middle = Counter(kinds[bottom:-top])
     counts = {_name(kind): n for kind, n in middle.items()}
     check_counts = {name: 1 for name in counts} if len(counts) > 1 else {name: 2 for name in counts}
     growth = {name: _middle_growth_gib(trace, len(layouts[name]), bottom, top) for name, trace in shallow.items()}
-    why = _grows(growth, reach_bottom)
-    if why:
-        return why
+    why = _grows(growth)
     for name, trace in shallow.items():
-        if _end_place(_peak_place(trace), len(layouts[name]), bottom, top) is None:
-            return f"depth not extrapolated (the {name} shallow model peaks in a middle block)"
+        if not why and _end_place(_peak_place(trace), len(layouts[name]), bottom, top) is None:
+            why = f"depth not extrapolated (the {name} shallow model peaks in a middle block)"
     values = {name: _values(trace, len(layouts[name]), bottom, top) for name, trace in shallow.items()}
     base = shallow["base"]
     steps = {name: _combine(values[name], values["base"], -1) for name in counts}
@@ -99,6 +92,14 @@ def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace], reach_bo
     if mismatch:
         return f"depth not extrapolated ({mismatch} is not linear in the number of blocks)"
     deep = _line(values["base"], steps, counts)
+    if why:  # the ends may not hold the peak: every middle block's places too, where the check model bears them out
+        own = {name: _own_places(shallow[name], bottom) for name in counts}
+        middle_places = _middle_places(kinds[bottom:-top], own, steps)
+        checked = _middle_places(layouts["check"][bottom:-top], own, steps)
+        traced = _own_places(shallow["check"], bottom, len(layouts["check"]) - top - bottom)
+        if middle_places is None or checked is None or _first_mismatch(checked, traced):
+            return why
+        deep["place_gib"].update(middle_places)
     place = max(deep["place_gib"], key=lambda p: (sum(deep["place_gib"][p].values()), p))
     return StepTrace(
         memory_gib=deep["place_gib"][place], resident_gib=deep["resident_gib"], comm_bytes=deep["comm_bytes"],
@@ -108,6 +109,43 @@ def extrapolate(kinds: tuple[bool, ...], shallow: dict[str, StepTrace], reach_bo
         traced_micro_batches=base.traced_micro_batches, optimizer_roofline_s=deep["optimizer_roofline_s"],
         launches=deep["launches"],
         place_gib=deep["place_gib"], timeline=_timeline(base, shallow, counts))
+
+
+def _own_places(trace: StepTrace, bottom: int, blocks: int = 1) -> dict[str, dict[str, float]]:
+    """The places of a shallow model's middle blocks (`blocks` of them, from index `bottom`), by "part:pass" and
+    the middle block's position from the bottom of the middle ("0:backward:middle+1")."""
+    places = {}
+    for place, gib in trace.place_gib.items():
+        part, direction, where = place.split(":")
+        if where != "outside" and bottom <= int(where) < bottom + blocks:
+            places[f"{part}:{direction}:middle+{int(where) - bottom}"] = dict(gib)
+    return places
+
+
+def _middle_places(middle: tuple[bool, ...], own: dict[str, dict], steps: dict[str, dict]) -> dict | None:
+    """Each block's places in a middle of kinds `middle` (bottom to top): a block's own places in the shallow
+    model of its kind (`own`), plus what each other middle block adds there: a block below, what it adds to the
+    top block's place of the same part and pass (its saved activations, its shards); a block above, what it
+    adds to the bottom block's (what it leaves once it ran: gradient shards, or unsharded gradients that are not
+    reduced yet). None where a shallow model lacks its middle block's places or one of those end places."""
+    found = {}
+    for position, kind in enumerate(middle):
+        blocks_own = {key: gib for key, gib in own[_name(kind)].items() if key.endswith(":middle+0")}
+        if not blocks_own:
+            return None
+        for key, gib in blocks_own.items():
+            part_pass = key.rsplit(":", 1)[0]
+            total = gib
+            for other, other_kind in enumerate(middle):
+                end = "top" if other < position else "bottom" if other > position else None
+                if end is None:
+                    continue
+                added = steps[_name(other_kind)]["place_gib"].get(f"{part_pass}:{end}")
+                if added is None:
+                    return None
+                total = _combine(total, added, 1)
+            found[f"{part_pass}:middle+{position}"] = total
+    return found
 
 
 def _timeline(base: StepTrace, shallow: dict[str, StepTrace], counts: dict[str, int]) -> list:
@@ -120,31 +158,15 @@ def _timeline(base: StepTrace, shallow: dict[str, StepTrace], counts: dict[str, 
     return timeline
 
 
-def _grows(growth: dict[str, dict[int, float]], reach_bottom: bool) -> str | None:
-    """Why the memory entering each middle block's backward (`growth`: from the highest middle block's to the
-    bottom end's, by shallow model and micro-batch) does not keep the deep model's peak at an end, if it does not:
-    in each micro-batch it must not grow down the blocks, or with the bottom end reaching up (a middle block of
-    each kind then sits above an end block of its kind) change alike across every kind: never grow, or never
-    shrink."""
-    for part in sorted({part for by_part in growth.values() for part in by_part}):
-        in_part = {name: by_part.get(part, math.inf) for name, by_part in growth.items()}
-        grows = {name: gib for name, gib in in_part.items() if gib > 0}
-        if not grows:
-            continue
-        name, gib = max(grows.items(), key=lambda item: item[1])
-        why = f"backward grows memory by {gib * 1024:.1f} MiB across a {name} block"
-        shrinks = [other for other, other_gib in in_part.items() if other_gib < 0]
-        if shrinks:
-            return f"depth not extrapolated ({why}, and shrinks it across a {shrinks[0]} block)"
-        if not reach_bottom or math.isinf(gib):
-            return f"depth not extrapolated ({why}: the peak could sit at any depth)"
-    return None
-
-
-def worth_reaching_bottom(why: str) -> bool:
-    """Whether shallow models with a bottom end reaching up could extrapolate what `why` refused: memory grew
-    down the blocks, and no kind shrank it."""
-    return "grows memory" in why and "shrinks" not in why and "inf MiB" not in why
+def _grows(growth: dict[str, dict[int, float]]) -> str | None:
+    """Why the ends may not hold the deep model's peak, by how the memory entering each middle block's backward
+    changes (`growth`: from the highest middle block's to the bottom end's, by shallow model and micro-batch):
+    where it grows down the blocks, a lower middle block can hold more than the ends."""
+    grown = [(gib, name) for name, by_part in growth.items() for gib in by_part.values() if gib > 0]
+    if not grown:
+        return None
+    gib, name = max(grown)
+    return f"depth not extrapolated (backward grows memory by {gib * 1024:.1f} MiB across a {name} block)"
 
 
 def _peak_place(trace: StepTrace) -> str:

@@ -240,28 +240,20 @@ def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | No
         return _trace(config, shape, rank, gpu, calibration), None
     # The checkpointed blocks are in `kinds`: shallow models of every sAC ratio of a sweep share their key.
     base = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
-    why_not = None
-    # A bottom end reaching up where backward grows memory down the blocks, else the bottom block alone: FSDP2's
-    # micro-batches that do not reduce grow it (each block's unsharded gradients stay), so those try it first.
-    first = config.train.grad_accum > 1 and config.train.fsdp2_sharded
-    for reach_bottom in (first, not first):
-        layouts = depth.shallow_layouts(kinds, reach_bottom)
-        if not layouts:
-            break
-        shallow = {}
-        for name, layout in layouts.items():
-            key = ("shallow", config_id(step_config(base)), layout, rank, gpu, calibration.source)
-            if key not in traces:
-                traces[key] = _trace(config, shape, rank, gpu, calibration, layout)
-            shallow[name] = traces[key]
-        deep = depth.extrapolate(kinds, shallow, reach_bottom)
-        if isinstance(deep, StepTrace):
-            depths = sorted({len(layout) for layout in layouts.values()})
-            return deep, f"traced at depth {depths[0]}-{depths[-1]}, extrapolated to {layers} blocks"
-        why_not = deep
-        if reach_bottom or not depth.worth_reaching_bottom(deep):
-            break
-    return _trace(config, shape, rank, gpu, calibration), why_not
+    layouts = depth.shallow_layouts(kinds)
+    if not layouts:
+        return _trace(config, shape, rank, gpu, calibration), None
+    shallow = {}
+    for name, layout in layouts.items():
+        key = ("shallow", config_id(step_config(base)), layout, rank, gpu, calibration.source)
+        if key not in traces:
+            traces[key] = _trace(config, shape, rank, gpu, calibration, layout)
+        shallow[name] = traces[key]
+    deep = depth.extrapolate(kinds, shallow)
+    if isinstance(deep, StepTrace):
+        depths = sorted({len(layout) for layout in layouts.values()})
+        return deep, f"traced at depth {depths[0]}-{depths[-1]}, extrapolated to {layers} blocks"
+    return _trace(config, shape, rank, gpu, calibration), deep
 
 
 def _trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
