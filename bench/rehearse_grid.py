@@ -6,6 +6,13 @@
 One process, as `raybench rehearse` runs (one trace cache for the points rehearsed); a temporary store unless
 --store. Prints one line per point (seconds so far, its axis values, its trace seconds and how its depth was
 traced), then one JSON line.
+
+    .venv/bin/python bench/rehearse_grid.py --model llama-2-7b --strategy fsdp2 --grad-accum 1 --workers 64 \
+        --ac-ratio 1/4 3/4 --check-depth
+
+--check-depth rehearses each point also with every block traced (`--full-depth`) and prints, per point, how
+its extrapolated rehearsal differs from the full trace: the tensor peak and each memory category in bytes, and
+the relative difference of FLOPs, step time and every collective's bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import time
 from pathlib import Path
 
 from raybench.planning.plan import plan
+from raybench.rehearse.rehearsal import rehearse
 from raybench.rehearse.trials import rehearse_trials
 from raybench.spec.load import load_sweep
 
@@ -31,6 +39,29 @@ def selected(trial, args) -> bool:
     return all(not allowed or values[name] in allowed for name, allowed in wanted.items())
 
 
+GIB = 2**30
+
+
+def check_depth(spec, trials: list) -> None:
+    """Each point rehearsed as `raybench rehearse` does and with every block traced, and how far apart."""
+    extrapolated_cache, full_cache = {}, {}
+    for t in trials:
+        gpu = spec.estimate.gpu
+        t0 = time.perf_counter()
+        deep = rehearse(t.config, t.shape, gpu, traces=extrapolated_cache)
+        t1 = time.perf_counter()
+        full = rehearse(t.config, t.shape, gpu, traces=full_cache, extrapolate_depth=False)
+        t2 = time.perf_counter()
+        bytes_off = {name: round((deep.memory_gib[name] - gib) * GIB) for name, gib in full.memory_gib.items()}
+        relative = {name: abs(getattr(deep, name) / getattr(full, name) - 1) for name in ("flops", "step_time_s")}
+        relative["comm_bytes"] = max((abs(deep.comm_bytes.get(k, 0) / v - 1) for k, v in full.comm_bytes.items()),
+                                     default=0.0)
+        print(json.dumps({"point": t.axis_values, "depth": [n for n in deep.notes if "depth" in n],
+                          "peak_gib": round(full.peak_gib, 4), "peak_bytes_off": round((deep.peak_gib - full.peak_gib) * GIB),
+                          "category_bytes_off": bytes_off, "relative_off": relative,
+                          "extrapolated_s": round(t1 - t0, 1), "full_s": round(t2 - t1, 1)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", nargs="*")
@@ -38,10 +69,14 @@ def main() -> None:
     parser.add_argument("--grad-accum", nargs="*", type=int)
     parser.add_argument("--workers", nargs="*", type=int)
     parser.add_argument("--ac-ratio", nargs="*")
+    parser.add_argument("--check-depth", action="store_true", help="compare with full traces (see above)")
     parser.add_argument("--store", help="keep the rehearsals there (then `raybench best SWEEP --predict --store`)")
     args = parser.parse_args()
     spec = load_sweep(SWEEP)
     trials = [t for t in plan(spec) if selected(t, args)]
+    if args.check_depth:
+        check_depth(spec, trials)
+        return
     store = args.store or tempfile.mkdtemp()
     t0 = time.perf_counter()
     for row in rehearse_trials(spec, trials, store):

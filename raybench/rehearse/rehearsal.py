@@ -236,22 +236,24 @@ def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | No
     layers = shape.num_hidden_layers
     checkpointed = set(checkpointed_blocks(Fraction(config.train.ac_ratio), layers))
     kinds = tuple(i in checkpointed for i in range(layers))
-    layouts = depth.shallow_layouts(kinds) if extrapolate_depth else None
-    if layouts:
-        # The checkpointed blocks are in `kinds`: shallow models of every sAC ratio of a sweep share their key.
-        base = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
-        shallow = {}
-        for name, layout in layouts.items():
-            key = ("shallow", config_id(step_config(base)), layout, rank, gpu, calibration.source)
-            if key not in traces:
-                traces[key] = _trace(config, shape, rank, gpu, calibration, layout)
-            shallow[name] = traces[key]
-        deep = depth.extrapolate(kinds, shallow)
-        if isinstance(deep, StepTrace):
-            depths = sorted({len(layout) for layout in layouts.values()})
-            return deep, f"traced at depth {depths[0]}-{depths[-1]}, extrapolated to {layers} blocks"
-        return _trace(config, shape, rank, gpu, calibration), deep
-    return _trace(config, shape, rank, gpu, calibration), None
+    if not extrapolate_depth:
+        return _trace(config, shape, rank, gpu, calibration), None
+    # The checkpointed blocks are in `kinds`: shallow models of every sAC ratio of a sweep share their key.
+    base = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
+    layouts = depth.shallow_layouts(kinds)
+    if not layouts:
+        return _trace(config, shape, rank, gpu, calibration), None
+    shallow = {}
+    for name, layout in layouts.items():
+        key = ("shallow", config_id(step_config(base)), layout, rank, gpu, calibration.source)
+        if key not in traces:
+            traces[key] = _trace(config, shape, rank, gpu, calibration, layout)
+        shallow[name] = traces[key]
+    deep = depth.extrapolate(kinds, shallow)
+    if isinstance(deep, StepTrace):
+        depths = sorted({len(layout) for layout in layouts.values()})
+        return deep, f"traced at depth {depths[0]}-{depths[-1]}, extrapolated to {layers} blocks"
+    return _trace(config, shape, rank, gpu, calibration), deep
 
 
 def _trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,

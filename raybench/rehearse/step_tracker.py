@@ -45,24 +45,13 @@ _TOTAL = "Total"  # the snapshot's own sum
 # A decoder block itself, not a module inside it, as torch's module tracker names it.
 _BLOCK_ITSELF = re.compile(r"\.layers\.(\d+)(\._checkpoint_wrapped_module)?$")
 
-# The blocks a shallow model keeps as the deep one has them: the bottom one, and the two top ones (the head's
-# end, where backward starts). The blocks between them are the middle.
-END_BLOCKS = 3
 
-
-def place_of(part: int, backward: bool, block: int | None, layers: int) -> str:
-    """Where in the step an operator runs, by what a shallow model keeps of the deep one's structure: the part
-    (micro-batch, or the optimizer step), forward or backward, and the decoder block that runs it or ran last
-    (bottom, top-1, top, or middle: any other block), or outside: before any block (forward's embedding,
-    backward's head and loss) and in the optimizer step."""
-    if block is None:
-        where = "outside"
-    elif block == 0:
-        where = "bottom"
-    elif block >= layers - 2:
-        where = "top" if block == layers - 1 else "top-1"
-    else:
-        where = "middle"
+def place_of(part: int, backward: bool, block: int | None) -> str:
+    """Where in the step an operator runs: the part (micro-batch, or the optimizer step), forward or backward,
+    and the decoder block that runs it or ran last, by its index, or outside: before any block (forward's
+    embedding, backward's head and loss) and in the optimizer step. depth.py names the blocks by what a shallow
+    model keeps of the deep one (its ends) and what it does not (the middle)."""
+    where = "outside" if block is None else str(block)
     return f"{part}:{'backward' if backward else 'forward'}:{where}"
 
 
@@ -77,12 +66,12 @@ def categories(snapshot: dict) -> dict[str, float]:
     return totals
 
 
-def tracker_for(model: nn.Module, optimizer, fsdp: bool, roofline: Roofline, layers: int) -> StepTracker:
-    """The step tracker of a model of `layers` decoder blocks: FSDP2's tracker follows the model and optimizer
-    from the start; the plain one is given them by `track_external`."""
+def tracker_for(model: nn.Module, optimizer, fsdp: bool, roofline: Roofline) -> StepTracker:
+    """The step tracker of a model: FSDP2's tracker follows the model and optimizer from the start; the plain one
+    is given them by `track_external`."""
     if fsdp:
-        return FsdpStepTracker(roofline, layers, model, optimizer)
-    return StepTracker(roofline, layers)
+        return FsdpStepTracker(roofline, model, optimizer)
+    return StepTracker(roofline)
 
 
 class _NoHook:
@@ -96,9 +85,8 @@ class StepTracker(MemTracker):
     """torch's tracker, plus: skip DTensor's global-shape propagation runs, keep each place's peak, and hand
     every operator this rank runs to the step's costs (collectives and roofline)."""
 
-    def __init__(self, roofline: Roofline, layers: int, *tracked):
+    def __init__(self, roofline: Roofline, *tracked):
         super().__init__(*tracked)  # FSDPMemTracker takes the model and optimizer; MemTracker nothing
-        self.layers = layers
         self.place_peaks: dict[str, tuple[int, dict]] = {}  # place_of: (bytes in use, snapshot) at its highest
         self.backward_entry: dict[tuple[int, int], int] = {}  # (part, block): bytes in use as its backward began
         self.last_total = 0
@@ -178,7 +166,7 @@ class StepTracker(MemTracker):
         part, backward = len(self.costs.parts) - 1, self._mod_tracker.is_bw
         block = self._block_running(part, backward)
         self.last_total = total
-        self._update_place_peak(place_of(part, backward, block, self.layers), total)
+        self._update_place_peak(place_of(part, backward, block), total)
 
     def _update_step_peak(self) -> None:
         for dev, dev_snap in self._curr_mem_snap.items():
@@ -188,7 +176,7 @@ class StepTracker(MemTracker):
 
     def _block_running(self, part: int, backward: bool) -> int | None:
         """The decoder block running, or the one that ran last in this part and pass (None: none yet). Records
-        the memory in use as each block's backward begins (`middle_growth_gib`)."""
+        the memory in use as each block's backward begins (`backward_entry_gib`)."""
         # Backward leaves torch's module tracker with stale entries of the blocks above (it runs top-down): the
         # lowest block entered is the one running.
         block = min((int(m.group(1)) for name in self._mod_tracker.parents if (m := _BLOCK_ITSELF.search(name))),
@@ -207,16 +195,10 @@ class StepTracker(MemTracker):
     def place_gib(self) -> dict[str, dict[str, float]]:
         return {place: categories(snapshot) for place, (_, snapshot) in self.place_peaks.items()}
 
-    def middle_growth_gib(self) -> float:
-        """The most memory grew, in any micro-batch's backward, from entering the highest middle block (the first
-        one backward reaches) to entering the bottom block: 0 without middle blocks."""
-        if self.layers <= END_BLOCKS:
-            return 0.0
-        entry = self.backward_entry
-        highest_middle = self.layers - END_BLOCKS  # below the two top blocks
-        growth = [entry[(p, 0)] - entry[(p, highest_middle)] if (p, 0) in entry and (p, highest_middle) in entry
-                  else float("inf") for p in {part for part, _ in entry}]
-        return max(growth, default=float("inf")) / GIB
+    def backward_entry_gib(self) -> dict[tuple[int, int], float]:
+        """The memory in use as each block's backward began, by (part, block): depth.py checks from it that
+        backward does not grow memory across the middle blocks."""
+        return {key: total / GIB for key, total in self.backward_entry.items()}
 
     def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True):
         # torch's MemTracker hooks every parameter's gradient and fails on frozen ones (LoRA's base weights,

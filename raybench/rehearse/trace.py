@@ -32,7 +32,6 @@ from raybench.rehearse.traced_model import (
 from raybench.runtime import bench, strategies
 from raybench.runtime.build import fill
 from raybench.runtime.materialize import to_empty_keeping_ties
-from raybench.runtime.model import decoder_blocks
 from raybench.runtime.strategies import RankContext
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB
@@ -66,11 +65,11 @@ class StepTrace:
     traced_micro_batches: int = 1  # how many of them the trace ran (`traced_accumulation`); the rest are scaled
     optimizer_roofline_s: float = 0.0  # the part of roofline_s run once per step (clipping, optimizer, zero_grad)
     launches: int = 0  # operators that run a kernel (`Roofline.launches_kernel`), collectives apart: host work
-    # Memory by step_tracker.CATEGORIES at each place's own highest point (`step_tracker.place_of`), and how much
-    # memory grew in backward across the middle blocks (`middle_growth_gib`): what a deeper model's peak is
-    # extrapolated from (depth.py).
+    # Memory by step_tracker.CATEGORIES at each place's own highest point (`step_tracker.place_of`), and the memory
+    # in use as each block's backward began, by (part, block): what a deeper model's peak is extrapolated from
+    # (depth.py).
     place_gib: dict[str, dict[str, float]] = field(default_factory=dict)
-    middle_growth_gib: float = 0.0
+    backward_entry_gib: dict[tuple[int, int], float] = field(default_factory=dict)
     # The step as its two streams see it, for the overlap of collectives with compute (step_time.exposed_s): each
     # traced part's events (`step_costs.PartCosts.events`) with the number of times the step runs that part. A
     # deep model's is a linear combination of its shallow models' (depth.py), so weights need not be whole or
@@ -158,14 +157,12 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
 
     train, _ = traced_train(config.train, config.resources.gpus_per_worker > 0)
     model, source, info = build_traced(config, train, kinds)
-    layers = len(kinds) if kinds is not None else len(decoder_blocks(model))
     mode = fake_mode() if fake else contextlib.nullcontext()
     trainable = _wrapped(model, train, ctx, mode, fake, source, info)
     with mode:
         _create_optimizer_state(trainable)
         batches = fake_batches(train, shape.vocab_size, ctx.device)
-        tracker = tracker_for(trainable.model, trainable.optimizer, train.fsdp2_sharded,
-                              gpu_roofline(gpu, calibration), layers)
+        tracker = tracker_for(trainable.model, trainable.optimizer, train.fsdp2_sharded, gpu_roofline(gpu, calibration))
         _track_from_start(tracker, trainable, train)
         marking = marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
         traced, times = traced_accumulation(train.grad_accum)
@@ -219,5 +216,5 @@ def _step_trace(tracker, trainable: strategies.Trainable, train: TrainSpec, trac
         op_s=dict(total.op_s),
         block_memory_bound_s=total.block_memory_bound_s, grad_accum=train.grad_accum, traced_micro_batches=traced,
         optimizer_roofline_s=optimizer_step.roofline_s, launches=total.launches, place_gib=tracker.place_gib(),
-        middle_growth_gib=tracker.middle_growth_gib(),
+        backward_entry_gib=tracker.backward_entry_gib(),
         timeline=[(count, part.events) for part, count in zip(micro_batches, times)] + [(1, optimizer_step.events)])

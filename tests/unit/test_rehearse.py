@@ -139,8 +139,7 @@ def test_tracker_counts_dtensor_propagation_without_the_correction():
             for corrected in (False, True):
                 DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
                 ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
-                tracker = step_tracker.tracker_for(None, None, fsdp=False, roofline=roofline.gpu_roofline(None),
-                                                   layers=0)
+                tracker = step_tracker.tracker_for(None, None, fsdp=False, roofline=roofline.gpu_roofline(None))
                 marking = fake_world.marking_propagation(tracker.propagation) if corrected else contextlib.nullcontext()
                 with marking, tracker:
                     ys = torch._foreach_mul(xs, 2.0)
