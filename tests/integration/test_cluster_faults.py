@@ -350,10 +350,7 @@ def _kill_head_node(job_id: str) -> list[str]:
 def test_head_node_dies_with_the_driver_then_resubmission_runs_exactly_the_missing_trials(slurm2, tmp_path):
     # Three idle trials on two nodes, two at a time: the first ends in seconds; the second and third are held
     # (one per node) when the head node dies under them.
-    holds = [tmp_path / "free", tmp_path / "held-1", tmp_path / "held-2"]
-    for hold in holds[1:]:
-        hold.touch()
-    sweep, store = _idle_sweep(tmp_path, holds), tmp_path / "store"
+    holds, sweep, store = _free_then_two_held(tmp_path)
     started = time.monotonic()
     submit = subprocess.Popen([*RAYBENCH, "slurm", "submit", str(sweep), "--store", str(store), "--wait",
                                *_options(2)], env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -515,6 +512,14 @@ def _using(directory: Path) -> list[psutil.Process]:
     return found
 
 
+def _free_then_two_held(tmp_path: Path) -> tuple[list[Path], Path, Path]:
+    """Three idle trials: the first ends in seconds, the other two are held until their hold files go."""
+    holds = [tmp_path / "free", tmp_path / "held-1", tmp_path / "held-2"]
+    for hold in holds[1:]:
+        hold.touch()
+    return holds, _idle_sweep(tmp_path, holds), tmp_path / "store"
+
+
 def _stored(store: Path) -> int:
     return len(list((store / f"sweep={SWEEP}").glob("*.parquet")))
 
@@ -523,10 +528,7 @@ def _stored(store: Path) -> int:
 def test_a_warm_clusters_head_node_dies_under_run_then_a_new_cluster_runs_exactly_the_rest(slurm2, tmp_path):
     # The head node of a warm cluster dies (every process of the hold job on node 1 killed -9: the batch script, the
     # Ray head) while `run --cluster`, outside the job as on a login node, has two trials running on it.
-    holds = [tmp_path / "free", tmp_path / "held-1", tmp_path / "held-2"]
-    for hold in holds[1:]:
-        hold.touch()
-    sweep, store = _idle_sweep(tmp_path, holds), tmp_path / "store"
+    holds, sweep, store = _free_then_two_held(tmp_path)
     started = time.monotonic()
     assert raybench_cli(slurm2, "cluster", "up", "headless", *_options(2)).returncode == 0
     job_id = _job_id_of(slurm2, "headless")
