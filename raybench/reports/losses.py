@@ -46,7 +46,8 @@ def compare_losses(df: pd.DataFrame, axis: str, baseline: str, tolerance: float 
     """Every ok row whose `axis` value is not `baseline`, against the ok row of the same other axis values
     whose value is. Raises ConfigError (exit 2) when the rows have no such axis or no baseline point."""
     rows = frames.ok_rows(df)
-    rows = rows[rows["loss_by_step"].map(_has_losses)] if "loss_by_step" in rows else rows.iloc[0:0]
+    # .loc and bool: with no ok row, an empty object mask would select columns (none) instead of rows.
+    rows = rows.loc[rows["loss_by_step"].map(_has_losses).astype(bool)] if "loss_by_step" in rows else rows.iloc[0:0]
     axes = rows["axis_values_json"].map(lambda text: json.loads(text) if isinstance(text, str) else {})
     names = sorted({name for values in axes for name in values})
     if axis not in names:

@@ -80,7 +80,30 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
                 step()
                 # Inside the range: the step's device work ends before its wall time does.
                 bench.synchronize(device)
-    return breakdown(list(prof.events()), steps, cuda) if reduce else {}
+    if not reduce:
+        return {}
+    events = list(prof.events())
+    _link_device_events(prof.profiler.kineto_results, events)
+    return breakdown(events, steps, cuda)
+
+
+def _link_device_events(results, events: list) -> None:
+    """Give each event the id of the op that launched it (`linked_correlation_id`, 0 for an op itself) where
+    torch's FunctionEvent lacks it (torch 2.11 keeps it only on the profiler's raw events). The raw event
+    an event was built from has its correlation id, device type and trace-relative times, computed as torch
+    computes them; an event whose raw twins disagree stays unlinked."""
+    if all(hasattr(e, "linked_correlation_id") for e in events):
+        return
+    start_ns = results.trace_start_ns()
+    links: dict[tuple, set[int]] = {}
+    for raw in results.events():
+        key = (raw.correlation_id(), raw.device_type(), (raw.start_ns() - start_ns) / 1000,
+               (raw.end_ns() - start_ns) / 1000)
+        links.setdefault(key, set()).add(raw.linked_correlation_id())
+    for event in events:
+        if not hasattr(event, "linked_correlation_id"):
+            found = links.get((event.id, event.device_type, event.time_range.start, event.time_range.end), set())
+            event.linked_correlation_id = found.pop() if len(found) == 1 else 0
 
 
 def breakdown(events: list, steps: int, cuda: bool) -> dict[str, float]:
@@ -164,7 +187,7 @@ def _device_busy_us(events: list, marks: list, categories: dict[int, int]) -> tu
     busy_us = dict.fromkeys(BUSY, 0.0)
     intervals = [[] for _ in marks]
     for event in events:
-        if event.device_type != DeviceType.CUDA or event.activity_type not in _DEVICE_WORK:
+        if event.device_type != DeviceType.CUDA or not _device_work(event):
             continue
         step = _in_step(event, marks)
         if step is None:
@@ -177,6 +200,13 @@ def _device_busy_us(events: list, marks: list, categories: dict[int, int]) -> tu
         end = min(event.time_range.end, marks[step].time_range.end)
         intervals[step].append((event.time_range.start, end))
     return busy_us, sum(_union_us(step_intervals) for step_intervals in intervals)
+
+
+def _device_work(event) -> bool:
+    """A kernel, copy or fill, not the device's copy of a host range. torch 2.11 names no activity type:
+    there every device event but those copies is work."""
+    kind = getattr(event, "activity_type", None)
+    return kind in _DEVICE_WORK if kind is not None else not event.is_user_annotation
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:

@@ -50,3 +50,7 @@ def test_an_axis_or_baseline_the_rows_lack_is_refused_naming_the_option():
         losses.compare_losses(df, "train.liger", "false")
     with pytest.raises(ConfigError, match="--baseline.*tensorwise.*'off', 'rowwise'"):
         losses.compare_losses(df, "train.fp8", "tensorwise")
+    # A sweep whose every row failed has nothing to compare: said as such, not a KeyError.
+    failed = rows(({"train.fp8": "off"}, None, "error"), ({"train.fp8": "rowwise"}, None, "error"))
+    with pytest.raises(ConfigError, match="--axis.*no ok row with per-step losses"):
+        losses.compare_losses(failed, "train.fp8", "off")

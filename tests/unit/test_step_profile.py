@@ -148,6 +148,50 @@ def test_device_time_is_kernel_time_and_idle_is_what_no_kernel_covers():
     assert sum(found[c] for c in CATEGORIES) == pytest.approx(found["profile_step_s"] + 20e-6)
 
 
+class _RawEvent:
+    """The profiler's raw record of an event (the methods torch 2.11 reads its FunctionEvents from)."""
+
+    def __init__(self, event: FunctionEvent, linked: int, trace_start_ns: int):
+        self.event, self.linked, self.trace_start_ns = event, linked, trace_start_ns
+
+    def correlation_id(self): return self.event.id
+    def device_type(self): return self.event.device_type
+    def start_ns(self): return int(self.event.time_range.start * 1000) + self.trace_start_ns
+    def end_ns(self): return int(self.event.time_range.end * 1000) + self.trace_start_ns
+    def linked_correlation_id(self): return self.linked
+
+
+class _RawResults:
+    def __init__(self, raw: list[_RawEvent], trace_start_ns: int):
+        self.raw, self.start = raw, trace_start_ns
+
+    def events(self): return self.raw
+    def trace_start_ns(self): return self.start
+
+
+def test_on_torch_2_11_kernels_are_linked_to_their_ops_through_the_raw_events():
+    """torch 2.11's FunctionEvent has no linked_correlation_id and no activity_type: the links come from the raw
+    events each was built from, and every device event but the device's copy of a range is work. The step
+    then splits as on a newer torch."""
+    def trace():
+        mark = _event(1, step_profile.STEP_RANGE, 0, 100, is_user_annotation=True)
+        mm = _event(2, "aten::mm", 10, 20, mark)
+        return [mark, mm,
+                _event(2, step_profile.STEP_RANGE, 0, 100, device_type=DeviceType.CUDA, is_user_annotation=True,
+                       activity_type="gpu_user_annotation"),
+                _kernel("triton_per_fused_0", 30, 60, launched_by=2),  # by its op: matmul
+                _kernel("Memset (Device)", 98, 99, activity_type="gpu_memset")]
+
+    newer = step_profile.breakdown(trace(), 1, cuda=True)
+    older, start_ns = trace(), 5_000_000_000
+    results = _RawResults([_RawEvent(e, e.linked_correlation_id, start_ns) for e in older], start_ns)
+    for event in older:
+        del event.linked_correlation_id, event.activity_type
+    step_profile._link_device_events(results, older)
+    assert step_profile.breakdown(older, 1, cuda=True) == newer
+    assert newer["profile_matmul_s"] == pytest.approx(30e-6) and newer["profile_elementwise_s"] == pytest.approx(1e-6)
+
+
 def test_the_row_carries_the_profile_and_nulls_without_one():
     assert set(step_profile.COLUMNS) == set(rank_metrics.PROFILE_COLUMNS)
     record = {"step_times_s": [1.0, 1.0], "step_starts_wall": [0.0, 1.0], "tokens": [8, 8], "nonpad_tokens": [8, 8],
