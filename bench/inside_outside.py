@@ -1,11 +1,11 @@
 """The same training script inside raybench and outside it: does a stack's trial time as its script does alone?
 
     .venv/bin/python bench/inside_outside.py [--stacks command,hf,lightning] [--variants inside,trial,outside]
-        [--rounds 2] [--steps 40] [--out DIR]
+        [--rounds 2] [--steps 40] [--workers 2] [--out DIR]
 
 Per stack, the shipped CPU sweep's first grid point (sweeps/stack-<kind>-cpu.yaml, its axes pinned to their first
-value, train.steps raised to --steps so that each median has more steps) on `raybench example-data` data, 2 gloo
-ranks of 1 CPU:
+value, train.steps raised to --steps so that each median has more steps) on `raybench example-data` data, --workers
+gloo ranks of 1 CPU (2, the sweeps' own; 1 leaves a core of a 2-core machine to Ray's own processes):
 
     A  inside: `raybench run` of that one-trial sweep (a private local Ray, the default executor `train`): the row's
        step_time_p50_s
@@ -56,7 +56,7 @@ MMAP = "MALLOC_MMAP_THRESHOLD_"
 
 # ---- the driver: sweeps, blocks, figures ----
 
-def pinned_sweep(kind: str, steps: int, directory: Path) -> Path:
+def pinned_sweep(kind: str, steps: int, workers: int, directory: Path) -> Path:
     """The shipped CPU sweep of this stack as one trial, written where its relative paths resolve (directory holds
     links to sweeps/stacks and the example data)."""
     spec = yaml.safe_load((REPO / "sweeps" / f"stack-{kind}-cpu.yaml").read_text())
@@ -67,6 +67,7 @@ def pinned_sweep(kind: str, steps: int, directory: Path) -> Path:
             target = target.setdefault(part, {})
         target[key] = values[0]
     spec["train"]["steps"] = steps
+    spec.setdefault("resources", {})["workers"] = workers
     spec["name"] = f"inside-outside-{kind}"
     path = directory / f"{kind}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -142,10 +143,10 @@ def run_variant(variant: str, kind: str, trial, sweep: Path, cache_root: Path, w
     return run_outside(kind, trial, sweep, cache_root, variant == "outside-mmap", work)
 
 
-def bench_stack(kind: str, variants: list[str], rounds: int, steps: int, work: Path) -> dict:
+def bench_stack(kind: str, variants: list[str], rounds: int, steps: int, workers: int, work: Path) -> dict:
     from raybench.planning import tokenized
 
-    sweep = pinned_sweep(kind, steps, work)
+    sweep = pinned_sweep(kind, steps, workers, work)
     trial = planned_trial(sweep)
     cache_root = work / "outside-cache"
     if trial.config.data.source == "hf":  # the tokens the inside run trains on, for the outside run
@@ -184,6 +185,7 @@ def main() -> None:
                         help=f"the blocks of a round, run forward then backward; of {','.join(VARIANTS)}")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--workers", type=int, default=2, help="ranks of 1 CPU per trial")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--rank-of", choices=("hf", "lightning"), help=argparse.SUPPRESS)  # an outside rank
     parser.add_argument("--sweep", type=Path, help=argparse.SUPPRESS)
@@ -202,10 +204,10 @@ def main() -> None:
                    capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     (work / "stacks").symlink_to(REPO / "sweeps" / "stacks", target_is_directory=True)
     t0 = time.perf_counter()
-    results = [bench_stack(kind, variants, args.rounds, args.steps, work) for kind in args.stacks.split(",")]
+    results = [bench_stack(kind, variants, args.rounds, args.steps, args.workers, work) for kind in args.stacks.split(",")]
     print_table(results, variants)
     summary = {"bench": "inside_outside", "cpu": cpu_model(), "python": platform.python_version(),
-               "rounds": args.rounds, "steps": args.steps, "variants": variants,
+               "rounds": args.rounds, "steps": args.steps, "workers": args.workers, "variants": variants,
                "wall_s": round(time.perf_counter() - t0, 1), "stacks": results}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -115,6 +115,12 @@ class TrialPayload:
             return self.caches.compile_dir
         return str(Path(self.cache_dir) / "compile") if self.cache_dir else None
 
+    def threads_env(self) -> dict[str, str]:
+        """Each rank's CPU threads: its reserved CPUs, as Ray gives a worker of `cpus_per_worker` CPUs. A launcher
+        without Ray sets them so that a trial runs alike under it (torchrun leaves one rank of a trial every core
+        of the machine, and a user's stack does not set its threads as raybench's own loop does)."""
+        return {"OMP_NUM_THREADS": str(max(1, int(self.config.resources.cpus_per_worker)))}
+
     def worker_env(self) -> dict[str, str]:
         """Variables a trial's workers get on top of the launcher's: train.env plus the compile cache directory.
 

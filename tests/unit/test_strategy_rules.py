@@ -214,3 +214,24 @@ def test_a_bad_mmap_threshold_names_the_field_the_value_and_the_range(value):
         parse_sweep({**BASE, "train": {"env": {"MALLOC_MMAP_THRESHOLD_": value}}})
     problem = info.value.problems[0]
     assert problem.field == "train.env" and "from 0 to 33554432" in problem.message and "or ''" in problem.message
+
+
+@pytest.mark.parametrize("stack", [None, "command"])
+def test_ranks_launched_without_ray_get_the_threads_ray_gives_a_worker(tmp_path, monkeypatch, stack):
+    """torchrun leaves one rank every core of the machine: a trial of one 1-CPU rank ran 18% faster under
+    `raybench trial` than as a Ray Train worker, whose threads Ray sets to its CPUs
+    (docs/results/inside-outside-2026-11-28.md). Both launchers without Ray set them; train.env may still."""
+    from raybench.drivers.executors import command, torchrun
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def env(cpus: int, train_env: dict | None = None) -> dict:
+        sweep = {**BASE, "train": {**BASE["train"], "env": train_env or {}},
+                 "resources": {"workers": 1, "cpus_per_worker": cpus}}
+        if stack:
+            sweep["stack"] = {"kind": "command", "command": ["{python}", "train.py", "--steps", "{steps}"]}
+        payload = plan(parse_sweep(sweep))[0].payload
+        return command._command_env(payload, tmp_path, str(tmp_path)) if stack else torchrun.launch_env(payload)
+
+    assert env(1)["OMP_NUM_THREADS"] == "1" and env(3)["OMP_NUM_THREADS"] == "3"
+    assert env(1, {"OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "2"

@@ -113,10 +113,9 @@ def _command_env(payload: TrialPayload, probe_dir: Path, raybench_path: str) -> 
     """The launcher's environment, each rank's CPU threads, the trial's worker environment, where the probe
     writes, and the raybench package first on PYTHONPATH."""
     path = os.pathsep.join(p for p in (raybench_path, os.environ.get("PYTHONPATH")) if p)
-    # A rank's threads are its reserved CPUs, as Ray gives raybench's own workers; Ray set the task's to the
-    # whole trial's CPUs, which every rank would otherwise take (train.env may still set its own).
-    threads = str(max(1, int(payload.config.resources.cpus_per_worker)))
-    return {**os.environ, "OMP_NUM_THREADS": threads, **payload.worker_env(), RECORD_DIR_ENV: str(probe_dir),
+    # Ray set the task's threads to the whole trial's CPUs, which every rank would otherwise take (train.env may
+    # still set its own).
+    return {**os.environ, **payload.threads_env(), **payload.worker_env(), RECORD_DIR_ENV: str(probe_dir),
             "PYTHONPATH": path}
 
 

@@ -83,6 +83,12 @@ def _failure_text(returncode: int, log: str) -> str:
     return f"torchrun exited {returncode}: {cause}\n" + "\n".join(rank_errors[-5:]) + f"\n{tail}"
 
 
+def launch_env(payload: TrialPayload) -> dict[str, str]:
+    """The ranks' environment: this process's, each rank's CPU threads as Ray would give them (a trial times
+    alike under both), and the trial's worker environment (train.env: this trial only, its threads too)."""
+    return {**os.environ, **payload.threads_env(), **payload.worker_env()}
+
+
 def execute(payload: TrialPayload) -> RankResult:
     """Run the trial's ranks under torchrun; rank 0's result, from the JSON file it wrote (`worker.main`)."""
     resources = payload.config.resources
@@ -95,8 +101,8 @@ def execute(payload: TrialPayload) -> RankResult:
                str(result_path)]
         # stderr goes to a file, not a pipe: a chatty rank can never block on a full pipe.
         with open(log_path, "w") as log:
-            env = {**os.environ, **payload.worker_env()}  # train.env: this trial only
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=env,
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+                                    env=launch_env(payload),
                                     preexec_fn=_die_with_parent)
             returncode = wait_or_kill(proc, resources.timeout_s, "its processes were killed")
         if returncode != 0 or not result_path.exists():
