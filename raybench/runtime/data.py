@@ -21,6 +21,7 @@ Such batches carry their non-padding token count (NONPAD_TOKENS), which the time
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -129,17 +130,27 @@ def dataset_cache_key(data: DataSpec, tokenizer_dir: str, seq_len: int) -> str:
     return h.hexdigest()[:24]
 
 
-def _write_arrow(dataset: TensorDataset, path: Path) -> None:
+# What the file's rows were laid out from (prepare_json's counts), in its schema's metadata: a cache hit reads
+# them instead of tokenizing the data again. Each record's token count, int64 little-endian, base64.
+_SAMPLE_TOKENS, _PAD_ID = b"raybench.sample_tokens", b"raybench.pad_id"
+
+
+def _write_arrow(dataset: TensorDataset, path: Path, sample_tokens: np.ndarray | None = None,
+                 pad_id: int | None = None) -> None:
     import pyarrow as pa  # real-data trials only: a synthetic trial's ranks never load pyarrow
 
     ids = dataset.tensors[0]
     # The file always holds a mask column (all ones without padding): one format for every cached file.
     mask = dataset.tensors[1] if len(dataset.tensors) > 1 else torch.ones_like(ids)
     seq_len = ids.shape[1]
+    metadata = None
+    if sample_tokens is not None:
+        metadata = {_SAMPLE_TOKENS: base64.b64encode(sample_tokens.astype("<i8").tobytes()),
+                    _PAD_ID: str(pad_id).encode()}
     table = pa.table({
         "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(ids.flatten().numpy()), seq_len),
         "attention_mask": pa.FixedSizeListArray.from_arrays(pa.array(mask.flatten().numpy().astype("int8")), seq_len),
-    })
+    }, metadata=metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # ranks may write at once: each its own temp file
     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -158,6 +169,18 @@ def _read_arrow(path: Path) -> TensorDataset:
         flat = torch.from_numpy(column.values.to_numpy(zero_copy_only=False).astype("int64"))
         columns.append(flat.view(len(column), column.type.list_size))
     return _dataset(*columns)
+
+
+def _cached_counts(path: Path) -> tuple[np.ndarray, int] | None:
+    """The sample token counts and padding id a cached file was laid out from; None for a file written
+    without them (by a rank, or before they were kept)."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        metadata = pa.ipc.open_file(source).schema.metadata or {}
+    if _SAMPLE_TOKENS not in metadata:
+        return None
+    return np.frombuffer(base64.b64decode(metadata[_SAMPLE_TOKENS]), dtype="<i8"), int(metadata[_PAD_ID])
 
 
 def cached_text_dataset(data: DataSpec, model_path: str | None, seq_len: int, cache_dir: str | None) -> TensorDataset:
@@ -186,12 +209,16 @@ def prepare_json(data: DataSpec, model_path: str | None, seq_len: int, cache_dir
     t0 = time.perf_counter()
     key = dataset_cache_key(data, data.tokenizer or model_path, seq_len)
     path = Path(cache_dir, "data", f"{key}.arrow")
-    sequences, pad_id = json_sequences(data, model_path)
     cached = path.exists()
+    known = _cached_counts(path) if cached else None
+    if known is None:
+        sequences, pad_id = json_sequences(data, model_path)
+        counts = np.array([len(seq) for seq in sequences], dtype=np.int64)
+    else:
+        counts, pad_id = known
     dataset = _read_arrow(path) if cached else lay_out_json(sequences, data, seq_len, pad_id)
     if not cached:
-        _write_arrow(dataset, path)
-    counts = np.array([len(seq) for seq in sequences], dtype=np.int64)
+        _write_arrow(dataset, path, counts, pad_id)
     # Packed, samples run on from one row into the next: truncate cuts none of them (the cut at a reach no sample
     # passes); drop leaves out the longer ones before packing, as it does padded.
     reach = int(counts.max(initial=seq_len)) if data.packing and data.overflow == "truncate" else seq_len

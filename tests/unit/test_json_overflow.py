@@ -4,6 +4,7 @@ drop (truncate's alternative; split needs hf data)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 
 import pytest
@@ -40,7 +41,7 @@ def json_sweep(tmp_path, alpaca_file, model_dir, **data_fields) -> list:
 
 
 def test_truncated_json_samples_are_counted_before_launch_and_in_the_row(tmp_path, alpaca_file, model_dir,
-                                                                          record_tokens):
+                                                                          record_tokens, monkeypatch):
     longer = [n for n in record_tokens if n > SEQ_LEN]
     labels = sum(n - 1 for n in record_tokens)  # every token but a sample's first, as for hf data
     assert longer
@@ -60,8 +61,15 @@ def test_truncated_json_samples_are_counted_before_launch_and_in_the_row(tmp_pat
     assert row["data_cache"] == "build" and [p.name for p in (tmp_path / "store/_cache/data").iterdir()] == [
         f"{row['data_cache_key']}.arrow"]
     assert data.dataset_cache_key(trial.config.data, str(model_dir), SEQ_LEN) == row["data_cache_key"]
+    # A hit reads the counts the build kept in the file: nothing is tokenized again, and they are the same.
+    def no_tokenizing(*args):
+        raise AssertionError("a cache hit tokenized the data again")
+
+    monkeypatch.setattr(data, "tokenize_records", no_tokenizing)
     (again,) = tokenize_once(json_sweep(tmp_path, alpaca_file, model_dir), str(tmp_path / "store"), said.append)
     assert again.payload.tokenized.cache == "hit" and again.payload.tokenized.build_s is None
+    assert dataclasses.replace(again.payload.tokenized, cache="build", build_s=None) == dataclasses.replace(
+        trial.payload.tokenized, build_s=None)
 
 
 def test_overflow_drop_leaves_longer_json_samples_out(tmp_path, alpaca_file, model_dir, record_tokens):
