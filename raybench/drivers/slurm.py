@@ -209,6 +209,11 @@ def ended_state(job_id: str, running_only: bool = False) -> str | None:
     and SLURM's reason, e.g. "COMPLETING (TimeLimit)"; "GONE" once it has left the queue), or None while it is
     pending or running. With `running_only`, a job waiting again (requeued, preempted) has ended too."""
     state, _, reason = _squeue_state(job_id, "%T %r").partition(" ")
+    return _ended(state, reason, running_only)
+
+
+def _ended(state: str, reason: str, running_only: bool = False) -> str | None:
+    """ended_state from squeue's state and reason."""
     if state in RUNNING_STATES or (state in WAITING_STATES and not running_only):
         return None
     return f"{state} ({reason})" if state == "COMPLETING" and reason not in ("", "None") else state or "GONE"
@@ -349,8 +354,9 @@ def cluster_status(name: str, with_nodes: bool = True) -> dict:
     run in a process that has not imported Ray yet (the CLI). A cluster whose allocation is over or ending is
     GONE, with how it ended (`ended`: TIMEOUT, CANCELLED, COMPLETING, …)."""
     record = load_record(name)
-    ended = ended_state(record["job_id"])
-    state = "GONE" if ended else job_state(record["job_id"])
+    state, _, reason = _squeue_state(record["job_id"], "%T %r").partition(" ")  # one query for both
+    ended = _ended(state, reason)
+    state = "GONE" if ended else state
     status = {"name": name, "job_id": record["job_id"], "state": state, "ended": ended,
               "address": None if ended else _address(record), "job_dir": record["job_dir"], "nodes": None}
     if with_nodes and state == "RUNNING" and status["address"]:
