@@ -35,6 +35,7 @@ def _check_paths(spec: SweepSpec) -> list[Problem]:
 
 # Shipped sweeps mark the paths a user must set with this prefix (a user's local copy of a public dataset).
 PLACEHOLDER = "/EDIT-ME/"
+EXAMPLE_DATA = "example-data"  # the folder the shipped CPU sweeps read (`raybench example-data DIR` makes it)
 HF_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 
 
@@ -80,8 +81,10 @@ def _check_data_files(data: DataSpec, model_path: str | None) -> list[Problem]:
     elif data.path.startswith(PLACEHOLDER):
         problems.append(Problem("data.path", data.path, "a placeholder: set it to the path of your local copy"))
     elif not path.exists() or (data.source == "json" and not path.is_file()):
-        problems.append(Problem("data.path", data.path, "file not found" if data.source == "json" else
-                                "no such file or directory"))
+        problems.append(Problem("data.path", data.path, _not_found(
+            path, "file not found; point it at a JSON or JSON Lines file of records" if data.source == "json" else
+            "no such file or directory; point it at a data file (.jsonl, .json, .parquet, .arrow) or a dataset "
+            "directory")))
     elif path.is_file() and data.source == "hf" and not path.name.endswith(HF_FILE_SUFFIXES):
         problems.append(Problem("data.path", data.path, f"unknown data file type; use one of "
                                 f"{', '.join(HF_FILE_SUFFIXES)}, or a directory"))
@@ -96,8 +99,18 @@ def _check_data_files(data: DataSpec, model_path: str | None) -> list[Problem]:
         problems.append(Problem("data.tokenizer", tokenizer, "a placeholder: set it to your local tokenizer "
                                 "(or model) directory"))
     elif not Path(tokenizer).is_dir():
-        problems.append(Problem("data.tokenizer", tokenizer, "directory not found"))
+        problems.append(Problem("data.tokenizer", tokenizer, _not_found(
+            Path(tokenizer), "directory not found; point it at a local tokenizer directory (or a model directory "
+            "holding one)")))
     return problems
+
+
+def _not_found(path: Path, message: str) -> str:
+    """A missing path's message; for one in a folder named example-data (the shipped sweeps' paths), the command
+    that makes that folder's contents."""
+    if path.parent.name == EXAMPLE_DATA:
+        return f"{message}, or make the shipped example data first: raybench example-data {path.parent}"
+    return message
 
 
 def check_model_dir(path: str, allow_pickle: bool, weights: bool = True) -> list[Problem]:
@@ -106,7 +119,8 @@ def check_model_dir(path: str, allow_pickle: bool, weights: bool = True) -> list
     if path.startswith(PLACEHOLDER):
         return [Problem("model.path", path, "a placeholder: set it to your local model directory")]
     if not root.is_dir():
-        return [Problem("model.path", path, "directory not found")]
+        return [Problem("model.path", path, _not_found(root, "directory not found; point it at a local Hugging Face "
+                                                       "model directory (config.json and safetensors weights)"))]
     if not (root / "config.json").is_file():
         return [Problem("model.path", path, "no config.json; point at a Hugging Face model directory")]
     if not weights or any(root.glob("*.safetensors")):

@@ -77,8 +77,24 @@ def test_missing_paths_and_pickle_only_weights(tmp_path):
                       "data": {"source": "json", "path": str(tmp_path / "missing.jsonl")}})
     by_field = {p.field: p.message for p in found}
     assert "pickle" in by_field["model.path"] and "allow_pickle" in by_field["model.path"]
-    assert by_field["data.path"] == "file not found"
+    assert by_field["data.path"] == "file not found; point it at a JSON or JSON Lines file of records"
     parse_sweep({"name": "t", "model": {"path": str(tmp_path), "allow_pickle": True}})  # explicit opt-in is accepted
+
+
+def test_a_missing_path_says_the_fix_and_the_shipped_example_data_how_to_make_it(tmp_path):
+    """A shipped CPU sweep's example-data paths, before `raybench example-data` made them: each problem names the
+    command that does (the folder as the sweep resolves it); any other missing path says what to point it at."""
+    sweep = tmp_path / "chat.yaml"
+    sweep.write_text("name: c\nmodel: {path: example-data/tiny-model}\ndata: {source: hf, path: example-data/chat.jsonl,"
+                     " tokenizer: example-data/chat-tokenizer, format: messages}\n")
+    with pytest.raises(ConfigError) as err:
+        load_sweep(sweep)
+    made_by = f"raybench example-data {tmp_path / 'example-data'}"
+    assert {p.field for p in err.value.problems} == {"model.path", "data.path", "data.tokenizer"}
+    assert all(p.message.endswith(made_by) for p in err.value.problems), err.value.problems
+    elsewhere = problems({"name": "t", "model": {"path": str(tmp_path / "models" / "llama")}})
+    assert [p.message for p in elsewhere] == ["directory not found; point it at a local Hugging Face model directory "
+                                              "(config.json and safetensors weights)"]
 
 
 def test_cli_validate_exits_2_and_lists_all(tmp_path, capsys):
