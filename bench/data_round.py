@@ -34,6 +34,16 @@ def point_name(row) -> str:
                     for name, value in axis_values(row).items())
 
 
+def number(value, spec: str) -> str:
+    """A figure, or "-" where the row has none (the GPU's reserved memory on a CPU)."""
+    return "-" if value is None or pd.isna(value) else format(value, spec)
+
+
+def measured(row) -> str:
+    return (f"data phase p50 {number(row['phase_data_p50_s'], '.4f')} s, "
+            f"peak reserved {number(row['peak_reserved_gib'], '.2f')} GiB")
+
+
 def baseline_row(rows: pd.DataFrame):
     """The ok row of the baseline point, or None (it failed or has not run)."""
     for _, row in rows[rows["status"] == "ok"].iterrows():
@@ -68,15 +78,14 @@ def answers(rows: pd.DataFrame) -> list[str]:
     base = baseline_row(rows)
     if base is None:
         return ["no ok baseline point (packed, sdpa, seq_len wide, 2 workers): no comparison"]
-    out = [f"baseline {point_name(base)}: {base[SPEED]:,.0f} real tokens/s/GPU, data phase p50 "
-           f"{base['phase_data_p50_s']:.4f} s, peak reserved {base['peak_reserved_gib']:.2f} GiB"]
+    out = [f"baseline {point_name(base)}: {base[SPEED]:,.0f} real tokens/s/GPU, {measured(base)}"]
     for _, row in rows[rows["status"] == "ok"].iterrows():
         changed = {k: v for k, v in axis_values(row).items() if BASELINE.get(k) != v}
         if not changed:
             continue
         what = " ".join(f"{k.split('.')[-1]}={v if isinstance(v, str) else json.dumps(v)}" for k, v in changed.items())
         out.append(f"  {what}: {row[SPEED] / base[SPEED]:.3f}x the baseline's real tokens/s ({row[SPEED]:,.0f}), "
-                   f"data phase p50 {row['phase_data_p50_s']:.4f} s, peak reserved {row['peak_reserved_gib']:.2f} GiB")
+                   f"{measured(row)}")
     return out
 
 

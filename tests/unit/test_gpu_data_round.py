@@ -185,3 +185,9 @@ def test_the_summary_without_a_baseline_says_so():
     rows = data_rows()
     rows.loc[0, "status"] = "error"
     assert "no ok baseline point" in data_round.report(rows, GPU)
+
+
+def test_the_summary_of_cpu_rows_has_no_reserved_memory():
+    data_round = bench_script.load(REPO / "bench" / "data_round.py")
+    text = data_round.report(data_rows().assign(peak_reserved_gib=None), GPU)
+    assert "peak reserved - GiB" in text and "nan" not in text
