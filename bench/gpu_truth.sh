@@ -2,7 +2,7 @@
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
 #   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
-#                                           snapshot ddp-liger tests stacks probe hf-check speed
+#                                           snapshot ddp-liger tests stacks probe hf-check speed data
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -97,6 +97,47 @@ speed_stage() {
   step 30 "$deadline" python3 bench/speed_best.py "$store" --sweep "$sweep" | tee "$out/speed-best.txt"
 }
 
+# GPU round 4 (real data on CUDA, issue 46): the round's model directory and chat data (bench/stack_round_data.py, as
+# the stacks stage writes them), then bench/sweeps/gpu-data-1gpu.yaml (seed 000's LoRA, eager: packed sdpa with its
+# dense mask, padded rows, packed flex_attention with a block mask, 0 and 4 loader workers, padded to seq_len) on the
+# warm pool; then `raybench losses` over each axis (OUT_DIR/losses-<axis>.txt), the summary (OUT_DIR/data-round.txt,
+# bench/data_round.py) and, if time is left, the flex-against-sdpa GPU test (loss and gradients, fp32).
+# Budget (H100; the whole round, `env data`, in ~8 minutes): pip install of .whl ~25 s and env ~10 s; the stage
+# RAYBENCH_GPU_DATA_S (default 420 s): the 1B's directory and 20,000 chats 13 s (round 2), Ray's start ~25 s, the
+# chats tokenized once ~10 s, then ~35-60 s a point (eager: no compile of a miniature or of the model; the 1B read
+# from its directory, 30 steps at ~0.2-0.35 s, flex's first step compiling its kernels), so the six points in the
+# sweep's limit (the stage less 90 s); comparisons, summary and test in the last 90 s; the final summary ~10 s.
+# RAYBENCH_GPU_DATA_TWIN=1 runs the CPU twin (gpu-data-1gpu-cpu.yaml: a tiny model, 2,000 chats, no flex point)
+# through the same commands (its GPU sweep's 1B directory is not written on a CPU: tests/unit/test_gpu_data_round.py
+# validates and plans that sweep).
+data_stage() {
+  local deadline=$((SECONDS + ${RAYBENCH_GPU_DATA_S:-420})) sweep=gpu-data-1gpu data=bench/sweeps/example-data/stack-round
+  local make=(--preset llama-3.2-1b --dtype bf16 --device cuda --chats 20000)
+  if [ -n "${RAYBENCH_GPU_DATA_TWIN:-}" ]; then
+    sweep=$sweep-cpu data=$data-twin make=(--preset tiny --dtype bf16 --device cpu --chats 2000)
+  fi
+  step 120 "$deadline" python3 bench/stack_round_data.py "$data" "${make[@]}"
+  # The sweep gets SIGTERM 90 s before the stage's end (the rows stored are kept; Ray is shut down within
+  # timeout's 30 s grace), leaving 60 s to the comparisons, the summary and the test.
+  local limit=$((deadline - SECONDS - 90))
+  if [ "$limit" -gt 0 ]; then  # (timeout 0 would mean no limit)
+    echo "== $(date -u +%FT%TZ) raybench run bench/sweeps/$sweep.yaml (limit $limit s)"
+    timeout -k 30 "$limit" python3 -m raybench run "bench/sweeps/$sweep.yaml" --store "$store" --quiet
+    echo "== exit $? at $(date -u +%FT%TZ)"
+  else
+    echo "== $(date -u +%FT%TZ) not run (no time left): raybench run bench/sweeps/$sweep.yaml"
+  fi
+  for pair in model.attn_implementation=sdpa data.num_workers=2 data.pad_to=seq_len data.packing=true; do
+    step 30 "$deadline" python3 -m raybench losses "$store" --sweep "$sweep" --axis "${pair%%=*}" \
+      --baseline "${pair#*=}" | tee "$out/losses-${pair%%=*}.txt"
+  done
+  step 30 "$deadline" python3 bench/data_round.py "$store" --sweep "$sweep" | tee "$out/data-round.txt"
+  if [ -z "${RAYBENCH_GPU_DATA_TWIN:-}" ]; then
+    step 60 "$deadline" python3 -m pytest tests/gpu/test_gpu_flex_attention.py -m gpu -q -rA -p no:cacheprovider \
+      -k loss_and_gradients
+  fi
+}
+
 for stage in "$@"; do
   echo "== $(date -u +%FT%TZ) stage $stage" | tee -a "$log"
   case $stage in
@@ -146,6 +187,7 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
                --seq-len 2048
            fi ;;
     speed) speed_stage ;;
+    data) data_stage ;;
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"

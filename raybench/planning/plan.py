@@ -189,6 +189,10 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
                          f"{train.precision}); set train.reduce_dtype: fp32"))
     if config.model.attn_implementation == "flash_attention_2" and gpus == 0:
         problems.append(("model.attn_implementation", "flash_attention_2 needs CUDA; use sdpa on CPU"))
+    if config.model.attn_implementation == "flex_attention" and gpus == 0:
+        # torch 2.13 runs FlexAttention's forward on a CPU but raises in its backward.
+        problems.append(("model.attn_implementation", "flex_attention needs CUDA (torch's FlexAttention has no "
+                         "backward on CPU; resources.gpus_per_worker: 1); use sdpa on CPU"))
     if train.ac_saved_ops is not None and train.ac_mode != "op":
         problems.append(("train.ac_saved_ops", "lists what op-level AC keeps; set train.ac_mode: op"))
     unknown = _unknown_operators(train.ac_saved_ops or [])

@@ -20,7 +20,13 @@ from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.policy import block_ops
 from raybench.rehearse.step_time import Layout, layout_of, link_busbw_gbps, predict_step_time
 from raybench.rehearse.trace import TRACEABLE_STRATEGIES, StepTrace, trace_step
-from raybench.rehearse.traced_model import COMPILE_NOTE, COMPILED_ACTIVATIONS_NOTE, traced_config, traced_train
+from raybench.rehearse.traced_model import (
+    COMPILE_NOTE,
+    COMPILED_ACTIVATIONS_NOTE,
+    model_notes,
+    traced_config,
+    traced_train,
+)
 from raybench.runtime.strategies import RankContext
 from raybench.spec.presets import ModelShape
 from raybench.spec.sac import checkpointed_blocks
@@ -151,6 +157,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         return _with_twins_time(_analytic(config, analytic, rank, why_not), timed)
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
+    notes = [*notes, *model_notes(config.model)]
     full_loss = config.train.full_loss_reason(shape.tie_word_embeddings)
     if full_loss and config.train.loss == "chunked" and not config.train.liger:  # the trial's loss, as it runs
         notes = [*notes, f"loss full: {full_loss}"]

@@ -1,6 +1,7 @@
 """The trial as the trace builds it: the TrainSpec it runs (`traced_train`) and what that changes from the trial,
-the model with its techniques (Liger's reference operators, FP8 without the tensor-core check), its synthetic
-batches, and DDP built with the buckets of its steady state."""
+the attention it traces (`traced_model_spec`: flex_attention as sdpa), the model with its techniques (Liger's
+reference operators, FP8 without the tensor-core check), its synthetic batches, and DDP built with the buckets of
+its steady state."""
 
 from __future__ import annotations
 
@@ -16,17 +17,34 @@ from torch import nn
 from raybench.runtime.build import TECHNIQUES, build_meta, prepare_model
 from raybench.runtime.techniques import activation_checkpointing, fp8, liger_reference
 from raybench.spec.presets import ModelShape
-from raybench.spec.sweep_spec import TrainSpec, TrialConfig
+from raybench.spec.sweep_spec import ModelSpec, TrainSpec, TrialConfig
 
 COMPILE_NOTE = "compile traced eager"
 LIGER_NOTE = "liger traced with reference operators, one per Triton kernel"
 COMPILED_ACTIVATIONS_NOTE = "compile traced eager, its blocks' saved activations from torch.compile's partitioner"
+FLEX_NOTE = "flex_attention traced as sdpa: causal attention on whole rows, its block mask's skipped tiles unpriced"
 
 
 def traced_config(config: TrialConfig) -> TrialConfig:
-    """The trial as the trace runs it (see traced_train): trials with equal traced configs trace the same step."""
+    """The trial as the trace runs it (see traced_train, traced_model_spec): trials with equal traced configs
+    trace the same step."""
     train, _ = traced_train(config.train, config.resources.gpus_per_worker > 0)
-    return config.model_copy(update={"train": train})
+    return config.model_copy(update={"train": train, "model": traced_model_spec(config.model)})
+
+
+def traced_model_spec(model: ModelSpec) -> ModelSpec:
+    """The model as the trace builds it: flex_attention as sdpa. The trace runs on CPU fake tensors, and torch's
+    FlexAttention has no CPU backward (nor can its kernel be compiled for fake tensors); sdpa does the same
+    attention's work on the trace's rows (synthetic: one causal sequence a row, so no block mask to skip tiles
+    by), and keeps the same tensors for backward (q, k, v, output, logsumexp)."""
+    if model.attn_implementation != "flex_attention":
+        return model
+    return model.model_copy(update={"attn_implementation": "sdpa"})
+
+
+def model_notes(model: ModelSpec) -> list[str]:
+    """What the trace changes from the trial's model (traced_model_spec), as notes on its row."""
+    return [FLEX_NOTE] if model.attn_implementation == "flex_attention" else []
 
 
 def traced_train(train: TrainSpec, on_gpu: bool) -> tuple[TrainSpec, list[str]]:
@@ -67,7 +85,8 @@ def build_traced(config: TrialConfig, train: TrainSpec,
     the trial asks for Liger: they come first, as Liger does in build.TECHNIQUES.
 
     kinds: build a model of len(kinds) decoder blocks instead, checkpointing those marked True (depth.py)."""
-    model, source, info = build_meta(config.model, train.seed, layers=None if kinds is None else len(kinds))
+    model, source, info = build_meta(traced_model_spec(config.model), train.seed,
+                                     layers=None if kinds is None else len(kinds))
     if train.liger:
         model = liger_reference.apply(model)
         # The reference operators stand in for the kernels, the fused loss included.

@@ -14,7 +14,8 @@ data.pack_order), labels, masks and position ids; the batch is seq_len wide, or 
 (data.pad_to longest, so [micro_batch, width] with width <= seq_len). A packed row gives each sample its own
 position ids from 0 and no attention_mask: transformers then finds the sequences from the position ids (masking_utils'
 find_packed_sequence_indices) and masks attention block-causally, each sample attending to itself only; sdpa and
-eager get that as a mask, flash_attention_2 gets the sequences' boundaries (cu_seq_lens) and runs its
+eager get that as a dense [b, 1, s, s] mask, flex_attention as a BlockMask built from the position ids (no dense
+mask: the batch is the same as sdpa's), flash_attention_2 gets the sequences' boundaries (cu_seq_lens) and runs its
 variable-length kernel with no mask at all. A packed row's padded tail is a sequence of its own, out of the loss.
 Such batches carry their non-padding token count (NONPAD_TOKENS), which the timed loop takes out of the batch.
 """

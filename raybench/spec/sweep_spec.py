@@ -25,9 +25,11 @@ class ModelSpec(Section):
     path: str | None = Field(None, description="Local Hugging Face model directory (safetensors weights).")
     allow_pickle: bool = Field(False, description="Allow pickle (.bin/.pt) weights; unsafe, off by default.")
     trust_remote_code: bool = Field(False, description="Run a model directory's own Python code.")
-    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = Field(
-        "sdpa", description="transformers attention kernel (flash_attention_2: CUDA and the flash-attn package)."
-    )
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flex_attention"] = Field(
+        "sdpa", description=(
+            "transformers attention kernel (flash_attention_2: CUDA and the flash-attn package; flex_attention: "
+            "torch's FlexAttention, CUDA, packed rows masked by a block mask built from their position ids, no "
+            "dense mask)."))
     missing_weights: Literal["error", "random"] = Field("error", description=(
         "A base weight that model.path's checkpoint lacks: error (the trial fails, naming the missing tensors) "
         "or random (initialized like a preset's). LoRA adapters are never in a checkpoint and are always random. "

@@ -45,7 +45,8 @@ def flat(node: dict, prefix: str = "") -> dict:
 def stage_pairs() -> list[tuple[str, str]]:
     """The (axis, baseline) pairs the speed stage of bench/gpu_truth.sh hands to `raybench losses`."""
     script = (REPO / "bench" / "gpu_truth.sh").read_text()
-    (line,) = re.findall(r"for pair in (.*); do", script)
+    (body,) = re.findall(r"\nspeed_stage\(\) \{\n(.*?)\n\}\n", script, re.DOTALL)
+    (line,) = re.findall(r"for pair in (.*); do", body)
     return [tuple(pair.split("=", 1)) for pair in line.split()]
 
 

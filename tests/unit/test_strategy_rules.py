@@ -66,6 +66,8 @@ def test_zero3_param_offload_needs_stage_3_even_on_gpus():
 def test_data_and_attention_rules():
     assert "num_workers" in rule_problems(data={"prefetch_factor": 4})["data.prefetch_factor"]
     assert "CUDA" in rule_problems(model={"attn_implementation": "flash_attention_2"})["model.attn_implementation"]
+    assert "no backward on CPU" in rule_problems(model={"attn_implementation": "flex_attention"})[
+        "model.attn_implementation"]
 
 
 def test_valid_combinations_plan():
