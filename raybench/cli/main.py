@@ -72,8 +72,21 @@ def _estimate(args) -> int:
     return EXIT_OK
 
 
+def _jobs(text: str) -> int:
+    """--jobs: worker processes, at least 1."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the number of worker processes, a whole number of at least 1 (1: rehearse in this "
+            "process; leave --jobs out for one per CPU this process may use)")
+    return jobs
+
+
 def _rehearse(args) -> int:
-    from raybench.rehearse.trials import rehearse_trials
+    from raybench.rehearse.workers import WorkersLost, default_jobs, rehearse_sweep
 
     spec = load_sweep(args.sweep)
     store_path = args.store or spec.store
@@ -88,13 +101,26 @@ def _rehearse(args) -> int:
         print(f"--busbw {args.busbw}: a bus bandwidth in GB/s, above 0 and at most 100000 (e.g. nccl-tests' "
               "all_reduce busbw of the cluster)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    rows = []
-    for row in rehearse_trials(spec, trials, store_path, args.gpu, args.busbw, args.full_depth):
-        rows.append(row)
-        if args.json:
-            print(json.dumps(row, sort_keys=True), flush=True)
+    rows, lost = [], None
+    found = rehearse_sweep(spec, trials, store_path, args.gpu, args.busbw, args.full_depth, args.jobs or default_jobs())
+    try:
+        for row in found:
+            rows.append(row)
+            if args.json:
+                print(json.dumps(row, sort_keys=True), flush=True)
+    except WorkersLost as err:
+        lost = err
+    except KeyboardInterrupt:
+        print(f"raybench rehearse: interrupted; the rehearsals finished are stored in {store_path}/rehearsals",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        found.close()  # stops the worker processes, whatever ended the loop
     if not args.json:
         print(rehearsal_report(rows, store_path, args.sweep))
+    if lost:
+        print(f"raybench rehearse: {lost}", file=sys.stderr)
+        return EXIT_TRIALS_FAILED
     return EXIT_OK
 
 
@@ -350,8 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per trial instead of a table")
     p.set_defaults(func=_estimate)
 
-    p = sub.add_parser("rehearse", help="trace each trial's step at its full world size in one CPU process "
-                       "(fake tensors and ranks): memory by category, communication, predicted step time")
+    p = sub.add_parser("rehearse", help="trace each trial's step at its full world size on this machine's "
+                       "CPUs (fake tensors and ranks): memory by category, communication, predicted step time")
     p.add_argument("sweep")
     p.add_argument("--trial", help="only this trial (trial id, config id, or plan index)")
     p.add_argument("--store", help="result store: its all-reduce probes give the bus bandwidth, and the rehearsals "
@@ -362,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "nominal links)")
     p.add_argument("--full-depth", action="store_true", help="trace every decoder block instead of extrapolating "
                    "a deep model from shallow ones (slower; the two agree: docs/rehearse.md)")
+    p.add_argument("--jobs", type=_jobs, metavar="N", help="worker processes: configurations that share traces "
+                   "go to one worker, the rows come out in plan order and equal one process's (default: one per "
+                   "CPU this process may use; 1: in this process)")
     p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
     p.set_defaults(func=_rehearse)
 
