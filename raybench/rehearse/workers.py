@@ -7,7 +7,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
+from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 
 from raybench.rehearse.trials import rehearse_trials, trace_groups
@@ -26,7 +29,7 @@ class WorkersLost(Exception):
 
     def __init__(self, exit_codes: list[int], not_rehearsed: list, store_path: str):
         self.not_rehearsed = not_rehearsed
-        codes = ", ".join(_exit_reason(code) for code in exit_codes)
+        codes = ", ".join(f"{count} {reason}" for reason, count in Counter(map(_exit_reason, exit_codes)).items())
         named = "; ".join(f"{t.index} ({t.trial_id}: {_point(t)})" for t in not_rehearsed)
         super().__init__(
             f"{len(exit_codes)} rehearsal worker process(es) died ({codes}); {len(not_rehearsed)} configuration(s) "
@@ -36,8 +39,8 @@ class WorkersLost(Exception):
 
 def _exit_reason(code: int | None) -> str:
     if code is not None and code < 0:
-        return f"killed by signal {signal.Signals(-code).name}" + (", e.g. out of memory" if code == -9 else "")
-    return f"exit code {code} (its traceback is above)"
+        return f"killed by signal {signal.Signals(-code).name}" + (" (e.g. out of memory)" if code == -9 else "")
+    return f"exited with code {code} (its traceback is above)"
 
 
 def _point(trial) -> str:
@@ -96,7 +99,8 @@ def _rows_from_workers(spec, groups: list, store_path: str, options: tuple, jobs
         for _ in range(min(jobs, len(groups))):
             ours, theirs = context.Pipe()
             process = context.Process(target=_worker, args=(theirs, spec, store_path, options, threads), daemon=True)
-            process.start()
+            with _ctrl_c_ignored():  # inherited through exec: a worker ignores it from its start (the parent stops it)
+                process.start()
             theirs.close()  # so that the worker's death reads as the end of its pipe here
             workers[ours] = (process, {})
             _hand_out(ours, workers, pending)
@@ -126,6 +130,19 @@ def _rows_from_workers(spec, groups: list, store_path: str, options: tuple, jobs
             conn.close()
 
 
+@contextmanager
+def _ctrl_c_ignored():
+    """SIGINT ignored in this process meanwhile (on the main thread, the only one that may set it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
 def _hand_out(conn: Connection, workers: dict, pending: list) -> None:
     """The next group to the worker at `conn`, or its stop (None) and its end when none is left."""
     process, rest = workers[conn]
@@ -145,8 +162,8 @@ def _worker(conn: Connection, spec, store_path: str, options: tuple, threads: in
     """A worker process: rehearse each group it is sent (rows back as they finish) until it is sent None."""
     import torch
 
-    # Ctrl-C reaches every process of the terminal's group: the parent stops the workers, they need not.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C reaches every process of the terminal's group: the parent stops the workers, they need not (ignored
+    # from their start: _ctrl_c_ignored).
     torch.set_num_threads(threads)  # one CPU's share each: the trace is Python, torch's thread pool oversubscribes
     traces: dict = {}  # one cache for every group this worker rehearses, as one process keeps for a sweep
     gpu, busbw, full_depth = options
