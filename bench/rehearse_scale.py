@@ -5,6 +5,7 @@
     .venv/bin/python bench/rehearse_scale.py --sweep    # the whole sweeps/seed001-idris-sac.yaml (goal: <= 120 s)
     ... --full-depth  # trace every block (`raybench rehearse --full-depth`) instead of extrapolating depth
     ... --store DIR   # keep the rehearsals there (then `raybench best SWEEP --predict --store DIR`)
+    ... --jobs N      # `raybench rehearse --jobs N` (default: as it, one worker process per CPU this process may use)
     .venv/bin/python bench/rehearse_scale.py --check-depth  # the sweep both ways: how far the extrapolated
                                                             # rehearsals are from the full traces
 
@@ -84,11 +85,12 @@ def main() -> None:
     parser.add_argument("--full-depth", action="store_true", help="trace every block (raybench rehearse --full-depth)")
     parser.add_argument("--check-depth", action="store_true", help="the sweep extrapolated and traced whole, compared")
     parser.add_argument("--store", help="keep the rehearsals in this store")
+    parser.add_argument("--jobs", type=int, help="raybench rehearse --jobs (default: its own)")
     args = parser.parse_args()
     if args.check_depth:
         print(json.dumps({**check_depth(), "cpus": os.cpu_count()}))
         return
-    extra = ["--full-depth"] if args.full_depth else []
+    extra = (["--full-depth"] if args.full_depth else []) + (["--jobs", str(args.jobs)] if args.jobs else [])
     wall_s, rss_gib, out = run(extra + ([] if args.sweep else ["--trial", TRIAL_72B]), args.store)
     print(out)
     if args.sweep:
@@ -97,7 +99,8 @@ def main() -> None:
     else:
         result = {"bench": "rehearse_scale", "metric": "seconds to rehearse one Qwen2.5-72B 64-rank trial",
                   "value": round(wall_s, 1), "goal": "<= 30 s and <= 8 GiB", "peak_rss_gib": round(rss_gib, 2)}
-    print(json.dumps({**result, "full_depth": args.full_depth, "cpus": os.cpu_count()}))
+    print(json.dumps({**result, "full_depth": args.full_depth, "jobs": args.jobs, "cpus": os.cpu_count(),
+                      "load_avg": os.getloadavg()}))
 
 
 if __name__ == "__main__":
