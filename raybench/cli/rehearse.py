@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                    "a deep model from shallow ones (slower; the two agree: docs/rehearse.md)")
     p.add_argument("--jobs", type=int, metavar="N", help="worker processes: the configurations that share traces "
                    "go to one worker; rows are printed in plan order and equal one process's (default: one per CPU "
-                   "this process may use; 1: in this process)")
+                   "this process may use; 1: in this process, the quicker where other work keeps the CPUs busy)")
     p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
     p.set_defaults(func=_rehearse)
 
