@@ -13,7 +13,7 @@ import pytest
 
 from raybench.cli import main as cli
 from raybench.planning.plan import plan
-from raybench.rehearse import step_time
+from raybench.rehearse import step_time, workers
 from raybench.rehearse.trace import StepTrace
 from raybench.rehearse.trials import rehearse_trials, trace_groups
 from raybench.rehearse.workers import WorkersLost
@@ -136,3 +136,21 @@ def test_a_step_prices_the_same_whatever_order_its_collectives_come_in(order):
                       roofline_s=1.0, compute_s=1.0, memory_s=0.0)
     priced = step_time.predict_step_time(trace, 64, 200.0, "set", layout=step_time.Layout(4, 4))
     assert (priced.comm_s, priced.comm_latency_s) == (2.9556800151617386, 0.0928732)  # summed by name
+
+
+def test_rows_come_out_in_plan_order_whatever_finished_first_and_before_a_lost_worker_s_error():
+    trials = plan(sweep({"preset": "tiny"}, {"resources.workers": [2, 4, 8, 16]}))
+    first, second, third, fourth = ({"config_id": t.config_id, "index": t.index} for t in trials)
+
+    def finished(rows, lost=None):
+        yield from rows
+        if lost:
+            raise WorkersLost([-9], lost, "STORE")
+
+    assert list(workers._in_plan_order(trials, finished([third, first, fourth, second]))) == [
+        first, second, third, fourth]
+    out = []
+    with pytest.raises(WorkersLost):  # the second's worker died: the rows that came back, in plan order, first
+        for row in workers._in_plan_order(trials, finished([fourth, first, third], lost=[trials[1]])):
+            out.append(row)
+    assert out == [first, third, fourth]
