@@ -3,8 +3,9 @@
     .venv/bin/python bench/rehearse_grid.py                          # all 1,050 points (goal: <= 600 s)
     .venv/bin/python bench/rehearse_grid.py --model qwen2.5-72b --strategy fsdp2 --grad-accum 1 --workers 64 128
 
-One process, as `raybench rehearse` runs (one trace cache for the points rehearsed); a temporary store unless
---store. Prints one line per point (seconds so far, its axis values, its trace seconds and how its depth was
+As `raybench rehearse` runs: --jobs N worker processes (default: one per CPU this process may use), each given
+whole groups of points that share traces, with a trace cache of its own; --jobs 1 is one process with one cache
+(how the figures before 2026-11-28's "Every core" section were taken). A temporary store unless --store. Prints one line per point (seconds so far, its axis values, its trace seconds and how its depth was
 traced), then one JSON line.
 
     .venv/bin/python bench/rehearse_grid.py --model llama-2-7b --strategy fsdp2 --grad-accum 1 --workers 64 \
@@ -20,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
 
 from raybench.planning.plan import plan
 from raybench.rehearse.rehearsal import rehearse
-from raybench.rehearse.trials import rehearse_trials
+from raybench.rehearse.workers import default_jobs, rehearse_sweep
 from raybench.spec.load import load_sweep
 
 SWEEP = Path(__file__).resolve().parent / "sweeps" / "grid-1000.yaml"
@@ -71,6 +73,8 @@ def main() -> None:
     parser.add_argument("--ac-ratio", nargs="*")
     parser.add_argument("--check-depth", action="store_true", help="compare with full traces (see above)")
     parser.add_argument("--store", help="keep the rehearsals there (then `raybench best SWEEP --predict --store`)")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="worker processes (`raybench rehearse "
+                        "--jobs`; default: one per CPU this process may use)")
     args = parser.parse_args()
     spec = load_sweep(SWEEP)
     trials = [t for t in plan(spec) if selected(t, args)]
@@ -79,13 +83,21 @@ def main() -> None:
         return
     store = args.store or tempfile.mkdtemp()
     t0 = time.perf_counter()
-    for row in rehearse_trials(spec, trials, store):
+    for row in rehearse_sweep(spec, trials, store, jobs=args.jobs):
         depth = [note for note in row["notes"] if "depth" in note]
         print(f"{time.perf_counter() - t0:8.1f} s  {row['axis_values']}  trace {row['trace_s'] or 0:.1f} s  {depth}",
               flush=True)
     print(json.dumps({"bench": "rehearse_grid", "metric": "seconds to rehearse grid-1000 points",
                       "points": len(trials), "value": round(time.perf_counter() - t0, 1), "goal": "<= 600 s (all)",
-                      "cpus": os.cpu_count(), "load_avg": os.getloadavg()}))
+                      "cpu_s": round(cpu_seconds(), 1), "jobs": args.jobs, "cpus": os.cpu_count(),
+                      "load_avg": os.getloadavg()}))
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user and system) of this process and of the worker processes it has waited for: the work
+    done, whatever the load of other processes left of the wall time."""
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage,
+                                                    (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     .venv/bin/python bench/rehearse_scale.py --sweep    # the whole sweeps/seed001-idris-sac.yaml (goal: <= 120 s)
     ... --full-depth  # trace every block (`raybench rehearse --full-depth`) instead of extrapolating depth
     ... --store DIR   # keep the rehearsals there (then `raybench best SWEEP --predict --store DIR`)
+    ... --jobs N      # `raybench rehearse --jobs N` (default: as it, one worker process per CPU this process may use)
     .venv/bin/python bench/rehearse_scale.py --check-depth  # the sweep both ways: how far the extrapolated
                                                             # rehearsals are from the full traces
 
@@ -31,8 +32,9 @@ GPU = "H100 SXM"
 TRIAL_72B = "28"
 
 
-def run(extra: list[str], keep: str | None) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS GiB, stdout) of one `raybench rehearse` process; `keep`: its store, else a
+def run(extra: list[str], keep: str | None) -> tuple[float, float, float, str]:
+    """(wall seconds, peak RSS GiB, CPU seconds, stdout) of one `raybench rehearse` process (CPU seconds: its
+    workers' too, what it cost whatever other processes' load left of the wall time); `keep`: its store, else a
     temporary one."""
     with tempfile.TemporaryDirectory() as temporary:
         store = keep or temporary
@@ -41,8 +43,9 @@ def run(extra: list[str], keep: str | None) -> tuple[float, float, str]:
         t0 = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
         wall_s = time.perf_counter() - t0
-    rss_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-    return wall_s, rss_gib, done.stdout
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # its worker processes' included
+    rss_gib = children.ru_maxrss / 2**20  # the largest process's: with --jobs, one of N that each hold this much
+    return wall_s, rss_gib, children.ru_utime + children.ru_stime, done.stdout
 
 
 def rehearsals(store: str) -> dict[str, dict]:
@@ -69,8 +72,8 @@ def depth_differences(extrapolated: dict[str, dict], full: dict[str, dict]) -> d
 
 def check_depth() -> dict:
     with tempfile.TemporaryDirectory() as line_store, tempfile.TemporaryDirectory() as full_store:
-        line_s, _, _ = run([], line_store)
-        full_s, _, _ = run(["--full-depth"], full_store)
+        line_s, _, _, _ = run([], line_store)
+        full_s, _, _, _ = run(["--full-depth"], full_store)
         line, full = rehearsals(line_store), rehearsals(full_store)
         notes = sum(any("extrapolated to" in note for note in r["notes"]) for r in line.values())
         return {"bench": "rehearse_scale", "metric": "extrapolated depth against full traces, seed 001's sweep",
@@ -84,12 +87,13 @@ def main() -> None:
     parser.add_argument("--full-depth", action="store_true", help="trace every block (raybench rehearse --full-depth)")
     parser.add_argument("--check-depth", action="store_true", help="the sweep extrapolated and traced whole, compared")
     parser.add_argument("--store", help="keep the rehearsals in this store")
+    parser.add_argument("--jobs", type=int, help="raybench rehearse --jobs (default: its own)")
     args = parser.parse_args()
     if args.check_depth:
         print(json.dumps({**check_depth(), "cpus": os.cpu_count()}))
         return
-    extra = ["--full-depth"] if args.full_depth else []
-    wall_s, rss_gib, out = run(extra + ([] if args.sweep else ["--trial", TRIAL_72B]), args.store)
+    extra = (["--full-depth"] if args.full_depth else []) + (["--jobs", str(args.jobs)] if args.jobs else [])
+    wall_s, rss_gib, cpu_s, out = run(extra + ([] if args.sweep else ["--trial", TRIAL_72B]), args.store)
     print(out)
     if args.sweep:
         result = {"bench": "rehearse_scale", "metric": "seconds to rehearse sweeps/seed001-idris-sac.yaml",
@@ -97,7 +101,8 @@ def main() -> None:
     else:
         result = {"bench": "rehearse_scale", "metric": "seconds to rehearse one Qwen2.5-72B 64-rank trial",
                   "value": round(wall_s, 1), "goal": "<= 30 s and <= 8 GiB", "peak_rss_gib": round(rss_gib, 2)}
-    print(json.dumps({**result, "full_depth": args.full_depth, "cpus": os.cpu_count()}))
+    print(json.dumps({**result, "cpu_s": round(cpu_s, 1), "full_depth": args.full_depth, "jobs": args.jobs,
+                      "cpus": os.cpu_count(), "load_avg": os.getloadavg()}))
 
 
 if __name__ == "__main__":

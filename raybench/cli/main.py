@@ -15,13 +15,14 @@ import json
 import sys
 
 from raybench.cli import example_data as cli_example_data
+from raybench.cli import rehearse as cli_rehearse
 from raybench.cli import results as cli_results
 from raybench.cli import store as cli_store
 from raybench.drivers import requeue, slurm
 from raybench.drivers.slurm import SlurmError, SlurmOptions
 from raybench.planning.plan import matching, plan
 from raybench.reports.report import results_table
-from raybench.reports.tables import estimate_summary, estimate_table, plan_table, rehearsal_report
+from raybench.reports.tables import estimate_summary, estimate_table, plan_table
 from raybench.results.store import StoreWriteError
 from raybench.runtime import cuda_snapshot
 from raybench.spec.errors import ConfigError, Problem
@@ -69,32 +70,6 @@ def _estimate(args) -> int:
     else:
         print(estimate_table(trials))
         print(f"\n{estimate_summary(trials, store_path)}")
-    return EXIT_OK
-
-
-def _rehearse(args) -> int:
-    from raybench.rehearse.trials import rehearse_trials
-
-    spec = load_sweep(args.sweep)
-    store_path = args.store or spec.store
-    trials = plan(spec, source=args.sweep, store_path=store_path)
-    if args.trial is not None:
-        trials = matching(trials, args.trial)
-        if not trials:
-            print(f"{args.sweep}: no trial with id or index {args.trial!r} (--trial); see `raybench plan "
-                  f"{args.sweep}`", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    if args.busbw is not None and not 0 < args.busbw <= 100_000:
-        print(f"--busbw {args.busbw}: a bus bandwidth in GB/s, above 0 and at most 100000 (e.g. nccl-tests' "
-              "all_reduce busbw of the cluster)", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    rows = []
-    for row in rehearse_trials(spec, trials, store_path, args.gpu, args.busbw, args.full_depth):
-        rows.append(row)
-        if args.json:
-            print(json.dumps(row, sort_keys=True), flush=True)
-    if not args.json:
-        print(rehearsal_report(rows, store_path, args.sweep))
     return EXIT_OK
 
 
@@ -350,20 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per trial instead of a table")
     p.set_defaults(func=_estimate)
 
-    p = sub.add_parser("rehearse", help="trace each trial's step at its full world size in one CPU process "
-                       "(fake tensors and ranks): memory by category, communication, predicted step time")
-    p.add_argument("sweep")
-    p.add_argument("--trial", help="only this trial (trial id, config id, or plan index)")
-    p.add_argument("--store", help="result store: its all-reduce probes give the bus bandwidth, and the rehearsals "
-                   "are kept there for `raybench estimate` (default: the sweep's)")
-    p.add_argument("--gpu", help="GPU to predict step times for (default: the sweep's estimate.gpu), e.g. 'H100 SXM'")
-    p.add_argument("--busbw", type=float, metavar="GBPS", help="bus bandwidth of the cluster's collectives, GB/s "
-                   "(nccl-tests' busbw; default: the sweep's estimate.busbw_gbps, else the store's probe, else "
-                   "nominal links)")
-    p.add_argument("--full-depth", action="store_true", help="trace every decoder block instead of extrapolating "
-                   "a deep model from shallow ones (slower; the two agree: docs/rehearse.md)")
-    p.add_argument("--json", action="store_true", help="one JSON object per rehearsed configuration")
-    p.set_defaults(func=_rehearse)
+    cli_rehearse.add_parser(sub)  # rehearse
 
     p = sub.add_parser("calibrate", help="measure this device for the rehearsal (matmul and bandwidth efficiency, "
                        "launch cost, allocator reserve) and store its profile; `rehearse` prices it with that")

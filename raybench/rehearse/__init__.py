@@ -13,9 +13,10 @@ estimator (timed by the same roofline), from which an op-level checkpointing pol
 SAC ILP.
 
 Modules, each importing only those listed after it:
+- `workers`: `raybench rehearse --jobs N`, the groups of configurations that share traces on N worker processes.
 - `choice`: `raybench best SWEEP --predict`, the best value of an axis from the stored rehearsals.
-- `trials`: `raybench rehearse SWEEP`, each configuration of a sweep rehearsed once, priced and stored (beside
-  `choice`: neither imports the other).
+- `trials`: `raybench rehearse SWEEP`, each configuration of a sweep rehearsed once, priced and stored, and the
+  groups of them that share traces (beside `choice`: neither imports the other).
 - `flips`: where that choice could flip inside the prediction intervals, and the sweep that settles it.
 - `rehearsal`: one trial's rehearsal (`rehearse`), or its analytic fallback and why.
 - `policy`: the op-level policy (torch's SAC estimator and ILP).

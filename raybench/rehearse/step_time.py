@@ -128,11 +128,14 @@ def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | Non
                         busbw_gbps=busbw_gbps, busbw_source=busbw_source, overlap=OVERLAP, host_s=host_s)
     call_s = _call_price(world_size, busbw_gbps, layout)
     calls = trace.comm_calls
-    comm_s = sum(call_s(name, nbytes, calls.get(name, 0)) for name, nbytes in trace.comm_bytes.items())
+    # Summed by name: a trace's collectives can come in a set's order (depth.py), which the hash seed varies per
+    # process, and the sums' last bit with it; a worker process (`rehearse --jobs`) must price as this one.
+    collectives = sorted(trace.comm_bytes.items())
+    comm_s = sum(call_s(name, nbytes, calls.get(name, 0)) for name, nbytes in collectives)
     latency, algorithms = 0.0, None
     if layout:
         priced = {name: _average_call(name, nbytes, calls.get(name, 0), world_size, busbw_gbps, layout)
-                  for name, nbytes in trace.comm_bytes.items()}
+                  for name, nbytes in collectives}
         latency = sum(calls.get(name, 0) * call.latency_s for name, call in priced.items())
         algorithms = {name: call.algorithm for name, call in priced.items()}
     if trace.timeline:

@@ -530,7 +530,8 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
         "name": "r", "model": {"preset": "tiny"}, "train": {**TINY_TRAIN, "strategy": "fsdp2"},
         "resources": {"workers": 8, "gpus_per_worker": 1}, "estimate": {"gpu": "H100 SXM"},
         "store": str(tmp_path / "store"), "axes": {"train.strategy": ["fsdp2", "deepspeed"]}}))
-    assert main(["rehearse", str(sweep), "--json"]) == 0
+    # In this process: the two trials share no trace, so the default would start a worker process for each.
+    assert main(["rehearse", str(sweep), "--json", "--jobs", "1"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["method"] for r in rows] == ["traced", "analytic"]
     assert "strategy deepspeed is not traced" in rows[1]["notes"][0]
