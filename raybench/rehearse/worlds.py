@@ -15,7 +15,8 @@ total: where the peak sits can move with the world size, so it is not the traced
 block's backward began, the resident storage, every operator cost and collective's bytes, and the timeline the
 overlap is priced on. Bytes are solved exactly (rationals: the result must be a whole number of bytes), times in
 floats. What the line cannot stand for, the rehearsal traces itself, and the row says why: FSDP2 on one rank
-(`dp` 1: no collectives), padding, or two traced steps that do not run the same operators in the same places.
+(`dp` 1: no all-gather or reduce-scatter), padding, or two traced steps that do not run the same operators in the
+same places.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def why_not_recorded(trace) -> str | None:
     if events.lost:
         return events.lost
     if sharding.dp < 2:
-        return "FSDP2 over one rank runs no collectives"
+        return "FSDP2 over one rank skips its all-gathers and reduce-scatters"
     if sharding.pads(sharding.dp):
         return f"FSDP2 pads dimensions {sharding.pads(sharding.dp)} over {sharding.dp} ranks"
     return None
@@ -106,7 +107,7 @@ def share(dp: int, traced: dict[int, object]):
         return None
     (dp1, one), (dp2, two) = others[:2]
     if dp < 2:
-        return "FSDP2 over one rank runs no collectives"
+        return "FSDP2 over one rank skips its all-gathers and reduce-scatters"
     padded = one.sharding.pads(dp)
     if padded:
         return f"FSDP2 pads dimensions {padded} over {dp} ranks"
