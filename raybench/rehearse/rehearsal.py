@@ -285,6 +285,8 @@ def _world_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | N
     trace = _trace(config, shape, rank, gpu, calibration, kinds, record_events=True)
     if len(ends) < 2 and worlds.why_not_recorded(trace) is None:
         ends[world // tp] = trace
+        if len(ends) == 2:  # of the memory after every operator, what can hold a peak
+            worlds.compact(ends)
     else:  # the memory after every operator is kept for the line's ends alone
         trace.memory_events = None
     return trace, f"world size not shared: {shared}" if shared else None

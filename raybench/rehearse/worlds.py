@@ -121,6 +121,45 @@ def share(dp: int, traced: dict[int, object]):
         return f"{err} is not a whole number of bytes on the line through {dp1} and {dp2} FSDP2 ranks"
 
 
+def compact(traced: dict[int, object]) -> None:
+    """Keep, of the memory after every operator of the line's two ends (`traced`, by FSDP2 group size), only the
+    operators whose memory can be their place's highest at some group size of 2 or more (and those the blocks'
+    backward began after): an operator holding no more than another of its place at both ends of that range
+    (group sizes 2 and infinity, between which every total is a line), and not more than an earlier one, never
+    is. A few per place remain of thousands, the replay (`_replay`) finds the same peaks. Ends that do not run
+    the same operators in the same places are left whole (`share` says how they differ)."""
+    (dp1, one), (dp2, two) = sorted(traced.items())
+    if _structure_mismatch(one, two):
+        return
+    a, b = one.memory_events, two.memory_events
+    width = len(a.categories)
+    kept, frontier = set(), {}  # place -> [(total at dp 2, total as dp grows without end, operator)]
+    for i in range(a.count):
+        t1, t2 = sum(a.category_bytes[i * width:(i + 1) * width]), sum(b.category_bytes[i * width:(i + 1) * width])
+        # The totals at dp 2 and as dp grows, each scaled by one positive constant: order is all that counts.
+        at_two, at_infinity = 2 * t1 * (dp2 - dp1) + (t1 - t2) * (dp1 - 2) * dp2, t2 * dp2 - t1 * dp1
+        place = frontier.setdefault(a.place_index[i], [])
+        if any(k2 >= at_two and kinf >= at_infinity for k2, kinf, _ in place):
+            continue
+        place[:] = [k for k in place if not (at_two > k[0] and at_infinity >= k[1])]
+        place.append((at_two, at_infinity, i))
+    kept = {i for place in frontier.values() for _, _, i in place}
+    kept |= {i for i in a.backward_entry.values() if i >= 0}
+    order = sorted(kept)
+    one.memory_events, two.memory_events = _keeping(a, order), _keeping(b, order)
+
+
+def _keeping(events: MemoryEvents, order: list[int]) -> MemoryEvents:
+    width = len(events.categories)
+    position = {i: n for n, i in enumerate(order)}
+    kept = MemoryEvents(events.categories, events.initial_bytes, events.places,
+                        array("i", (events.place_index[i] for i in order)),
+                        backward_entry={key: position.get(i, -1) for key, i in events.backward_entry.items()})
+    for i in order:
+        kept.category_bytes.extend(events.category_bytes[i * width:(i + 1) * width])
+    return kept
+
+
 class _NotWhole(ValueError):
     pass
 

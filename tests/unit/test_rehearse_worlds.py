@@ -80,31 +80,47 @@ def events(*rows: tuple[str, list[int]]) -> worlds.MemoryEvents:
 
 
 class _Step:
-    """The fields of a StepTrace that worlds.share reads, for a step of two operators."""
+    """The fields of a StepTrace that worlds.share reads, for a step of three operators."""
 
-    def __init__(self, dp: int, shard_bytes: int):
+    def __init__(self, dp: int):
         # Operator 1 holds shards and little else, operator 2 a fixed 1 KiB and fewer shards: with more ranks
-        # the peak moves from the first operator to the second.
-        self.memory_events = events(("0:forward:0", [8 * 1024 // dp * shard_bytes, 0]),
-                                    ("0:forward:0", [2 * 1024 // dp * shard_bytes, 1024]))
+        # the peak moves from the first operator to the second. Operator 3 holds less than operator 2 at every
+        # world size.
+        self.memory_events = events(("0:forward:0", [8 * 1024 // dp, 0]),
+                                    ("0:forward:0", [2 * 1024 // dp, 1024]),
+                                    ("0:forward:0", [1024 // dp, 512]))
         self.sharding = worlds.Sharding(dp, (1024,))
-        self.comm_calls, self.comm_bytes, self.op_s, self.launches = {}, {}, {}, 2
+        self.comm_calls, self.comm_bytes, self.op_s, self.launches = {}, {}, {}, 3
         self.grad_accum = self.traced_micro_batches = 1
         self.timeline, self.place_gib, self.overlapped_comm = [], {"0:forward:0": {}}, ()
 
 
 def test_the_peak_is_found_again_where_it_moved():
     """The line gives every operator's memory at the new world size; the peak is the highest of those, not the
-    traced peak scaled."""
-    line = worlds._Line(2, 4, 16)
-    at = worlds._memory_at(_Step(2, 1).memory_events, _Step(4, 1).memory_events, line)
+    traced peak scaled. Of the operators, those that can be the highest at some world size are kept."""
+    traced = {2: _Step(2), 4: _Step(4)}
+    worlds.compact(traced)
+    assert list(traced[2].memory_events.category_bytes) == [4096, 0, 1024, 1024]  # the third dropped
+    at = worlds._memory_at(traced[2].memory_events, traced[4].memory_events, worlds._Line(2, 4, 16))
     assert list(at.category_bytes) == [512, 0, 128, 1024]
     peak, places, _ = worlds._replay(at)
     assert peak == {"parameters": 128 / 2**30, "activations": 1024 / 2**30}
     assert places == {"0:forward:0": peak}
+    at_two = worlds._memory_at(traced[2].memory_events, traced[4].memory_events, worlds._Line(2, 4, 2))
+    assert worlds._replay(at_two)[0] == {"parameters": 4096 / 2**30, "activations": 0.0}
 
 
 def test_a_line_that_gives_part_of_a_byte_is_not_used():
     with pytest.raises(worlds._NotWhole):
         worlds._Line(2, 4, 8).bytes(3, 2, "parameters")  # 3 bytes on 2 ranks, 2 on 4: 1.5 on 8
-    assert worlds.share(3, {2: _Step(2, 1), 4: _Step(4, 1)}) == "FSDP2 pads dimensions [1024] over 3 ranks"
+    assert worlds.share(3, {2: _Step(2), 4: _Step(4)}) == "FSDP2 pads dimensions [1024] over 3 ranks"
+
+
+def test_steps_that_run_differently_are_not_a_line():
+    """Two traced world sizes whose steps differ beyond their sizes (here a collective called once more) say so,
+    and the third world size is traced."""
+    other = _Step(4)
+    other.comm_calls = {"all_gather_into_tensor": 1}
+    assert worlds.share(16, {2: _Step(2), 4: other}) == (
+        "the steps traced at 2 and 4 FSDP2 ranks differ in collectives' calls")
+    assert worlds.share(16, {2: _Step(2)}) is None  # one world size traced: trace this one too
