@@ -124,3 +124,25 @@ def test_steps_that_run_differently_are_not_a_line():
     assert worlds.share(16, {2: _Step(2), 4: other}) == (
         "the steps traced at 2 and 4 FSDP2 ranks differ in collectives' calls")
     assert worlds.share(16, {2: _Step(2)}) is None  # one world size traced: trace this one too
+
+
+@pytest.mark.slow  # ~10 s: shallow models at three world sizes; the default cases above run the same _world_trace
+def test_shallow_models_are_shared_across_world_sizes(tmp_path):
+    """A deep model extrapolated from shallow ones (depth.py), each shallow one shared across world sizes: the
+    rehearsal equals the one whose shallow models were traced at that world size."""
+    from conftest import make_model_dir
+
+    deep = make_model_dir(tmp_path / "deep", layers=8)
+    train = {"strategy": "fsdp2", "ac_ratio": "1/2"}
+    traces = {}
+    for workers in (2, 4):
+        t = trial(deep, workers, **train)
+        rehearsal.rehearse(t.config, t.shape, GPU, traces=traces)
+    t = trial(deep, 8, **train)
+    shared = rehearsal.rehearse(t.config, t.shape, GPU, traces=traces)
+    alone = rehearsal.rehearse(t.config, t.shape, GPU, traces={}, share_worlds=False)
+    assert any("extrapolated to 8 blocks" in n for n in shared.notes), shared.notes
+    assert any(n.startswith("traced at 2 and 4 ranks, shared to 8") for n in shared.notes), shared.notes
+    fields = {name: value for name, value in shared.as_dict().items() if name not in ("notes", "trace_s")}
+    expected = {name: value for name, value in alone.as_dict().items() if name not in ("notes", "trace_s")}
+    assert differences(fields, expected) == []
