@@ -14,12 +14,21 @@ traced), then one JSON line.
 --check-depth rehearses each point also with every block traced (`--full-depth`) and prints, per point, how
 its extrapolated rehearsal differs from the full trace: the tensor peak and each memory category in bytes, and
 the relative difference of FLOPs, step time and every collective's bytes.
+
+    .venv/bin/python bench/rehearse_grid.py --model llama-2-7b --strategy fsdp2 tp_fsdp2 --ac-ratio 0 1/2 \
+        --workers 8 16 64 256 --check-world
+
+--check-world rehearses the points in order through one cache, so that FSDP2 and TP x FSDP2 steps are shared
+across world sizes (rehearse/worlds.py), and each point whose step was shared also with world sizes never shared
+(its own trace): per point, every field that differs (bytes exactly, other numbers beyond 1e-9 relative), the
+tensor peak and its bytes off, and the seconds each way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import tempfile
@@ -64,6 +73,41 @@ def check_depth(spec, trials: list) -> None:
                           "extrapolated_s": round(t1 - t0, 1), "full_s": round(t2 - t1, 1)}), flush=True)
 
 
+def differences(one, other, path: str = "") -> list[str]:
+    """Where two rehearsals' fields differ (nested): numbers beyond 1e-9 relative, anything else unequal."""
+    if isinstance(one, dict) and isinstance(other, dict):
+        if one.keys() != other.keys():
+            return [f"{path}: keys differ"]
+        return [d for key in one for d in differences(one[key], other[key], f"{path}.{key}")]
+    if isinstance(one, (list, tuple)) and isinstance(other, (list, tuple)) and len(one) == len(other):
+        return [d for i, (a, b) in enumerate(zip(one, other)) for d in differences(a, b, f"{path}[{i}]")]
+    if isinstance(one, float) and isinstance(other, float):
+        return [] if math.isclose(one, other, rel_tol=1e-9, abs_tol=1e-300) else [path]
+    return [] if one == other else [path]
+
+
+def check_world(spec, trials: list) -> None:
+    """Each point rehearsed as `raybench rehearse` does (world sizes shared) and, where shared, alone."""
+    shared_cache, alone_cache = {}, {}
+    for t in trials:
+        t0 = time.perf_counter()
+        shared = rehearse(t.config, t.shape, spec.estimate.gpu, traces=shared_cache)
+        t1 = time.perf_counter()
+        world = [n for n in shared.notes if "shared to" in n or "not shared" in n]
+        report = {"point": t.axis_values, "world": world, "peak_gib": round(shared.peak_gib, 4),
+                  "shared_s": round(t1 - t0, 1)}
+        if any("shared to" in n for n in world):
+            alone = rehearse(t.config, t.shape, spec.estimate.gpu, traces=alone_cache, share_worlds=False)
+            one, other = shared.as_dict(), alone.as_dict()
+            for name in ("notes", "trace_s"):
+                one.pop(name), other.pop(name)
+            report.update(alone_s=round(time.perf_counter() - t1, 1),
+                          peak_bytes_off=round((shared.peak_gib - alone.peak_gib) * GIB),
+                          fields_off=differences(one, other),
+                          notes_off=[n for n in shared.notes if n not in world] != alone.notes)
+        print(json.dumps(report), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", nargs="*")
@@ -72,6 +116,7 @@ def main() -> None:
     parser.add_argument("--workers", nargs="*", type=int)
     parser.add_argument("--ac-ratio", nargs="*")
     parser.add_argument("--check-depth", action="store_true", help="compare with full traces (see above)")
+    parser.add_argument("--check-world", action="store_true", help="compare with world sizes traced alone")
     parser.add_argument("--store", help="keep the rehearsals there (then `raybench best SWEEP --predict --store`)")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="worker processes (`raybench rehearse "
                         "--jobs`; default: one per CPU this process may use)")
@@ -80,6 +125,9 @@ def main() -> None:
     trials = [t for t in plan(spec) if selected(t, args)]
     if args.check_depth:
         check_depth(spec, trials)
+        return
+    if args.check_world:
+        check_world(spec, trials)
         return
     store = args.store or tempfile.mkdtemp()
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from raybench.planning.estimate import Estimate
 from raybench.planning.plan import config_id
-from raybench.rehearse import depth
+from raybench.rehearse import depth, worlds
 from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block_traffic
 from raybench.rehearse.fake_world import init_fake_world
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
@@ -132,7 +132,7 @@ def _with_twins_time(memory: Rehearsal, timed: Rehearsal) -> Rehearsal:
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
              busbw_source: str = "probe", analytic: Estimate | None = None,
              calibration: Calibration = SHIPPED_CALIBRATION, rank: int = 0, traces: dict | None = None,
-             extrapolate_depth: bool = True, layout: Layout | None = None) -> Rehearsal:
+             extrapolate_depth: bool = True, layout: Layout | None = None, share_worlds: bool = True) -> Rehearsal:
     """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
 
     `calibration` prices it: the shipped H100 constants, or the profile `raybench calibrate` stored for the
@@ -141,7 +141,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     `traces` (a dict the caller keeps) reuses the trace of a trial whose traced step is identical: compiled
     and eager twins trace the same eager step and differ only in the predicted time. A deep model's step is
     extrapolated from shallow ones (depth.py) unless extrapolate_depth is False, and those are reused too: a
-    sweep's sAC ratios share most of theirs.
+    sweep's sAC ratios share most of theirs. An FSDP2 or TP x FSDP2 step (each shallow one) is shared across world
+    sizes (worlds.py) once two world sizes are traced, unless share_worlds is False.
 
     `layout` (the sweep's estimate.gpus_per_node and nics_per_node) places the ranks on nodes for the
     collectives' bandwidth and latency; None: the GPU's NVLink domain, one NIC per GPU.
@@ -153,7 +154,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         if twin is None:
             return _analytic(config, analytic, rank, why_not)
         timed = rehearse(twin, shape, gpu, busbw_gbps, busbw_source, None, calibration, rank, traces,
-                         extrapolate_depth, layout)
+                         extrapolate_depth, layout, share_worlds)
         return _with_twins_time(_analytic(config, analytic, rank, why_not), timed)
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
@@ -166,8 +167,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     t0 = time.perf_counter()
     if key not in traces:
         try:
-            traces[key], depth_note = _deep_trace(config, shape, rank, gpu if on_gpu else None, calibration, traces,
-                                                  extrapolate_depth)
+            traces[key], trace_notes = _deep_trace(config, shape, rank, gpu if on_gpu else None, calibration,
+                                                   traces, extrapolate_depth, share_worlds)
             if on_gpu and gpu and is_policy_base(config):
                 ops_key = block_ops_key(config, gpu, calibration)
                 if ops_key not in traces:
@@ -175,8 +176,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
                 traces[key].block_ops = traces[ops_key]
         except Exception as err:  # one trial's model or technique the trace cannot run must not stop a sweep
             return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
-        traces[key, "depth note"] = depth_note
-    notes = [*notes, traces[key, "depth note"]] if traces[key, "depth note"] else notes
+        traces[key, "trace notes"] = trace_notes
+    notes = [*notes, *traces[key, "trace notes"]]
     trace = traces[key]
     memory = dict(trace.memory_gib)
     if config.train.compile:
@@ -225,6 +226,13 @@ def step_config(config: TrialConfig) -> TrialConfig:
     return traced.model_copy(update={"resources": traced.resources.model_copy(update={"workers": 2})})
 
 
+def any_world(config: TrialConfig) -> TrialConfig:
+    """The step a sweep's world sizes of an FSDP2 or TP x FSDP2 trial share (worlds.py): the traced step
+    (step_config) with the world its TP group alone. Trials alike but for their world size have the same."""
+    tp = config.train.tp_size if config.train.strategy == "tp_fsdp2" else 1
+    return step_config(config.model_copy(update={"resources": config.resources.model_copy(update={"workers": tp})}))
+
+
 def block_ops_key(config: TrialConfig, gpu: str, calibration: Calibration) -> tuple:
     """What one decoder block's operators (policy.block_ops) depend on: the model, its techniques, the strategy's
     compute dtype, one micro-batch's shape, the GPU and what prices it. Not the world size, the micro-batches a
@@ -237,40 +245,73 @@ def block_ops_key(config: TrialConfig, gpu: str, calibration: Calibration) -> tu
 
 
 def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
-                traces: dict, extrapolate_depth: bool) -> tuple[StepTrace, str | None]:
+                traces: dict, extrapolate_depth: bool, share_worlds: bool) -> tuple[StepTrace, list[str]]:
     """The trial's StepTrace, extrapolated from shallow models where that holds (depth.py), else traced whole;
-    and the row's note on how (or why not extrapolated)."""
+    each traced step shared from other world sizes' where that holds (worlds.py); and the row's notes on how
+    (or why not)."""
     layers = shape.num_hidden_layers
     checkpointed = set(checkpointed_blocks(Fraction(config.train.ac_ratio), layers))
     kinds = tuple(i in checkpointed for i in range(layers))
-    if not extrapolate_depth:
-        return _trace(config, shape, rank, gpu, calibration), None
+    world_notes: list[str] = []
+
+    def traced(key: tuple, layout: tuple[bool, ...] | None = None) -> StepTrace:
+        if key not in traces:
+            traces[key], traces[key, "world note"] = (
+                _world_trace(config, shape, rank, gpu, calibration, traces, layout) if share_worlds
+                else (_trace(config, shape, rank, gpu, calibration, layout), None))
+        note = traces[key, "world note"]
+        world_notes.extend([note] if note and note not in world_notes else [])
+        return traces[key]
+
+    whole = ("whole", config_id(step_config(config)), rank, gpu, calibration.source)
+    layouts = depth.shallow_layouts(kinds) if extrapolate_depth else None
+    if not layouts:
+        return traced(whole), world_notes
     # The checkpointed blocks are in `kinds`: shallow models of every sAC ratio of a sweep share their key.
     base = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
-    layouts = depth.shallow_layouts(kinds)
-    if not layouts:
-        return _trace(config, shape, rank, gpu, calibration), None
-    shallow = {}
-    for name, layout in layouts.items():
-        key = ("shallow", config_id(step_config(base)), layout, rank, gpu, calibration.source)
-        if key not in traces:
-            traces[key] = _trace(config, shape, rank, gpu, calibration, layout)
-        shallow[name] = traces[key]
+    shallow = {name: traced(("shallow", config_id(step_config(base)), layout, rank, gpu, calibration.source), layout)
+               for name, layout in layouts.items()}
     deep = depth.extrapolate(kinds, shallow)
     if isinstance(deep, StepTrace):
         depths = sorted({len(layout) for layout in layouts.values()})
-        return deep, f"traced at depth {depths[0]}-{depths[-1]}, extrapolated to {layers} blocks"
-    return _trace(config, shape, rank, gpu, calibration), deep
+        return deep, [f"traced at depth {depths[0]}-{depths[-1]}, extrapolated to {layers} blocks", *world_notes]
+    world_notes.clear()
+    return traced(whole), [deep, *world_notes]
+
+
+def _world_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
+                 traces: dict, kinds: tuple[bool, ...] | None) -> tuple[StepTrace, str | None]:
+    """An FSDP2 or TP x FSDP2 step (of a shallow model where `kinds` says) on the line through two world sizes
+    traced before (worlds.share), else traced, and kept as one end of that line where it can be one; and the
+    row's note: how it was shared, or why not where two world sizes were there to share from."""
+    if not config.train.fsdp2_sharded:
+        return _trace(config, shape, rank, gpu, calibration, kinds), None
+    tp = config.train.tp_size if config.train.strategy == "tp_fsdp2" else 1
+    world = config.resources.workers
+    ends = traces.setdefault(("world ends", config_id(any_world(config)), kinds, rank, gpu, calibration.source), {})
+    shared = worlds.share(world // tp, ends)
+    if isinstance(shared, StepTrace):
+        dp1, dp2 = list(ends)[:2]
+        return shared, (f"traced at {dp1 * tp} and {dp2 * tp} ranks, shared to {world} (the shards' sizes and costs "
+                        f"on their line)")
+    trace = _trace(config, shape, rank, gpu, calibration, kinds, record_events=True)
+    if len(ends) < 2 and worlds.why_not_recorded(trace) is None:
+        ends[world // tp] = trace
+        if len(ends) == 2:  # of the memory after every operator, what can hold a peak
+            worlds.compact(ends)
+    else:  # the memory after every operator is kept for the line's ends alone
+        trace.memory_events = None
+    return trace, f"world size not shared: {shared}" if shared else None
 
 
 def _trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
-           kinds: tuple[bool, ...] | None = None) -> StepTrace:
+           kinds: tuple[bool, ...] | None = None, record_events: bool = False) -> StepTrace:
     """trace_step as `rank` of the trial's fake world (of a shallow model where `kinds` says)."""
     world = config.resources.workers
     init_fake_world(rank, world)
     try:
         return trace_step(config, shape, RankContext(rank, world, rank, torch.device("cpu")), fake=True, gpu=gpu,
-                          calibration=calibration, kinds=kinds)
+                          calibration=calibration, kinds=kinds, record_events=record_events)
     finally:
         dist.destroy_process_group()
 

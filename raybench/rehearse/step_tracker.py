@@ -26,6 +26,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from raybench.rehearse.fake_world import Propagation
 from raybench.rehearse.roofline import Roofline
 from raybench.rehearse.step_costs import StepCosts
+from raybench.rehearse.worlds import MemoryEvents
 from raybench.spec.schema import GIB
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
@@ -97,6 +98,37 @@ class StepTracker(MemTracker):
         self.stand_ins: list[torch.Tensor] = []
         self.held_elsewhere = WeakIdKeyDictionary()  # storages the stand-ins count
         self.op_reads_held_elsewhere = False
+        self.events: MemoryEvents | None = None  # the memory after every operator, where `record_events` asked
+        self._category_index: dict = {}  # reference type -> its category's position in CATEGORIES
+
+    def record_events(self) -> None:
+        """Record the memory by category after every operator (worlds.py shares a step across world sizes)."""
+        self.events = MemoryEvents(CATEGORIES)
+
+    def __enter__(self):
+        entered = super().__enter__()
+        if self.events is not None and not self.events.initial_bytes:
+            self.events.initial_bytes = tuple(self._category_bytes(self._peak_mem_snap))
+        return entered
+
+    def _category_bytes(self, snapshot: dict) -> list[int]:
+        """A tracker snapshot's bytes by CATEGORIES (one device), marking the record lost where that is not what
+        the tracker counts (several devices, or a total not the sum of its parts)."""
+        found = [0] * len(CATEGORIES)
+        if len(snapshot) > 1:
+            self.events.lost = "the step's memory sits on several devices"
+        for dev_snap in snapshot.values():
+            for reftype, nbytes in dev_snap.items():
+                if reftype == _TOTAL:
+                    continue
+                index = self._category_index.get(reftype)
+                if index is None:
+                    name = CATEGORY_OF[str(getattr(reftype, "value", reftype)).lower().replace(" ", "_")]
+                    index = self._category_index[reftype] = CATEGORIES.index(name)
+                found[index] += nbytes
+        if snapshot and sum(found) != sum(dev_snap[_TOTAL] for dev_snap in snapshot.values()):
+            self.events.lost = "the tracker's total is not the sum of its parts"
+        return found
 
     def next_part(self) -> None:
         """Count what follows as the step's next part (the next micro-batch, or the optimizer step)."""
@@ -166,7 +198,10 @@ class StepTracker(MemTracker):
         part, backward = len(self.costs.parts) - 1, self._mod_tracker.is_bw
         block = self._block_running(part, backward)
         self.last_total = total
-        self._update_place_peak(place_of(part, backward, block), total)
+        place = place_of(part, backward, block)
+        self._update_place_peak(place, total)
+        if self.events is not None:
+            self.events.record(place, self._category_bytes(self._curr_mem_snap))
 
     def _update_step_peak(self) -> None:
         for dev, dev_snap in self._curr_mem_snap.items():
@@ -184,8 +219,10 @@ class StepTracker(MemTracker):
         if block is None:  # between blocks, or past the last (the head in forward, the embedding in backward)
             return self.last_block.get((part, backward))
         self.last_block[part, backward] = block
-        if backward:
-            self.backward_entry.setdefault((part, block), self.last_total)
+        if backward and (part, block) not in self.backward_entry:
+            self.backward_entry[part, block] = self.last_total
+            if self.events is not None:  # the operator before this one left that memory (-1: none did)
+                self.events.backward_entry[part, block] = self.events.count - 1
         return block
 
     def _update_place_peak(self, place: str, total: int) -> None:

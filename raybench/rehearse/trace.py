@@ -29,6 +29,7 @@ from raybench.rehearse.traced_model import (
     steady_state_ddp_buckets,
     traced_train,
 )
+from raybench.rehearse.worlds import MemoryEvents, Sharding, fsdp_sharding
 from raybench.runtime import bench, strategies
 from raybench.runtime.build import fill
 from raybench.runtime.materialize import to_empty_keeping_ties
@@ -75,6 +76,10 @@ class StepTrace:
     # deep model's is a linear combination of its shallow models' (depth.py), so weights need not be whole or
     # positive.
     timeline: list[tuple[float, list]] = field(default_factory=list)
+    # Where the trace was asked to (record_events): the memory after every operator, and how FSDP2 sharded the
+    # model; what worlds.py shares the step across world sizes from.
+    memory_events: MemoryEvents | None = None
+    sharding: Sharding | None = None
 
     @property
     def peak_gib(self) -> float:
@@ -139,7 +144,8 @@ def _create_optimizer_state(trainable: strategies.Trainable) -> None:
 
 def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
                gpu: str | None = None, skip_propagation: bool = True, every_micro_batch: bool = False,
-               calibration: Calibration = SHIPPED_CALIBRATION, kinds: tuple[bool, ...] | None = None) -> StepTrace:
+               calibration: Calibration = SHIPPED_CALIBRATION, kinds: tuple[bool, ...] | None = None,
+               record_events: bool = False) -> StepTrace:
     """Build, wrap and run one training step of `config` on this rank under the step tracker.
 
     fake=True: storage is fake (call `init_fake_world` first); fake=False: the real thing on a real process
@@ -152,6 +158,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
     tests' check that both agree).
 
     kinds: trace a shallow model of len(kinds) blocks, those marked True checkpointed (depth.py).
+    record_events: keep the memory after every operator and FSDP2's sharding (worlds.py).
     """
     from raybench.rehearse.step_tracker import tracker_for  # torch's trackers load slowly: only when tracing
 
@@ -164,6 +171,8 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         batches = fake_batches(train, shape.vocab_size, ctx.device)
         tracker = tracker_for(trainable.model, trainable.optimizer, train.fsdp2_sharded, gpu_roofline(gpu, calibration))
         _track_from_start(tracker, trainable, train)
+        if record_events:
+            tracker.record_events()
         marking = marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
         traced, times = traced_accumulation(train.grad_accum)
         if every_micro_batch:
@@ -172,7 +181,10 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         traced_train_step = train.model_copy(update={"grad_accum": traced})
         with marking, tracker, liger_rope(config, shape), one_sequence_per_row():
             bench.train_step(trainable, batches, traced_train_step, ctx.device, _PartsClock(ctx.device, tracker))
-    return _step_trace(tracker, trainable, train, traced, times)
+    trace = _step_trace(tracker, trainable, train, traced, times)
+    if record_events:
+        trace.memory_events, trace.sharding = tracker.events, fsdp_sharding(trainable.model)
+    return trace
 
 
 def _wrapped(model: nn.Module, train: TrainSpec, ctx: RankContext, mode, fake: bool, source: str,

@@ -58,12 +58,16 @@ def shared_keys(trial, gpu: str | None) -> list[tuple]:
     """The keys under which the rehearsal's `traces` cache may hold what this trial shares with others, made by
     rehearsal's own functions: the step it traces (`rehearsal.step_config`: compiled traced eager, a DDP world
     of 2 ranks or more as 2; a ZeRO trial its FSDP2 twin's) with the sAC ratio at 0, as the shallow models of a
-    deep model are keyed (every ratio shares them), and one block's operators (`rehearsal.block_ops_key`: every
-    world size and accumulation count) where an op-level policy starts from the trial. Keyed more coarsely than
+    deep model are keyed (every ratio shares them), the same step at any world size where FSDP2 shards it
+    (`rehearsal.any_world`: a step's world sizes share it, worlds.py), and one block's operators
+    (`rehearsal.block_ops_key`: every world size and accumulation count) where an op-level policy starts from the
+    trial. Keyed more coarsely than
     the cache (a shallow model's ratios go together even where the whole model is traced), never more finely."""
     config = rehearsal.zero_twin(trial.config) or trial.config
     base = config.model_copy(update={"train": config.train.model_copy(update={"ac_ratio": "0"})})
     keys = [("step", config_id(rehearsal.step_config(base)))]
+    if config.train.fsdp2_sharded:  # its world sizes share their steps once two are traced (worlds.py)
+        keys.append(("any world", config_id(rehearsal.any_world(base))))
     if gpu and config.resources.gpus_per_worker > 0 and rehearsal.is_policy_base(config):
         # The calibration's source is one per device in a sweep, so the shipped constants' key groups alike.
         keys.append(rehearsal.block_ops_key(config, gpu, SHIPPED_CALIBRATION))

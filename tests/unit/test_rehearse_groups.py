@@ -33,14 +33,15 @@ def sweep(model: dict, axes: dict):
 
 def test_a_sweep_s_groups_follow_what_its_rehearsals_share():
     """The 1,050-point grid: a model's FSDP2 points are one group (one block's operators for the op-level
-    policy are shared by every world size and accumulation count), TP's split by world size and accumulation
-    count (each traces its own shallow models, every sAC ratio sharing them), DDP's by accumulation count (its
-    step is traced once for every world). Seed 001: compiled twins and every sAC ratio with their model."""
+    policy are shared by every world size and accumulation count, and so are its steps once two world sizes are
+    traced), TP's split by accumulation count (every world size sharing its steps, every sAC ratio its shallow
+    models), DDP's by accumulation count (its step is traced once for every world). Seed 001: compiled twins and
+    every sAC ratio with their model."""
     grid = plan(load_sweep(REPO / "bench" / "sweeps" / "grid-1000.yaml"))
     groups = trace_groups(grid, GPU)
     assert sorted(t.index for g in groups for t in g) == [t.index for t in grid]
     kinds = Counter((g[0].axis_values["train.strategy"], len(g)) for g in groups)
-    assert kinds == {("fsdp2", 50): 10, ("tp_fsdp2", 5): 100, ("ddp", 25): 2}
+    assert kinds == {("fsdp2", 50): 10, ("tp_fsdp2", 25): 20, ("ddp", 25): 2}
     for group in groups:
         assert len({(t.axis_values["model.preset"], t.axis_values["train.strategy"]) for t in group}) == 1
         assert [t.index for t in group] == sorted(t.index for t in group)  # each in plan order
@@ -72,11 +73,16 @@ class UseLog(dict):
         self._used(key)
         super().__setitem__(key, value)
 
+    def setdefault(self, key, default=None):
+        self._used(key)
+        return super().setdefault(key, default)
+
 
 def test_no_trace_is_shared_between_two_groups(tmp_path):
     """An 8-block model (its depth extrapolated from shallow models that sAC 5/8 and 3/4 share: both checkpoint
-    every block but the second and a middle one, CC.C in their ends) under FSDP2 at two
-    world sizes (each its own shallow models) and DDP (one step for both): the sweep rehearsed through one cache,
+    every block but the second and a middle one, CC.C in their ends) under FSDP2 at two world sizes (each traces
+    its own shallow models, kept as the ends of the line a third world size would be shared from: one group) and
+    DDP (one step for both): the sweep rehearsed through one cache,
     as one process does, uses every cached trace from within one group only, so a worker rehearsing a group with
     a cache of its own makes each trace once and finds what one process finds."""
     model = make_model_dir(tmp_path / "deep", layers=8)
@@ -86,7 +92,7 @@ def test_no_trace_is_shared_between_two_groups(tmp_path):
                                         "resources.workers": [2, 4]})
     trials = plan(spec)
     groups = trace_groups(trials, GPU)
-    assert [[t.axis_values["resources.workers"] for t in g] for g in groups] == [[2, 2], [4, 4], [2, 4]]
+    assert [[t.axis_values["resources.workers"] for t in g] for g in groups] == [[2, 4, 2, 4], [2, 4]]
     group_of = {t.config_id: number for number, group in enumerate(groups) for t in group}
     cache = UseLog()
     for t in trials:
@@ -96,7 +102,8 @@ def test_no_trace_is_shared_between_two_groups(tmp_path):
     assert any("extrapolated to 8 blocks" in note for note in row["notes"])
     shared = {key: users for key, users in cache.users.items() if len(users) > 1}
     assert sum(key[0] == "shallow" for key in shared) == 2 * 4  # the ratios' shallow models, per world size
-    assert len(shared) == 2 * 4 + 2  # and DDP's step (and its note)
+    assert sum(key[0] == "world ends" for key in shared) == 4  # each shallow model's world sizes (worlds.py)
+    assert len(shared) == 2 * 4 * 2 + 4 + 2  # the shallow models and their world notes, and DDP's step and note
     assert all(len({group_of[c] for c in users}) == 1 for users in cache.users.values()), shared
 
 
