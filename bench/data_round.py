@@ -8,12 +8,13 @@ the store as any reader would; writes nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pandas as pd
 
-from raybench import read_results
+from round_report import axis_values, number, point_name, points_table
+from round_report import main as round_main
+from round_report import report as round_report
 
 # The point every other is measured against: packed rows, sdpa, each 2048 wide, 2 loader workers.
 BASELINE = {"model.attn_implementation": "sdpa", "data.packing": True, "data.pad_to": "seq_len",
@@ -22,21 +23,6 @@ BASELINE = {"model.attn_implementation": "sdpa", "data.packing": True, "data.pad
 SPEED = "nonpad_tok_per_s_per_device"
 COLUMNS = ["trial_id", "status", SPEED, "tok_per_s_per_device", "nonpad_tokens_per_step", "step_time_p50_s",
            "phase_data_p50_s", "peak_alloc_gib", "peak_reserved_gib", "loss_first", "loss_final", "trial_wall_s"]
-
-
-def axis_values(row) -> dict:
-    text = row.get("axis_values_json")
-    return json.loads(text) if isinstance(text, str) else {}
-
-
-def point_name(row) -> str:
-    return " ".join(f"{name.split('.')[-1]}={value if isinstance(value, str) else json.dumps(value)}"
-                    for name, value in axis_values(row).items())
-
-
-def number(value, spec: str) -> str:
-    """A figure, or "-" where the row has none (the GPU's reserved memory on a CPU)."""
-    return "-" if value is None or pd.isna(value) else format(value, spec)
 
 
 def measured(row) -> str:
@@ -52,25 +38,13 @@ def baseline_row(rows: pd.DataFrame):
     return None
 
 
-def points_table(rows: pd.DataFrame) -> str:
+def table(rows: pd.DataFrame) -> str:
     """Every point in the order it ran: its axis values, status, speed against the baseline's, loader wait, memory."""
     base = baseline_row(rows)
-    table = pd.DataFrame([{k.split(".")[-1]: v for k, v in axis_values(row).items()} for _, row in rows.iterrows()],
-                         index=rows.index)
+    against = None
     if base is not None and pd.notna(base[SPEED]) and base[SPEED] > 0:
-        table["x_baseline"] = rows[SPEED] / base[SPEED]
-    table = table.join(rows[[c for c in COLUMNS if c in rows]])
-    return table.to_string(index=False, float_format=lambda x: f"{x:,.3f}" if abs(x) < 100 else f"{x:,.0f}")
-
-
-def failures(rows: pd.DataFrame) -> list[str]:
-    """What each point that did not end ok said (its message and the error's last lines)."""
-    out = []
-    for _, row in rows[rows["status"] != "ok"].iterrows():
-        detail = row.get("error_detail")
-        tail = " | ".join(str(detail).strip().splitlines()[-3:]) if isinstance(detail, str) and detail else ""
-        out.append(f"  {row['trial_id']} {point_name(row)}: {row['status']}: {row.get('message') or ''} {tail}".rstrip())
-    return out
+        against = (rows[SPEED] / base[SPEED]).rename("x_baseline")
+    return points_table(rows, COLUMNS, against)
 
 
 def answers(rows: pd.DataFrame) -> list[str]:
@@ -90,25 +64,8 @@ def answers(rows: pd.DataFrame) -> list[str]:
 
 
 def report(rows: pd.DataFrame, sweep: str) -> str:
-    if rows.empty:
-        return f"{sweep}: no rows"
-    counts = json.dumps(rows["status"].value_counts().to_dict(), sort_keys=True)
-    lines = [f"{sweep}: {len(rows)} rows {counts}", points_table(rows)]
-    wrong = failures(rows)
-    if wrong:
-        lines += ["not ok:", *wrong]
-    return "\n".join(lines + answers(rows))
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("store")
-    parser.add_argument("--sweep", default="gpu-data-1gpu")
-    args = parser.parse_args(argv)
-    rows = read_results(args.store, args.sweep)
-    print(report(rows.sort_values("started_at") if not rows.empty else rows, args.sweep))
-    return 0 if not rows.empty and (rows["status"] == "ok").any() else 1
+    return round_report(rows, sweep, table, answers)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(round_main(None, __doc__.splitlines()[0], "gpu-data-1gpu", report))

@@ -29,6 +29,19 @@ run_sweep() {  # sweep file, seconds allowed
   echo "== exit $rc at $(date -u +%FT%TZ)"
 }
 
+# A stage's sweep, given SIGTERM 90 s before the stage's end (deadline, in bash's SECONDS): the rows stored are
+# kept and Ray is shut down within timeout's 30 s grace, leaving 60 s to what the stage does after it.
+stage_sweep() {  # sweep name, deadline
+  local limit=$(($2 - SECONDS - 90))
+  if [ "$limit" -gt 0 ]; then  # (timeout 0 would mean no limit)
+    echo "== $(date -u +%FT%TZ) raybench run bench/sweeps/$1.yaml (limit $limit s)"
+    timeout -k 30 "$limit" python3 -m raybench run "bench/sweeps/$1.yaml" --store "$store" --quiet
+    echo "== exit $? at $(date -u +%FT%TZ)"
+  else
+    echo "== $(date -u +%FT%TZ) not run (no time left): raybench run bench/sweeps/$1.yaml"
+  fi
+}
+
 # One sub-step of a stage under its own limit, cut to what is left of the stage's budget (deadline, in bash's
 # SECONDS) less 20 s, so that a hang ends the step and the final summary still writes the rows.
 step() {  # seconds allowed, deadline, command...
@@ -80,16 +93,7 @@ speed_stage() {
     step 60 "$deadline" python3 -m raybench plan "bench/sweeps/$sweep.yaml" --store "$store"
     sweep=$sweep-cpu
   fi
-  # The sweep gets SIGTERM 90 s before the stage's end (the rows stored are kept; Ray is shut down within
-  # timeout's 30 s grace), leaving 60 s to the comparisons and the summary.
-  local limit=$((deadline - SECONDS - 90))
-  if [ "$limit" -gt 0 ]; then  # (timeout 0 would mean no limit)
-    echo "== $(date -u +%FT%TZ) raybench run bench/sweeps/$sweep.yaml (limit $limit s)"
-    timeout -k 30 "$limit" python3 -m raybench run "bench/sweeps/$sweep.yaml" --store "$store" --quiet
-    echo "== exit $? at $(date -u +%FT%TZ)"
-  else
-    echo "== $(date -u +%FT%TZ) not run (no time left): raybench run bench/sweeps/$sweep.yaml"
-  fi
+  stage_sweep "$sweep" "$deadline"  # leaves 60 s to the comparisons and the summary
   for pair in train.fp8=off train.liger=false train.loss=full; do
     step 30 "$deadline" python3 -m raybench losses "$store" --sweep "$sweep" --axis "${pair%%=*}" \
       --baseline "${pair#*=}" | tee "$out/losses-${pair%%=*}.txt"
@@ -117,16 +121,7 @@ data_stage() {
     sweep=$sweep-cpu data=$data-twin make=(--preset tiny --dtype bf16 --device cpu --chats 2000)
   fi
   step 120 "$deadline" python3 bench/stack_round_data.py "$data" "${make[@]}"
-  # The sweep gets SIGTERM 90 s before the stage's end (the rows stored are kept; Ray is shut down within
-  # timeout's 30 s grace), leaving 60 s to the comparisons, the summary and the test.
-  local limit=$((deadline - SECONDS - 90))
-  if [ "$limit" -gt 0 ]; then  # (timeout 0 would mean no limit)
-    echo "== $(date -u +%FT%TZ) raybench run bench/sweeps/$sweep.yaml (limit $limit s)"
-    timeout -k 30 "$limit" python3 -m raybench run "bench/sweeps/$sweep.yaml" --store "$store" --quiet
-    echo "== exit $? at $(date -u +%FT%TZ)"
-  else
-    echo "== $(date -u +%FT%TZ) not run (no time left): raybench run bench/sweeps/$sweep.yaml"
-  fi
+  stage_sweep "$sweep" "$deadline"  # leaves 60 s to the comparisons, the summary and the test
   for pair in model.attn_implementation=sdpa data.num_workers=2 data.pad_to=seq_len data.packing=true; do
     step 30 "$deadline" python3 -m raybench losses "$store" --sweep "$sweep" --axis "${pair%%=*}" \
       --baseline "${pair#*=}" | tee "$out/losses-${pair%%=*}.txt"

@@ -7,12 +7,10 @@ time went) against the round's goals. Reads the store as any reader would; write
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import pandas as pd
 
-from raybench import read_results
+from round_report import main as round_main
+from round_report import number, point_name, points_table, report as round_report
 
 # Issue 46's goals for round 3: seed 000's LoRA shape in tokens/s per GPU, the 1B full fine-tune in MFU.
 GOALS = {"lora": ("tok_per_s_per_device", 70_000), "full": ("mfu", 0.50)}
@@ -22,41 +20,6 @@ SPEED_COLUMNS = ["trial_id", "status", "tok_per_s_per_device", "mfu", "step_time
                  "trial_wall_s"]
 # Where a profiled step's time went (docs/metrics.md, Step profile), in the order the report prints them.
 PROFILE_PARTS = ["matmul", "attention", "elementwise", "optimizer", "comm", "idle"]
-
-
-def points_table(rows: pd.DataFrame) -> str:
-    """Every point in the order it ran: its axis values, its status and its speed."""
-    table = pd.DataFrame([point(row) for _, row in rows.iterrows()], index=rows.index)
-    table = table.join(rows[[c for c in SPEED_COLUMNS if c in rows]])
-    return table.to_string(index=False, float_format=lambda x: f"{x:,.3f}" if abs(x) < 100 else f"{x:,.0f}")
-
-
-def point(row) -> dict:
-    """The row's grid point as the sweep names it (axis_values_json: a stored column may be null for a default
-    value, such as train.fp8 off)."""
-    text = row.get("axis_values_json")
-    values = json.loads(text) if isinstance(text, str) else {}
-    return {name.split(".")[-1]: value for name, value in values.items()}
-
-
-def failures(rows: pd.DataFrame) -> list[str]:
-    """What each point that did not end ok said (its message and the error's last lines)."""
-    out = []
-    for _, row in rows[rows["status"] != "ok"].iterrows():
-        detail = row.get("error_detail")
-        tail = " | ".join(str(detail).strip().splitlines()[-3:]) if isinstance(detail, str) and detail else ""
-        out.append(f"  {row['trial_id']} {point_name(row)}: {row['status']}: {row.get('message') or ''} {tail}".rstrip())
-    return out
-
-
-def point_name(row) -> str:
-    return " ".join(f"{name}={json.dumps(value) if not isinstance(value, str) else value}"
-                    for name, value in point(row).items())
-
-
-def number(value, spec: str) -> str:
-    """A figure, or "-" where the row has none (MFU on a CPU)."""
-    return "-" if value is None or pd.isna(value) else format(value, spec)
 
 
 def profile_text(row) -> str:
@@ -90,25 +53,8 @@ def best_text(rows: pd.DataFrame) -> list[str]:
 
 
 def report(rows: pd.DataFrame, sweep: str) -> str:
-    if rows.empty:
-        return f"{sweep}: no rows"
-    counts = json.dumps(rows["status"].value_counts().to_dict(), sort_keys=True)
-    lines = [f"{sweep}: {len(rows)} rows {counts}", points_table(rows)]
-    wrong = failures(rows)
-    if wrong:
-        lines += ["not ok:", *wrong]
-    return "\n".join(lines + best_text(rows))
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("store")
-    parser.add_argument("--sweep", default="gpu-speed-1gpu")
-    args = parser.parse_args(argv)
-    rows = read_results(args.store, args.sweep)
-    print(report(rows.sort_values("started_at") if not rows.empty else rows, args.sweep))
-    return 0 if not rows.empty and (rows["status"] == "ok").any() else 1
+    return round_report(rows, sweep, lambda r: points_table(r, SPEED_COLUMNS), best_text)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(round_main(None, __doc__.splitlines()[0], "gpu-speed-1gpu", report))

@@ -22,6 +22,7 @@ from raybench.planning.plan import plan
 from raybench.reports.losses import compare_losses
 from raybench.spec.load import load_sweep
 from tests import bench_script
+from tests.gpu_rounds import flat, write_round_data
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "bench" / "sweeps"
@@ -31,16 +32,6 @@ SHAPE_FIELDS = {"name", "description", "model.path", "data.path", "data.tokenize
                 "train.warmup_steps", "train.seq_len", "train.micro_batch", "resources", "axes"}
 # What only CUDA runs: the twin leaves out the points that set it.
 CUDA_ONLY = {"model.attn_implementation": "flex_attention"}
-
-
-def flat(node: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in node.items():
-        if isinstance(value, dict) and f"{prefix}{key}" not in ("resources", "axes"):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def raw(name: str) -> dict:
@@ -60,22 +51,11 @@ def round_files(tmp_path_factory) -> Path:
     """bench/sweeps as the GPU machine has it after the stage wrote its files: for the GPU sweep, the 1B's
     config.json beside an empty safetensors file (planning reads the config only) and the chat data (fewer chats);
     the twin's files as the stage's own script writes them."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
-
-    from raybench.spec.presets import PRESETS
-
     sweeps = tmp_path_factory.mktemp("clone") / "sweeps"
     sweeps.mkdir()
     for name in (GPU, TWIN):
         shutil.copy(SWEEPS / f"{name}.yaml", sweeps / f"{name}.yaml")
-    script = bench_script.load(REPO / "bench" / "stack_round_data.py")
-    script.write(sweeps / "example-data" / "stack-round-twin", "tiny", "bf16", "cpu", chats=20)
-    model = sweeps / "example-data" / "stack-round" / "model"
-    shape = PRESETS["llama-3.2-1b"]
-    AutoConfig.for_model(shape.model_type, **shape.hf_config_kwargs()).save_pretrained(model)
-    save_file({}, model / "model.safetensors")
-    script.write_data(sweeps / "example-data" / "stack-round", chats=20)
+    write_round_data(sweeps)
     return sweeps
 
 

@@ -21,6 +21,7 @@ from raybench.planning.plan import plan
 from raybench.reports.losses import compare_losses
 from raybench.spec.load import load_sweep
 from tests import bench_script
+from tests.gpu_rounds import flat
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "bench" / "sweeps"
@@ -30,16 +31,6 @@ SHAPE_FIELDS = {"name", "description", "model.preset", "data.pin_memory", "train
                 "train.seq_len", "train.compile", "resources", "axes"}
 # What only CUDA runs: the twin leaves out the points that set it.
 CUDA_ONLY = {"train.fp8": "off", "train.liger": False}
-
-
-def flat(node: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in node.items():
-        if isinstance(value, dict) and f"{prefix}{key}" not in ("resources", "axes"):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def stage_pairs() -> list[tuple[str, str]]:

@@ -17,6 +17,7 @@ from raybench.cli import main as cli
 from raybench.planning.plan import plan
 from raybench.spec.load import load_sweep
 from tests import bench_script
+from tests.gpu_rounds import flat, write_round_data
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = ("raybench", "hf", "lightning")
@@ -24,16 +25,6 @@ STACKS = ("raybench", "hf", "lightning")
 SHAPE_FIELDS = {"name", "description", "model.path", "data.path", "data.tokenizer", "data.pin_memory", "train.steps",
                 "train.warmup_steps", "train.seq_len", "train.micro_batch", "resources",
                 "stack.overrides.batch_size", "stack.overrides.pin_memory"}
-
-
-def flat(node: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in node.items():
-        if isinstance(value, dict) and f"{prefix}{key}" != "resources":
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -49,24 +40,13 @@ def test_each_twin_is_its_gpu_sweep_on_another_shape(stack):
 def round_files(tmp_path_factory) -> Path:
     """bench/sweeps as a clone has it, with the twins' files written by the stage's own script (fewer chats) and,
     for the GPU sweeps, the 1B's config.json beside an empty safetensors file (planning reads the config only)."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
-
-    from raybench.spec.presets import PRESETS
-
     root = tmp_path_factory.mktemp("clone")
     sweeps = root / "sweeps"
     sweeps.mkdir()
     for path in (REPO / "bench" / "sweeps").glob("gpu-stack-*.yaml"):
         shutil.copy(path, sweeps / path.name)
     (root / "stacks").symlink_to(REPO / "bench" / "stacks", target_is_directory=True)
-    script = bench_script.load(REPO / "bench" / "stack_round_data.py")
-    script.write(sweeps / "example-data" / "stack-round-twin", "tiny", "bf16", "cpu", chats=20)
-    model = sweeps / "example-data" / "stack-round" / "model"
-    shape = PRESETS["llama-3.2-1b"]
-    AutoConfig.for_model(shape.model_type, **shape.hf_config_kwargs()).save_pretrained(model)
-    save_file({}, model / "model.safetensors")
-    script.write_data(sweeps / "example-data" / "stack-round", chats=20)
+    write_round_data(sweeps)
     return sweeps
 
 
