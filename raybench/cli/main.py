@@ -95,6 +95,7 @@ def _calibrate(args) -> int:
 
 
 def _run(args) -> int:
+    from raybench.drivers import warm_run
     from raybench.drivers.api import run_sweep
     from raybench.reports.best import run_report
 
@@ -103,10 +104,19 @@ def _run(args) -> int:
     if args.cluster:  # before anything imports ray: the cluster's token must be in the environment first
         address = slurm.connect(args.cluster)
     store_path = args.store or spec.store
+    journal = warm_run.child_journal()
+    if args.cluster and journal is None:  # the driver in a child: Ray may end it with the allocation, without a word
+        code, stopped = warm_run.run_in_child(args.argv, args.cluster, spec, store_path, args.sweep)
+        if stopped is None:
+            return code
+        why, tally = stopped
+        return _interrupted(why, tally, store_path, args.cluster)
     from raybench.drivers.progress import SweepProgress
     from raybench.drivers.ray_cluster import Terminated, stop_sweep, terminate_on_sigterm
 
     progress = SweepProgress.for_terminal(args.quiet, args.verbose)
+    if journal is not None:
+        progress.keep_journal(journal)
     try:
         with terminate_on_sigterm(), progress:
             if args.cluster:  # its allocation may end mid-sweep (time limit, scancel): stop at once, not via Ray
@@ -115,14 +125,18 @@ def _run(args) -> int:
                              rerun=args.rerun, progress=progress, verbose=args.verbose, source=args.sweep)
     except (Terminated, KeyboardInterrupt) as why:
         # Every finished trial's row is already stored (each is written atomically when its trial ends).
-        up = f" (once the cluster is up again: `raybench cluster up {args.cluster}`)" if args.cluster else ""
-        print(f"interrupted ({why or 'Ctrl-C'}); {progress.tally()}; finished trials are stored in {store_path}; "
-              f"run the same command again to resume{up}", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return _interrupted(str(why) or "Ctrl-C", progress.tally(), store_path, args.cluster)
     # The sweep's rows, the run's own included: run_sweep read the store once, and it is not read again.
     text, failed = run_report(done.results.to_pandas(), {t.trial_id for t in done.ran}, spec.search, store_path)
     print(text)
     return EXIT_TRIALS_FAILED if failed else EXIT_OK
+
+
+def _interrupted(why: str, tally: str, store_path: str, cluster: str | None) -> int:
+    up = f" (once the cluster is up again: `raybench cluster up {cluster}`)" if cluster else ""
+    print(f"interrupted ({why}); {tally}; finished trials are stored in {store_path}; run the same command again to "
+          f"resume{up}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
 
 
 def _trial(args) -> int:
@@ -390,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # `run --cluster` runs the same command in a child
     try:
         return args.func(args)
     except ConfigError as err:

@@ -10,12 +10,15 @@ shows can be tested without a terminal.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, TextIO
 
 from rich import box
@@ -141,6 +144,7 @@ class SweepProgress:
         self._live: Live | None = None  # from start() to close() in live mode
         self._closing = False  # the last redraw shows the bar only: the results table follows it
         self._lock = threading.Lock()  # events come from Tune's thread, redraws from rich's
+        self._journal: Path | None = None  # keep_journal
 
     @classmethod
     def for_terminal(cls, quiet: bool = False, verbose: bool = False) -> SweepProgress:
@@ -160,8 +164,36 @@ class SweepProgress:
         elif self.mode == "live":
             self.console.print(Text(message))  # Text: brackets in a message are not markup
 
+    def keep_journal(self, path: Path) -> None:
+        """Keep every trial's status in `path` (JSON, replaced whole at each change) and mark it closed when this
+        view closes. The process that started this one reads it should this one die without a word: which trials
+        it had running, and the tally (drivers.warm_run)."""
+        with self._lock:
+            self._journal = path
+            self._save_journal()
+
+    def _save_journal(self, closed: bool = False) -> None:
+        """Under the lock."""
+        if self._journal is None:
+            return
+        states = {trial_id: state.status for trial_id, state in self.states.items()}
+        partial = self._journal.with_name(self._journal.name + ".partial")
+        partial.write_text(json.dumps({"total": self.total, "states": states, "closed": closed}))
+        os.replace(partial, self._journal)  # a reader never sees half a journal
+
+    @classmethod
+    def from_journal(cls, journal: dict) -> SweepProgress:
+        """A quiet view holding what a journal (keep_journal) says: its tally is the journal's process's."""
+        progress = cls("quiet")
+        progress.total = journal["total"]
+        progress.states = {trial_id: TrialState(trial_id, "", 0.0, status=status)
+                           for trial_id, status in journal["states"].items()}
+        return progress
+
     def start(self, total: int, dashboard: str | None = None) -> None:
-        self.total, self._t0 = total, time.monotonic()
+        with self._lock:
+            self.total, self._t0 = total, time.monotonic()
+            self._save_journal()
         if dashboard:
             self(f"Ray dashboard: {dashboard}")
         if self.mode == "live" and self._live is None:
@@ -172,6 +204,7 @@ class SweepProgress:
     def trial_started(self, trial_id: str, axis_values: dict) -> None:
         with self._lock:
             self.states[trial_id] = TrialState(trial_id, axes_label(axis_values), time.monotonic())
+            self._save_journal()
 
     def trial_finished(self, trial_id: str, result: dict) -> None:
         """`result`: what the trial driver reported to Tune (status, tok_per_s_per_device, peak_gib, summary)."""
@@ -184,6 +217,7 @@ class SweepProgress:
             state.tok_per_s_per_device = result.get("tok_per_s_per_device") if result["status"] == "ok" else None
             state.peak_gib = result.get("peak_gib")
             self.done += 1
+            self._save_journal()
             if self.mode == "lines":
                 self.write(f"[{self.done}/{self.total}] {result.get('summary') or f'{trial_id} {state.status}'}")
 
@@ -197,6 +231,7 @@ class SweepProgress:
             for trial_id in trial_ids:
                 if trial_id in self.states and self.states[trial_id].status == "running":
                     self.states[trial_id].status = "interrupted"
+            self._save_journal()
 
     def tally(self) -> str:
         """What this run did to its trials so far, for a stopped sweep's last words: "of 3 trials: 1 ok, 1
@@ -218,6 +253,8 @@ class SweepProgress:
 
     def close(self) -> None:
         """Stop the live view, leaving its final counts on the screen."""
+        with self._lock:
+            self._save_journal(closed=True)
         if self._live is not None:
             self._closing = True
             self._live.stop()  # redraws once more (the bar only), then gives sys.stdout back

@@ -398,6 +398,16 @@ def connect(name: str) -> str:
     return address
 
 
+def say_allocation_ended(name: str, job_id: str, ended: str) -> str:
+    """Tell the user that the warm cluster's allocation ended (as ended_state says) and what to do; returns the
+    reason a stopped sweep records."""
+    why = f"the allocation of cluster {name} ended: job {job_id} {ended}"
+    print(f"raybench: {why}; the sweep stops (the trials in flight are stored as interrupted); start the "
+          f"cluster again (`raybench cluster up {name}`) and run the same command to run the rest",
+          file=sys.stderr, flush=True)
+    return why
+
+
 def watch_allocation(name: str, on_end: Callable[[str], None], poll_s: float = WATCH_POLL_S) -> threading.Thread:
     """While a sweep runs on the warm cluster `name`, ask SLURM every `poll_s` whether its allocation still runs;
     once it is over (its time limit, scancel, a failed head node), say so and call `on_end` with the reason, once.
@@ -414,11 +424,7 @@ def watch_allocation(name: str, on_end: Callable[[str], None], poll_s: float = W
             if ended:
                 break
             time.sleep(poll_s)
-        why = f"the allocation of cluster {name} ended: job {job_id} {ended}"
-        print(f"raybench: {why}; the sweep stops (the trials in flight are stored as interrupted); start the "
-              f"cluster again (`raybench cluster up {name}`) and run the same command to run the rest",
-              file=sys.stderr, flush=True)
-        on_end(why)
+        on_end(say_allocation_ended(name, job_id, ended))
 
     watcher = threading.Thread(target=watch, name=f"raybench-watch-{name}", daemon=True)
     watcher.start()

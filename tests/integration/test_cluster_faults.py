@@ -463,9 +463,12 @@ def _statuses(attempts: list[dict]) -> str:
     return ", ".join(a["status"] + (f" {a['message'][:60]!r}" if a["status"] == "error" else "") for a in attempts)
 
 
-def test_a_warm_clusters_allocation_cancelled_mid_run_stops_the_run_at_once(slurm2, tmp_path):
+@pytest.mark.parametrize("driver", ["stops itself", "dies without a word"])
+def test_a_warm_clusters_allocation_cancelled_mid_run_stops_the_run_at_once(slurm2, tmp_path, driver):
     # The default run's check of the same path as the time limit above, without a minute's wait: scancel ends the
-    # warm cluster's allocation while its second trial runs.
+    # warm cluster's allocation while its second trial runs. "dies without a word": the sweep's driver (the child
+    # `run --cluster` starts) is frozen before the scancel and killed -9 once SLURM has ended the job, as Ray's own
+    # exit ends it when the head's raylet goes first (exit 1, no cleanup): `run` must report and record the same.
     held = tmp_path / "held"
     held.touch()
     sweep, store = _idle_sweep(tmp_path, [tmp_path / "free-1", held, tmp_path / "free-2"]), tmp_path / "store"
@@ -478,8 +481,14 @@ def test_a_warm_clusters_allocation_cancelled_mid_run_stops_the_run_at_once(slur
         try:
             _wait_for(lambda: _idle_trials_running(job_id) == 1 and _stored(store) == 1, 120,
                       "the held trial never ran")
+            if driver == "dies without a word":
+                sweep_driver = _sweep_driver_of(run.pid)
+                sweep_driver.suspend()
             subprocess.run(["scancel", job_id], env=slurm2, check=True)
             cancelled = time.monotonic()
+            if driver == "dies without a word":
+                _wait_for(lambda: _job_state(slurm2, job_id) != "RUNNING", 60, "SLURM never ended the job")
+                sweep_driver.kill()
         finally:
             stdout, stderr = run.communicate(timeout=120)
         run_exit_s = time.monotonic() - cancelled
@@ -498,6 +507,18 @@ def test_a_warm_clusters_allocation_cancelled_mid_run_stops_the_run_at_once(slur
     assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == latest[1]["trial_id"]}
     print(f"FIGURES warm scancel: faults 1, run exited {run_exit_s:.1f} s after scancel, rows expected 2 (1 ok, "
           f"1 interrupted), rows found {len(attempts)} ({_statuses(attempts)}); {time.monotonic() - started:.0f} s wall")
+
+
+def _sweep_driver_of(pid: int) -> psutil.Process:
+    """The child that `run --cluster` (pid) runs the sweep's driver in."""
+    _wait_for(lambda: psutil.Process(pid).children(), 10, "run --cluster started no child")
+    [child] = psutil.Process(pid).children()
+    return child
+
+
+def _job_state(env: dict, job_id: str) -> str:
+    return subprocess.run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T"], env=env,
+                          capture_output=True, text=True).stdout.strip()
 
 
 def _using(directory: Path) -> list[psutil.Process]:

@@ -5,6 +5,7 @@ terminal, quiet mode."""
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import re
@@ -114,6 +115,24 @@ def test_quiet_prints_nothing():
     out = io.StringIO()
     run_events(SweepProgress("quiet", stream=out))
     assert out.getvalue() == ""
+
+
+def test_the_journal_holds_each_trials_status_and_gives_back_the_tally(tmp_path):
+    # What `run --cluster` reads when its sweep's driver dies without a word: which trials ran, and the tally.
+    journal = tmp_path / "trials.json"
+    progress = SweepProgress("quiet")
+    progress.keep_journal(journal)
+    progress.start(total=4)
+    progress.trial_started("a", {})
+    progress.trial_finished("a", {"status": "ok"})
+    progress.trial_started("b", {})
+    kept = json.loads(journal.read_text())
+    assert kept == {"total": 4, "states": {"a": "ok", "b": "running"}, "closed": False}
+    back = SweepProgress.from_journal(kept)
+    back.trials_interrupted({"b"})
+    assert back.tally() == "of 4 trials: 1 interrupted, 1 ok, 2 not started"
+    progress.close()
+    assert json.loads(journal.read_text())["closed"] and [p.name for p in tmp_path.iterdir()] == ["trials.json"]
 
 
 # ----- the view a child process draws on a real terminal -----
