@@ -1,11 +1,12 @@
 """The same training script inside raybench and outside it: does a stack's trial time as its script does alone?
 
     .venv/bin/python bench/inside_outside.py [--stacks command,hf,lightning] [--variants inside,trial,outside]
-        [--rounds 2] [--steps 40] [--workers 2] [--out DIR]
+        [--rounds 2] [--steps 40] [--workers 2] [--micro-batch N] [--seq-len N] [--out DIR]
 
 Per stack, the shipped CPU sweep's first grid point (sweeps/stack-<kind>-cpu.yaml, its axes pinned to their first
 value, train.steps raised to --steps so that each median has more steps) on `raybench example-data` data, --workers
-gloo ranks of 1 CPU (2, the sweeps' own; 1 leaves a core of a 2-core machine to Ray's own processes):
+gloo ranks of 1 CPU (2, the sweeps' own; 1 leaves a core of a 2-core machine to Ray's own processes), and
+--micro-batch / --seq-len in place of the sweep's own (longer steps: is a gap a fixed time per step?):
 
     A  inside: `raybench run` of that one-trial sweep (a private local Ray, the default executor `train`): the row's
        step_time_p50_s
@@ -56,7 +57,7 @@ MMAP = "MALLOC_MMAP_THRESHOLD_"
 
 # ---- the driver: sweeps, blocks, figures ----
 
-def pinned_sweep(kind: str, steps: int, workers: int, directory: Path) -> Path:
+def pinned_sweep(kind: str, steps: int, workers: int, directory: Path, train: dict) -> Path:
     """The shipped CPU sweep of this stack as one trial, written where its relative paths resolve (directory holds
     links to sweeps/stacks and the example data)."""
     spec = yaml.safe_load((REPO / "sweeps" / f"stack-{kind}-cpu.yaml").read_text())
@@ -66,7 +67,7 @@ def pinned_sweep(kind: str, steps: int, workers: int, directory: Path) -> Path:
         for part in section.split("."):
             target = target.setdefault(part, {})
         target[key] = values[0]
-    spec["train"]["steps"] = steps
+    spec["train"].update(steps=steps, **train)
     spec.setdefault("resources", {})["workers"] = workers
     spec["name"] = f"inside-outside-{kind}"
     path = directory / f"{kind}.yaml"
@@ -143,10 +144,11 @@ def run_variant(variant: str, kind: str, trial, sweep: Path, cache_root: Path, w
     return run_outside(kind, trial, sweep, cache_root, variant == "outside-mmap", work)
 
 
-def bench_stack(kind: str, variants: list[str], rounds: int, steps: int, workers: int, work: Path) -> dict:
+def bench_stack(kind: str, variants: list[str], rounds: int, steps: int, workers: int, work: Path,
+                train: dict) -> dict:
     from raybench.planning import tokenized
 
-    sweep = pinned_sweep(kind, steps, workers, work)
+    sweep = pinned_sweep(kind, steps, workers, work, train)
     trial = planned_trial(sweep)
     cache_root = work / "outside-cache"
     if trial.config.data.source == "hf":  # the tokens the inside run trains on, for the outside run
@@ -186,6 +188,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2, help="ranks of 1 CPU per trial")
+    parser.add_argument("--micro-batch", type=int, help="train.micro_batch (default: the sweep's)")
+    parser.add_argument("--seq-len", type=int, help="train.seq_len (default: the sweep's)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--rank-of", choices=("hf", "lightning"), help=argparse.SUPPRESS)  # an outside rank
     parser.add_argument("--sweep", type=Path, help=argparse.SUPPRESS)
@@ -203,11 +207,14 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "raybench", "example-data", str(work / "example-data")], check=True,
                    capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     (work / "stacks").symlink_to(REPO / "sweeps" / "stacks", target_is_directory=True)
+    train = {key: value for key, value in (("micro_batch", args.micro_batch), ("seq_len", args.seq_len))
+             if value is not None}
     t0 = time.perf_counter()
-    results = [bench_stack(kind, variants, args.rounds, args.steps, args.workers, work) for kind in args.stacks.split(",")]
+    results = [bench_stack(kind, variants, args.rounds, args.steps, args.workers, work, train)
+               for kind in args.stacks.split(",")]
     print_table(results, variants)
     summary = {"bench": "inside_outside", "cpu": cpu_model(), "python": platform.python_version(),
-               "rounds": args.rounds, "steps": args.steps, "workers": args.workers, "variants": variants,
+               "rounds": args.rounds, "steps": args.steps, "workers": args.workers, "train": train, "variants": variants,
                "wall_s": round(time.perf_counter() - t0, 1), "stacks": results}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
