@@ -211,8 +211,10 @@ class SweepProgress:
         with self._lock:
             now = time.monotonic()
             state = self.states.setdefault(trial_id, TrialState(trial_id, "", now))
-            # A trial the stop cut stays `interrupted` (as its latest row) whatever its dying driver reports.
-            state.status = "interrupted" if state.status == "interrupted" else result["status"]
+            # A trial the stop cut stays `interrupted` (as its latest row) whatever failure its dying driver reports;
+            # one that finished ok just as the stop came keeps its ok row (sweep.write_interrupted_rows).
+            cut = state.status == "interrupted" and result["status"] != "ok"
+            state.status = "interrupted" if cut else result["status"]
             state.ended_s = now
             state.tok_per_s_per_device = result.get("tok_per_s_per_device") if result["status"] == "ok" else None
             state.peak_gib = result.get("peak_gib")
@@ -225,12 +227,16 @@ class SweepProgress:
         """The trial's driver died (Tune saw an error): no result came back."""
         self.trial_finished(trial_id, {"status": "error", "summary": f"{trial_id} error  {message}"})
 
-    def trials_interrupted(self, trial_ids: set[str]) -> None:
-        """These running trials were cut by a stop and stored as `interrupted`."""
+    def trials_interrupted(self, trial_ids: set[str], finished_ok: set[str] = frozenset()) -> None:
+        """These running trials were cut by a stop and stored as `interrupted`; those of `finished_ok`, which the
+        stop took for running, had stored ok just before it (however their finish reached this view)."""
         with self._lock:
             for trial_id in trial_ids:
                 if trial_id in self.states and self.states[trial_id].status == "running":
                     self.states[trial_id].status = "interrupted"
+            for trial_id in finished_ok:
+                if trial_id in self.states:
+                    self.states[trial_id].status = "ok"
             self._save_journal()
 
     def tally(self) -> str:

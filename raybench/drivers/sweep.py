@@ -203,9 +203,9 @@ def record_interrupted(progress: SweepProgress, trials: list[PlannedTrial], swee
     def interrupted(why: str) -> None:
         running = {trial_id for trial_id, state in list(progress.states.items())
                    if state.status in ("running", "interrupted")}
-        write_interrupted_rows([t for t in trials if t.trial_id in running], sweep, store_path, executor, listed,
-                               why)
-        progress.trials_interrupted(running)
+        cut = write_interrupted_rows([t for t in trials if t.trial_id in running], sweep, store_path, executor,
+                                     listed, why)
+        progress.trials_interrupted(cut, finished_ok=running - cut)
 
     def on_stop(why: str, grace_s: float | None = None) -> None:
         if not stopping.is_set():  # first, so that even a row that cannot be written leaves no hang
@@ -255,16 +255,27 @@ def _stop_behind(raised: BaseException) -> Terminated | KeyboardInterrupt | None
 
 
 def write_interrupted_rows(trials: list[PlannedTrial], sweep: str, store_path: str, executor: str,
-                           listed: set[Path], why: str) -> None:
+                           listed: set[Path], why: str) -> set[str]:
     """An `interrupted` row for each of `trials` whose attempts since the sweep's files were `listed` hold no ok row
-    and do not end with an `interrupted` one (called at the stop, then again once Ray is down)."""
+    and do not end with an `interrupted` one (called at the stop, then again once Ray is down); returns the ids of
+    the trials the stop cut. A trial that stored ok since (its driver finished just as the stop came, after the
+    first call looked) was not cut: the `interrupted` row this run stored for it, which says nothing of it is
+    kept, is removed."""
+    cut = set()
     for t in trials:
         new = [path for path in store.trial_row_files(store_path, sweep, t.trial_id) if path not in listed]
-        attempts = [pq.read_table(path, columns=["ended_at", "status"]).to_pylist()[0] for path in new]
-        statuses = [a["status"] for a in sorted(attempts, key=lambda a: a["ended_at"])]
-        if "ok" not in statuses and statuses[-1:] != ["interrupted"]:
+        attempts = sorted(((pq.read_table(path, columns=["ended_at", "status"]).to_pylist()[0], path) for path in new),
+                          key=lambda attempt: attempt[0]["ended_at"])
+        statuses = [row["status"] for row, _ in attempts]
+        if "ok" in statuses:
+            for path in (path for row, path in attempts if row["status"] == "interrupted"):
+                path.unlink(missing_ok=True)
+            continue
+        cut.add(t.trial_id)
+        if statuses[-1:] != ["interrupted"]:
             store.write_row(store_path, build_row(t.payload, sweep, "interrupted",
                                                   INTERRUPTED_MESSAGE.format(why=why), executor=executor))
+    return cut
 
 
 def write_unrun(trials: list[PlannedTrial], sweep: str, store_path: str) -> None:

@@ -56,8 +56,8 @@ def run_in_child(argv: list[str], cluster: str, spec: SweepSpec, store_path: str
     progress = SweepProgress.from_journal(journal)
     running = {trial_id for trial_id, status in journal["states"].items() if status in ("running", "interrupted")}
     trials = [t for t in plan(spec, source=source) if t.trial_id in running]
-    write_interrupted_rows(trials, spec.name, store_path, spec.executor, listed, why)
-    progress.trials_interrupted(running)
+    cut = write_interrupted_rows(trials, spec.name, store_path, spec.executor, listed, why)
+    progress.trials_interrupted(cut, finished_ok=running - cut)
     return EXIT_INTERRUPTED, (why, progress.tally())
 
 

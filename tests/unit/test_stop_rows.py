@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from raybench.cli import main as cli
 from raybench.drivers import sweep
+from raybench.drivers.progress import SweepProgress
 from raybench.drivers.trial import build_row, run_trial
 from raybench.planning.plan import plan
 from raybench.results import store
@@ -70,6 +71,24 @@ def test_the_stop_rows_are_written_again_only_over_a_late_failure(tmp_path):
     assert _statuses(tmp_path, running.trial_id) == ["ok", "interrupted", "error", "interrupted"]
     latest = store.read_results(tmp_path, "stop").set_index("trial_id").status
     assert latest[running.trial_id] == "interrupted" and latest[finished.trial_id] == "ok"
+
+
+def test_a_trial_that_stored_ok_just_as_the_stop_came_keeps_its_ok_row_alone(tmp_path):
+    # The stop looks first and finds no row; the trial's driver, finishing at that moment, stores ok after it.
+    trial, _ = plan(parse_sweep(TINY))
+    root, why = str(tmp_path), "received signal 15"
+    progress = SweepProgress("quiet")
+    progress.start(total=2)
+    progress.trial_started(trial.trial_id, trial.axis_values)
+    assert sweep.write_interrupted_rows([trial], "stop", root, "train", set(), why) == {trial.trial_id}  # at the stop
+    progress.trials_interrupted({trial.trial_id})
+    store.write_row(root, build_row(trial.payload, "stop", "ok", ""))
+    progress.trial_finished(trial.trial_id, {"status": "ok"})
+    assert _statuses(tmp_path, trial.trial_id) == ["interrupted", "ok"]
+
+    cut = sweep.write_interrupted_rows([trial], "stop", root, "train", set(), why)  # once Ray is down
+    assert cut == set() and _statuses(tmp_path, trial.trial_id) == ["ok"]
+    assert progress.tally() == "of 2 trials: 1 ok, 1 not started"
 
 
 STOPPED_WHILE_TEARDOWN_HANGS = """
