@@ -146,14 +146,9 @@ def run_variant(variant: str, kind: str, trial, sweep: Path, cache_root: Path, w
 
 def bench_stack(kind: str, variants: list[str], rounds: int, steps: int, workers: int, work: Path,
                 train: dict) -> dict:
-    from raybench.planning import tokenized
-
     sweep = pinned_sweep(kind, steps, workers, work, train)
     trial = planned_trial(sweep)
-    cache_root = work / "outside-cache"
-    if trial.config.data.source == "hf":  # the tokens the inside run trains on, for the outside run
-        tokenized.prepare(trial.config.data, tokenized.spec_key(trial.config.data, trial.config.model.path)[1],
-                          cache_root)
+    cache_root = outside_cache(trial, work)
     blocks = []
     for r in range(rounds):
         for i, variant in enumerate([*variants, *reversed(variants)]):
@@ -161,6 +156,27 @@ def bench_stack(kind: str, variants: list[str], rounds: int, steps: int, workers
             blocks.append({"round": r, "variant": variant, **result})
             print(f"  {kind} round {r} {variant:16s} step p50 {result['step_p50_s'] * 1e3:7.1f} ms", flush=True)
     return {"stack": kind, "blocks": blocks, **figures(blocks, variants, rounds)}
+
+
+def outside_cache(trial, work: Path) -> Path:
+    """Where the outside run finds the tokens the inside run trains on (hf data: tokenized there now)."""
+    from raybench.planning import tokenized
+
+    cache_root = work / "outside-cache"
+    if trial.config.data.source == "hf":
+        tokenized.prepare(trial.config.data, tokenized.spec_key(trial.config.data, trial.config.model.path)[1],
+                          cache_root)
+    return cache_root
+
+
+def scratch_dir() -> Path:
+    """A new scratch directory holding `raybench example-data` and a link to sweeps/stacks, as the pinned sweeps'
+    relative paths expect."""
+    work = Path(tempfile.mkdtemp(prefix="inside-outside-"))
+    subprocess.run([sys.executable, "-m", "raybench", "example-data", str(work / "example-data")], check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    (work / "stacks").symlink_to(REPO / "sweeps" / "stacks", target_is_directory=True)
+    return work
 
 
 def figures(blocks: list[dict], variants: list[str], rounds: int) -> dict:
@@ -203,10 +219,7 @@ def main() -> None:
                      "(every figure is a ratio to it)")
     from raybench.runtime.fingerprint import cpu_model
 
-    work = Path(tempfile.mkdtemp(prefix="inside-outside-"))
-    subprocess.run([sys.executable, "-m", "raybench", "example-data", str(work / "example-data")], check=True,
-                   capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    (work / "stacks").symlink_to(REPO / "sweeps" / "stacks", target_is_directory=True)
+    work = scratch_dir()
     train = {key: value for key, value in (("micro_batch", args.micro_batch), ("seq_len", args.seq_len))
              if value is not None}
     t0 = time.perf_counter()
