@@ -1,10 +1,16 @@
 """What the GPU rounds' tests share (tests/unit/test_gpu_*_round.py): a sweep file's fields flattened for comparing
-a round's GPU sweep with its CPU twin, and the files a round's data stage writes on the GPU machine."""
+a round's GPU sweep with its CPU twin, the files a round's data stage writes on the GPU machine, and the rows a
+round's summary reads."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pandas as pd
+
+from raybench.planning.plan import plan
+from raybench.spec.load import load_sweep
 from tests import bench_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,6 +25,16 @@ def flat(node: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def planned_rows(path: Path) -> pd.DataFrame:
+    """Rows as the runner stores them for each planned trial (axis_values_json), all ok, each with a loss by step
+    of its own, so that a comparison is found only where the grouping pairs a point with its baseline."""
+    trials = plan(load_sweep(path))
+    return pd.DataFrame({
+        "trial_id": [t.trial_id for t in trials], "status": "ok",
+        "axis_values_json": [json.dumps(t.axis_values, sort_keys=True) for t in trials],
+        "loss_by_step": [[12.0 + i / 100] * 4 for i in range(len(trials))]})
 
 
 def write_round_data(sweeps: Path) -> None:

@@ -21,7 +21,7 @@ from raybench.planning.plan import plan
 from raybench.reports.losses import compare_losses
 from raybench.spec.load import load_sweep
 from tests import bench_script
-from tests.gpu_rounds import flat
+from tests.gpu_rounds import flat, planned_rows
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "bench" / "sweeps"
@@ -39,16 +39,6 @@ def stage_pairs() -> list[tuple[str, str]]:
     (body,) = re.findall(r"\nspeed_stage\(\) \{\n(.*?)\n\}\n", script, re.DOTALL)
     (line,) = re.findall(r"for pair in (.*); do", body)
     return [tuple(pair.split("=", 1)) for pair in line.split()]
-
-
-def planned_rows(path: Path) -> pd.DataFrame:
-    """Rows as the runner stores them for each planned trial (axis_values_json), all ok, each with a loss by step
-    of its own, so that a comparison is found only where the grouping pairs a point with its baseline."""
-    trials = plan(load_sweep(path))
-    return pd.DataFrame({
-        "trial_id": [t.trial_id for t in trials], "status": "ok",
-        "axis_values_json": [json.dumps(t.axis_values, sort_keys=True) for t in trials],
-        "loss_by_step": [[12.0 + i / 100] * 4 for i in range(len(trials))]})
 
 
 def test_the_gpu_sweep_validates_and_plans_its_eleven_points(capsys):
