@@ -227,7 +227,8 @@ def main() -> None:
                for kind in args.stacks.split(",")]
     print_table(results, variants)
     summary = {"bench": "inside_outside", "cpu": cpu_model(), "python": platform.python_version(),
-               "rounds": args.rounds, "steps": args.steps, "workers": args.workers, "train": train, "variants": variants,
+               "rounds": args.rounds, "steps": args.steps, "workers": args.workers, "train": train,
+               "variants": variants,
                "wall_s": round(time.perf_counter() - t0, 1), "stacks": results}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -5,12 +5,10 @@ forward there and checks the plan refuses it)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from raybench.runtime.data import collate_rows
+from tests import flex_models
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -19,20 +17,11 @@ SAMPLES = [[60, 100, 90], [200, 40], [17, 33, 120, 80]]
 
 
 def packed_batch() -> dict:
-    gen = torch.Generator().manual_seed(0)
-    rows = [[(torch.randint(4, 128, (n,), generator=gen).numpy(), None) for n in row] for row in SAMPLES]
-    batch = collate_rows(rows, SEQ_LEN, pad_id=0, packing=True, varlen=False)
-    batch.pop("nonpad_tokens")
-    return {k: v.cuda() for k, v in batch.items()}
+    return {k: v.cuda() for k, v in flex_models.packed_batch(SAMPLES, SEQ_LEN).items()}
 
 
 def tiny_llama(attn: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=512)
-    return LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation=attn).cuda()
+    return flex_models.tiny_llama(attn, hidden=128, max_positions=512).cuda()
 
 
 def test_packed_flex_gives_the_loss_and_gradients_of_packed_sdpa():

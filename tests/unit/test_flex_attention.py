@@ -6,15 +6,13 @@ rehearsal traces a flex trial as sdpa and says so."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from raybench.planning.plan import plan
 from raybench.rehearse import rehearsal, traced_model
-from raybench.runtime.data import collate_rows
 from raybench.spec.load import parse_sweep
+from tests import flex_models
 
 SEQ_LEN = 64
 # Three samples of 20, 30 and 11 tokens packed in one row (3 tokens of padding after them), two in the other.
@@ -23,21 +21,11 @@ SAMPLES = [[20, 30, 11], [40, 17]]
 
 def packed_batch(attn: str) -> dict:
     """One packed micro-batch as the loader builds it for `attn` (runtime.data.collate_rows)."""
-    gen = torch.Generator().manual_seed(0)
-    rows = [[(torch.randint(4, 128, (n,), generator=gen).numpy(), None) for n in row] for row in SAMPLES]
-    batch = collate_rows(rows, SEQ_LEN, pad_id=0, packing=True, varlen=attn == "flash_attention_2")
-    batch.pop("nonpad_tokens")
-    return batch
+    return flex_models.packed_batch(SAMPLES, SEQ_LEN, varlen=attn == "flash_attention_2")
 
 
 def tiny_llama(attn: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
-    # _from_config sets the implementation on the config it is given: each model gets its own copy.
-    return LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation=attn).eval()
+    return flex_models.tiny_llama(attn, hidden=64, max_positions=256).eval()
 
 
 def test_packed_rows_reach_flex_with_position_ids_and_no_mask():
