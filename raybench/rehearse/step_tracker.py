@@ -43,6 +43,12 @@ CATEGORY_OF = {
 }
 _TOTAL = "Total"  # the snapshot's own sum
 
+# Operators that neither allocate, compute nor read data: a tensor's device query (prim.device: the autograd engine
+# and FSDP ask it thousands of times a step, 60% of the operators a step dispatches) and the profiler's range
+# markers. Neither torch's memory tracker nor the step's costs have anything to count in them, so they skip both.
+_NOTHING_TO_COUNT = {torch.ops.prim.device.default, torch.ops.profiler._record_function_enter_new.default,
+                     torch.ops.profiler._record_function_exit._RecordFunction}
+
 # A decoder block itself, not a module inside it, as torch's module tracker names it.
 _BLOCK_ITSELF = re.compile(r"\.layers\.(\d+)(\._checkpoint_wrapped_module)?$")
 
@@ -155,7 +161,7 @@ class StepTracker(MemTracker):
             self._update_and_maybe_create_winfos(t, _MemRefType.GRAD)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.propagation.depth:  # DTensor's global-shape run: no memory of this rank's
+        if self.propagation.depth or func in _NOTHING_TO_COUNT:  # propagation: DTensor's global-shape run
             return func(*args, **(kwargs or {}))
         part = self.costs.parts[-1]  # the part the operator starts in
         self.op_reads_held_elsewhere = bool(self.stand_ins) and self._reads_held_elsewhere(args, kwargs)
