@@ -71,6 +71,9 @@ def supervise(command: list[str], spec: SweepSpec, store_path: str, source: str,
     why = _stop_reason(cluster, terminated)
     if why is None:  # died for another reason (the OOM killer, a signal): what it printed is all there is
         return code if code > 0 else 1, None
+    # Said apart from the stop's own words (the same as the driver's): which process recorded the stop.
+    print(f"raybench: the sweep's driver ended without a word (exit status {code}); the trials it had running are "
+          "stored as interrupted by `raybench run`", file=sys.stderr, flush=True)
     progress = SweepProgress.from_journal(journal)
     running = {trial_id for trial_id, status in journal["states"].items() if status in ("running", "interrupted")}
     trials = [t for t in plan(spec, source=source) if t.trial_id in running]

@@ -286,9 +286,10 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     assert first.returncode == 1 and "ended before the sweep finished" in first.stderr, first.stderr
     log = _job_log(slurm2)
     assert "DUE TO TIME LIMIT" in log, log[-3000:]
-    # Whether the driver itself said so before SLURM's SIGKILL (on a loaded machine it may not get to: the rows
-    # below are written at the signal, before that).
-    print(f"FIGURES time limit: the driver's own stop line in the job log: {'interrupted (received signal 15)' in log}")
+    # Whether the stop was said before SLURM's SIGKILL, and by whom: the sweep's driver, or `raybench run` (its
+    # parent in the job) when the driver died without a word (the rows below are written before either says so).
+    print(f"FIGURES time limit: the stop line in the job log: {'interrupted (received signal 15)' in log}, said by "
+          f"{'the parent' if 'ended without a word' in log else 'the driver itself'}")
     attempts = _attempts(store)
     latest = list(_latest(attempts).values())
     assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts  # the third never started
@@ -350,6 +351,7 @@ def test_a_one_shot_jobs_driver_killed_at_the_stop_still_records_it(slurm2, tmp_
     assert submit.returncode == 1 and "ended before the sweep finished" in stderr, stderr
     log = _job_log(slurm2)
     assert "interrupted (received signal 15); of 3 trials: 1 interrupted, 1 ok, 1 not started" in log, log[-3000:]
+    assert "the sweep's driver ended without a word (exit status -9)" in log  # said by its parent
     attempts = _attempts(store)
     latest = list(_latest(attempts).values())
     assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts  # the third never started

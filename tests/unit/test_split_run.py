@@ -119,6 +119,8 @@ def test_the_parent_stores_what_a_child_killed_at_a_stop_had_running(tmp_path, h
     assert time.monotonic() - started < 10  # at once, or CHILD_STOP_S (1 s here) for a child that hangs
     assert code == split_run.EXIT_INTERRUPTED == 130, err
     assert stopped == ["received signal 15", "of 2 trials: 1 interrupted, 1 not started"]
+    killed = -signal.SIGKILL if how == "hangs" else 1
+    assert f"the sweep's driver ended without a word (exit status {killed})" in err
     [row] = rows
     assert row["trial_id"] == first.trial_id and row["status"] == "interrupted"
     # the words of the child's own stop (sweep.INTERRUPTED_MESSAGE, ray_cluster.terminate_on_sigterm)
