@@ -86,7 +86,10 @@ def _stop_reason(cluster: str | None, terminated: bool) -> str | None:
     """Why the child's sweep was stopped, in the words its own handlers use; None if nothing stopped it."""
     if cluster:
         job_id = slurm.load_record(cluster)["job_id"]
-        ended = slurm.ended_state(job_id, running_only=True)
+        try:
+            ended = slurm.ended_state(job_id, running_only=True)
+        except slurm.SlurmError:  # squeue not answering is no news of the job
+            ended = None
         if ended:
             return slurm.say_allocation_ended(cluster, job_id, ended)
     # ray_cluster.terminate_on_sigterm's words: the child got the same signal (from this process, or from SLURM)
