@@ -95,7 +95,7 @@ def _calibrate(args) -> int:
 
 
 def _run(args) -> int:
-    from raybench.drivers import warm_run
+    from raybench.drivers import split_run
     from raybench.drivers.api import run_sweep
     from raybench.reports.best import run_report
 
@@ -104,9 +104,10 @@ def _run(args) -> int:
     if args.cluster:  # before anything imports ray: the cluster's token must be in the environment first
         address = slurm.connect(args.cluster)
     store_path = args.store or spec.store
-    journal = warm_run.child_journal()
-    if args.cluster and journal is None:  # the driver in a child: Ray may end it with the allocation, without a word
-        code, stopped = warm_run.run_in_child(args.argv, args.cluster, spec, store_path, args.sweep)
+    journal = split_run.child_journal()
+    if split_run.splits(args.cluster, args.slurm_job):
+        # The driver in a child: Ray may end it without a word as the allocation ends (split_run).
+        code, stopped = split_run.run_in_child(args.argv, spec, store_path, args.sweep, cluster=args.cluster)
         if stopped is None:
             return code
         why, tally = stopped
@@ -361,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output (batch jobs); the results table "
                    "still ends the run. Default: a live view on a terminal, one line per finished trial otherwise")
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
+    # Passed by a one-shot SLURM job's payload (slurm._run_command): its sweep's driver runs in a child (split_run).
+    p.add_argument("--slurm-job", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=_run)
 
     p = sub.add_parser("trial", help="run one planned trial under plain torchrun (no Ray)")
@@ -404,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv  # `run --cluster` runs the same command in a child
+    args.argv = sys.argv[1:] if argv is None else argv  # `run` may run the same command in a child (split_run)
     try:
         return args.func(args)
     except ConfigError as err:

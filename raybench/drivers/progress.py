@@ -167,7 +167,7 @@ class SweepProgress:
     def keep_journal(self, path: Path) -> None:
         """Keep every trial's status in `path` (JSON, replaced whole at each change) and mark it closed when this
         view closes. The process that started this one reads it should this one die without a word: which trials
-        it had running, and the tally (drivers.warm_run)."""
+        it had running, and the tally (drivers.split_run)."""
         with self._lock:
             self._journal = path
             self._save_journal()

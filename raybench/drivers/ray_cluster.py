@@ -47,6 +47,10 @@ class Terminated(BaseException):
 # stop_sweep gave (a SIGTERM from outside has none: "received signal 15").
 _stops: list[Callable[..., None] | None] = []
 _reason: list[str] = []
+# Set by the first SIGTERM while a sweep runs: the ones that follow are the same stop (SLURM signals every process
+# of a job, and a one-shot job's `raybench run` passes its own on to the sweep's driver), and raising again would
+# cut short the teardown and the `interrupted` rows' second check (sweep.record_interrupted).
+_stopping = threading.Event()
 # How long a sweep whose cluster is gone waits for Ray's teardown before it exits without it: with its head gone,
 # Tune's cleanup waits on it for good (a sweep stopped by SIGTERM waits sweep.STOP_GRACE_S: its head may be up).
 GONE_CLUSTER_GRACE_S = 3.0
@@ -56,8 +60,11 @@ GONE_CLUSTER_GRACE_S = 3.0
 def terminate_on_sigterm(on_stop: Callable[..., None] | None = None):
     """Turn SIGTERM into `Terminated` in the main thread so that every `finally` (Ray shutdown) runs. `on_stop`,
     given the reason, runs first: what must be recorded before a teardown that may hang (the sweep's
-    `interrupted` rows)."""
+    `interrupted` rows). Further SIGTERMs are ignored until the outermost of these contexts has ended."""
     def handler(signum, frame):
+        if _stopping.is_set():
+            return
+        _stopping.set()
         why = _reason[0] if _reason else f"received signal {signum}"
         if on_stop is not None:
             on_stop(why)
@@ -72,6 +79,7 @@ def terminate_on_sigterm(on_stop: Callable[..., None] | None = None):
         _stops.pop()
         if not _stops:
             _reason.clear()
+            _stopping.clear()
 
 
 def stop_sweep(why: str, grace_s: float = GONE_CLUSTER_GRACE_S) -> None:

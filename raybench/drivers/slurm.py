@@ -281,8 +281,10 @@ def sweep_exit_code(job_id: str, job_dir: Path, on_state: Callable[[str], None] 
 
 
 def _run_command(opts: SlurmOptions, sweep: Path, store: Path, extra: list[str]) -> str:
-    """The `raybench run` command line of a one-shot job, on the job's cluster."""
-    cmd = shlex.join([sys.executable, "-m", "raybench", "run", str(sweep), "--store", str(store), *extra])
+    """The `raybench run` command line of a one-shot job, on the job's cluster. `--slurm-job`: its sweep's driver
+    runs in a child, so that the stop is recorded even when Ray ends the driver first (drivers/split_run.py)."""
+    cmd = shlex.join([sys.executable, "-m", "raybench", "run", str(sweep), "--store", str(store), "--slurm-job",
+                      *extra])
     return f'{_container(opts)} {cmd} --address "$RAY_ADDRESS"'
 
 

@@ -7,6 +7,8 @@ fault injected for real and the rows read back by an independent reader (duckdb)
   test_ray_sweep's rerun);
 - the allocation's time limit expires mid-sweep (`--time 1`, `-m slow`): finished rows kept, the running trial
   `interrupted` (never ok, never a late error), and a resubmission completes the sweep with no trial stored ok twice;
+  in the default run the same stop (SIGTERM to every process of the job) with the job's sweep driver frozen and
+  killed -9, as when Ray ends it first: `raybench run`, its parent in the job, records the stop;
 - a warm cluster's allocation ends under `run --cluster` (scancel in the default run; its real time limit, then a
   new cluster, with `-m slow`): `run` says so at once, the running trial `interrupted`, exit 130 with the tally and
   the resume hint; `cluster status` says how the allocation ended; the new cluster runs exactly the rest;
@@ -267,9 +269,9 @@ def _job_log(env: dict) -> str:
 
 # ~90 s (SLURM's least limit is a minute). Out of the default run since 2026-11-28: in one of that day's three
 # clean-clone runs the job's sweep driver stored nothing at the limit (no `interrupted` row, no stop line in the job
-# log; the trial's latest row was its dying driver's `error`), an open gap of the one-shot path, where `run --cluster`
-# now has a parent process to record the stop (drivers/warm_run.py). The default run keeps the same stop under
-# `run --cluster` (scancel, both ways the driver can end) and SIGTERM's rows (tests/unit/test_stop_rows.py).
+# log; the trial's latest row was its dying driver's `error`). Since then the driver runs in a child of the job's
+# `raybench run`, which records the stop should the driver die without a word (drivers/split_run.py); the default
+# run makes that death for sure (test_a_one_shot_jobs_driver_killed_at_the_stop_still_records_it).
 @pytest.mark.slow
 def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     # Three idle trials on one node, one at a time: the first ends in seconds, the second idles until the
@@ -284,9 +286,10 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     assert first.returncode == 1 and "ended before the sweep finished" in first.stderr, first.stderr
     log = _job_log(slurm2)
     assert "DUE TO TIME LIMIT" in log, log[-3000:]
-    # Whether the driver itself said so before SLURM's SIGKILL (on a loaded machine it may not get to: the rows
-    # below are written at the signal, before that).
-    print(f"FIGURES time limit: the driver's own stop line in the job log: {'interrupted (received signal 15)' in log}")
+    # Whether the stop was said before SLURM's SIGKILL, and by whom: the sweep's driver, or `raybench run` (its
+    # parent in the job) when the driver died without a word (the rows below are written before either says so).
+    print(f"FIGURES time limit: the stop line in the job log: {'interrupted (received signal 15)' in log}, said by "
+          f"{'the parent' if 'ended without a word' in log else 'the driver itself'}")
     attempts = _attempts(store)
     latest = list(_latest(attempts).values())
     assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts  # the third never started
@@ -311,6 +314,75 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
           f"{len(attempts)} rows (1 ok, 1 interrupted, {len(attempts) - 2} other), after resubmission "
           f"{len(ok_rows)} ok, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
           f"{time.monotonic() - started:.0f} s wall")
+
+
+# ~25 s; resubmitted (`-m slow`) ~45 s: the default run's resume check is test_ray_sweep's rerun.
+@pytest.mark.parametrize("resubmitted", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["stopped", "resubmitted"])
+def test_a_one_shot_jobs_driver_killed_at_the_stop_still_records_it(slurm2, tmp_path, resubmitted):
+    # The default run's check of the time limit's stop above, without a minute's wait: the gap it once showed (the
+    # job's sweep driver stored nothing at the limit) made here for sure. While the second of three idle trials
+    # runs, the sweep's driver is frozen, SIGTERM goes to every process of the job as at the limit (the Ray head's
+    # included; `--signal` sends no SIGCONT, which would thaw it), and the driver is killed -9 once the head's Ray
+    # is down: it dies without a word, as when Ray's C++ core ends it first. Its parent, `raybench run` in the
+    # job, records the stop.
+    held = tmp_path / "held"
+    held.touch()
+    sweep, store = _idle_sweep(tmp_path, [tmp_path / "free-1", held, tmp_path / "free-2"]), tmp_path / "store"
+    started = time.monotonic()
+    submit = subprocess.Popen([*RAYBENCH, "slurm", "submit", str(sweep), "--store", str(store), "--wait",
+                               *_options(1)], env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = _job_id_from_squeue(slurm2, f"raybench-{SWEEP}")
+        assert job_id, "the job never ran"
+        _wait_for(lambda: _idle_trials_running(job_id) == 1 and _stored(store) == 1, 180, "the held trial never ran")
+        driver = _sweep_driver_in(job_id)
+        driver.suspend()
+        subprocess.run(["scancel", "--signal=TERM", "--full", job_id], env=slurm2, check=True)
+        stopped = time.monotonic()
+        _wait_for(lambda: not [p for p in job_processes(job_id) if _name(p) == "gcs_server"], 15,
+                  "the Ray head outlived SIGTERM")
+        assert driver.status() == psutil.STATUS_STOPPED  # SLURM did not thaw it
+        driver.kill()
+    finally:
+        stdout, stderr = submit.communicate(timeout=180)
+    job_s = time.monotonic() - stopped
+    print(stdout, stderr)
+    assert submit.returncode == 1 and "ended before the sweep finished" in stderr, stderr
+    log = _job_log(slurm2)
+    assert "interrupted (received signal 15); of 3 trials: 1 interrupted, 1 ok, 1 not started" in log, log[-3000:]
+    assert "the sweep's driver ended without a word (exit status -9)" in log  # said by its parent
+    attempts = _attempts(store)
+    latest = list(_latest(attempts).values())
+    assert [a["status"] for a in latest] == ["ok", "interrupted"], attempts  # the third never started
+    ok, interrupted = latest
+    assert interrupted["message"].startswith("the sweep was stopped while this trial ran (received signal 15)")
+    assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == interrupted["trial_id"]}
+    _wait_for(lambda: not job_processes(job_id), 30, "processes of the stopped job are left")
+    print(f"FIGURES one-shot driver killed at the stop: faults 1, `submit --wait` returned {job_s:.1f} s after SIGTERM, rows "
+          f"expected 2 (1 ok, 1 interrupted), rows found {len(attempts)} ({_statuses(attempts)}); "
+          f"{time.monotonic() - started:.0f} s wall")
+    if not resubmitted:
+        return
+    held.unlink()
+    again = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1))
+    assert again.returncode == 0, again.stderr
+    after = _attempts(store)
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
+    assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
+    print(f"FIGURES one-shot driver killed at the stop, resubmitted: rows expected 3, after resubmission "
+          f"{len(ok_rows)} ok, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
+          f"{time.monotonic() - started:.0f} s wall")
+
+
+def _sweep_driver_in(job_id: str) -> psutil.Process:
+    """The process of a one-shot job that drives its sweep: the child of the job's `raybench run`, or that `run`
+    itself should it run in one process."""
+    runs = {p.pid: p for p in job_processes(job_id) if _cmdline(p)[1:4] == ["-m", "raybench", "run"]}
+    children = [p for p in runs.values() if p.ppid() in runs]
+    assert len(children or runs) == 1, [_cmdline(p) for p in runs.values()]
+    return (children or list(runs.values()))[0]
 
 
 def _job_id_from_squeue(env: dict, name: str, timeout: float = 60) -> str | None:
