@@ -125,6 +125,16 @@ def _latest(attempts: list[dict]) -> dict[str, dict]:
     return {a["trial_id"]: a for a in attempts}  # ordered by ended_ms: the last one wins
 
 
+def _resumed_exactly(store: Path, attempts: list[dict], ok_before: str) -> list[str]:
+    """After a resume of the three-trial sweep whose first run stored `attempts`, only `ok_before` ok: each trial is
+    stored ok once, and the rows the resume added are exactly the two others (none run twice). The ok trial ids."""
+    after = _attempts(store)
+    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
+    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
+    assert sorted(a["trial_id"] for a in after[len(attempts):]) == sorted(set(ok_rows) - {ok_before}), after
+    return ok_rows
+
+
 def _node2_processes(job_id: str) -> list[psutil.Process]:
     return [p for p in job_processes(job_id) if _environ(p).get("SLURMD_NODENAME") == NODE2
             and _name(p) not in ("slurmstepd", "slurmd", "")]
@@ -301,11 +311,7 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     held.unlink()  # released: the resubmitted job runs the held trial and the one never started, in seconds
     second = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1))
     assert second.returncode == 0, second.stderr
-    after = _attempts(store)
-    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
-    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
-    assert {a["status"] for a in _latest(after).values()} == {"ok"}
-    assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
+    ok_rows = _resumed_exactly(store, attempts, ok["trial_id"])
     # Neither job left a process or its Ray's files behind, the one that ran out of time included.
     for done in (first, second):
         job_id = re.search(r"submitted job (\d+)", done.stdout).group(1)
@@ -359,18 +365,15 @@ def test_a_one_shot_jobs_driver_killed_at_the_stop_still_records_it(slurm2, tmp_
     assert interrupted["message"].startswith("the sweep was stopped while this trial ran (received signal 15)")
     assert "ok" not in {a["status"] for a in attempts if a["trial_id"] == interrupted["trial_id"]}
     _wait_for(lambda: not job_processes(job_id), 30, "processes of the stopped job are left")
-    print(f"FIGURES one-shot driver killed at the stop: faults 1, `submit --wait` returned {job_s:.1f} s after SIGTERM, rows "
-          f"expected 2 (1 ok, 1 interrupted), rows found {len(attempts)} ({_statuses(attempts)}); "
+    print(f"FIGURES one-shot driver killed at the stop: faults 1, `submit --wait` returned {job_s:.1f} s after "
+          f"SIGTERM, rows expected 2 (1 ok, 1 interrupted), rows found {len(attempts)} ({_statuses(attempts)}); "
           f"{time.monotonic() - started:.0f} s wall")
     if not resubmitted:
         return
     held.unlink()
     again = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1))
     assert again.returncode == 0, again.stderr
-    after = _attempts(store)
-    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
-    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
-    assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
+    ok_rows = _resumed_exactly(store, attempts, ok["trial_id"])
     print(f"FIGURES one-shot driver killed at the stop, resubmitted: rows expected 3, after resubmission "
           f"{len(ok_rows)} ok, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
           f"{time.monotonic() - started:.0f} s wall")
@@ -470,15 +473,11 @@ def test_head_node_dies_with_the_driver_then_resubmission_runs_exactly_the_missi
     assert not [p for p in psutil.process_iter() if _name(p) in agents and f"rbs-{job_id}-" in " ".join(_cmdline(p))]
     if leftovers:
         assert f"removed /tmp/{leftovers[0]}" in _job_log(slurm2)
-    after = _attempts(store)
-    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
-    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
-    added = [a["trial_id"] for a in after[len(attempts):]]
-    assert sorted(added) == sorted(set(ok_rows) - {attempts[0]["trial_id"]})  # exactly the missing trials
+    ok_rows = _resumed_exactly(store, attempts, attempts[0]["trial_id"])
     print(f"FIGURES head node: faults 1 (killed -9: {', '.join(killed)}), left after the job: {leftovers or 'nothing'} "
           f"used by {agents or 'no process'} (reaped by the next job)"
           f"; rows expected 3, first job {len(attempts)} rows ({len(attempts) - 1} of the cut trials, none ok), "
-          f"resubmission added {len(added)}, ok rows {len(ok_rows)}, duplicate ok rows "
+          f"resubmission added {len(_attempts(store)) - len(attempts)}, ok rows {len(ok_rows)}, duplicate ok rows "
           f"{len(ok_rows) - len(set(ok_rows))}; {time.monotonic() - started:.0f} s wall")
 
 
@@ -526,10 +525,7 @@ def test_a_warm_clusters_allocation_ends_mid_run_then_a_new_cluster_runs_exactly
     finally:
         raybench_cli(slurm2, "cluster", "down", "short")
     assert again.returncode == 0, again.stderr
-    after = _attempts(store)
-    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
-    assert len(ok_rows) == len(set(ok_rows)) == 3  # complete, none twice
-    assert [a["trial_id"] for a in after[len(attempts):]] == [t for t in ok_rows if t != ok["trial_id"]]
+    ok_rows = _resumed_exactly(store, attempts, ok["trial_id"])
     print(f"FIGURES warm time limit: faults 1 (job {job_id} {job_end}, run exited at "
           f"{time.strftime('%H:%M:%S', time.localtime(run_ended))}), rows expected 3, first run {len(attempts)} rows "
           f"({_statuses(attempts)}), after the new cluster {len(ok_rows)} ok, duplicate ok rows "
@@ -664,11 +660,9 @@ def test_a_warm_clusters_head_node_dies_under_run_then_a_new_cluster_runs_exactl
         raybench_cli(slurm2, "cluster", "down", "headless")
     assert again.returncode == 0, again.stderr
     assert not list(Path("/tmp").glob(f"rbs-{job_id}-*")), "the dead head's Ray files were not reaped"
-    after = _attempts(store)
-    ok_rows = [a["trial_id"] for a in after if a["status"] == "ok"]
-    assert len(ok_rows) == len(set(ok_rows)) == 3
-    assert sorted(a["trial_id"] for a in after[len(attempts):]) == sorted(t for t in ok_rows if t != ok_rows[0])
+    ok_rows = _resumed_exactly(store, attempts, attempts[0]["trial_id"])
     print(f"FIGURES warm head node: faults 1 (killed -9: {', '.join(killed)}), run exited {run_exit_s:.1f} s after "
           f"the kill, rows expected 3, first run {len(attempts)} rows ({_statuses(attempts)}), the new cluster added "
-          f"{len(after) - len(attempts)}, ok rows {len(ok_rows)}, duplicate ok rows {len(ok_rows) - len(set(ok_rows))}; "
+          f"{len(_attempts(store)) - len(attempts)}, ok rows {len(ok_rows)}, duplicate ok rows "
+          f"{len(ok_rows) - len(set(ok_rows))}; "
           f"{time.monotonic() - started:.0f} s wall")
