@@ -14,8 +14,13 @@ exactly, with that world size's own trace of the same shallow model (sAC 1/2's b
     .venv/bin/python bench/world_line_one_trace.py --model llama-3.1-8b --strategy fsdp2 --grad-accum 4 \
         --worlds 8 16
 
+Each operator's roofline cost is split the same way: the bytes it reads and writes of tensors on the shards (an
+output of a shard's size, or of all the shards' together, counts so whatever its storage: FSDP2's all-gather input
+is a view of its whole output buffer), scaled, against the same operator's in the other trace.
+
 A prototype for the grid's rehearsal time (docs/results/grid-rehearsal-2026-11-28.md, last section): it patches
-the step tracker in this process only, and splits the memory alone, not yet the costs, collectives and timeline.
+the step tracker in this process only; the timeline, resident storage and the virtual second end for
+rehearse/worlds.py are not built yet.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from raybench.planning.plan import plan
 from raybench.rehearse import rehearsal, step_tracker, trace
+from raybench.rehearse.roofline import _bytes
 from raybench.spec.load import load_sweep
 
 SWEEP = Path(__file__).resolve().parent / "sweeps" / "grid-1000.yaml"
@@ -62,6 +68,7 @@ class ShardLedger:
         self.changes: list[tuple] = []
         self.kept: list = []  # every record seen, alive, so that no id is reused
         self.started_at_enter = False  # what the tracker registers as it enters is in `initial`, not a change
+        self.costs: list[tuple[float, float, float]] = []  # per operator: compute s, memory s, memory s on the shards
 
     def mark(self, st) -> None:
         self.on_shards[st] = True
@@ -118,6 +125,23 @@ class ShardLedger:
             if t.numel() in sizes and t.numel() > 1 and st not in self.on_shards:
                 self.mark(st)
 
+    def cost(self, func, args, kwargs, out) -> None:
+        """The operator's roofline seconds, and the part of its bytes' seconds that sits on the shards."""
+        roofline = self.tracker.costs.roofline
+        if func in self.tracker.costs.collectives or not roofline.bandwidth:
+            return
+        _, compute_s, memory_s = roofline.cost(func, args, kwargs, out)
+        on_shards = 0
+        if roofline.launches_kernel(func, out):
+            read = [(st, t) for st, t in storages((args, kwargs))]
+            shards = [t.numel() for st, t in read if st in self.on_shards]
+            # An output of a shard's size, or of all of them together (FSDP2's all-gather input, a view of its
+            # whole output buffer), is on the shards whatever its storage.
+            sizes = set(shards) | {sum(shards)} if shards else set()
+            on_shards = sum(_bytes(t) for st, t in read if st in self.on_shards) + sum(
+                _bytes(t) for st, t in storages(out) if st in self.on_shards or t.numel() in sizes)
+        self.costs.append((compute_s, memory_s, on_shards / roofline.bandwidth))
+
     def on_shards_after_each(self, count: int) -> list[list[int]]:
         """Bytes on the shards by category after each of the first `count` recorded operators."""
         now = [0] * len(step_tracker.CATEGORIES)
@@ -142,8 +166,9 @@ def install() -> dict:
 
     def patched_dispatch(self, func, types, args=(), kwargs=None):
         out = dispatch(self, func, types, args, kwargs)
-        if out is not NotImplemented and not self.propagation.depth:
+        if out is not NotImplemented and not self.propagation.depth and func not in step_tracker._NOTHING_TO_COUNT:
             self.ledger.operator(func, args, kwargs or {}, out)
+            self.ledger.cost(func, args, kwargs or {}, out)
         return out
 
     def patched_snap(self, kind, record, old_mem_consumed=None, old_reftype=None):
@@ -182,12 +207,13 @@ def main() -> None:
     points = {t.axis_values["resources.workers"]: t for t in plan(load_sweep(SWEEP))
               if t.axis_values["model.preset"] == args.model and t.axis_values["train.strategy"] == args.strategy
               and t.axis_values["train.grad_accum"] == args.grad_accum and t.axis_values["train.ac_ratio"] == "1/2"}
-    traced = {}
+    traced, steps = {}, {}
     for world in args.worlds:
         t = points[world]
         step = rehearsal._trace(t.config, t.shape, 0, "H100 SXM", rehearsal.SHIPPED_CALIBRATION, KINDS,
                                 record_events=True)
         traced[world] = (step.memory_events, last["ledger"].on_shards_after_each(step.memory_events.count))
+        steps[world] = (step, last["ledger"].costs)
     tp = 8 if args.strategy == "tp_fsdp2" else 1
     (one, on_shards), (two, _) = traced[args.worlds[0]], traced[args.worlds[1]]
     dp1, dp2 = args.worlds[0] // tp, args.worlds[1] // tp
@@ -195,6 +221,15 @@ def main() -> None:
     off = [(i, c) for i in range(one.count) for c in range(width)
            if Fraction(one.category_bytes[i * width + c] - on_shards[i][c]) + Fraction(on_shards[i][c] * dp1, dp2)
            != two.category_bytes[i * width + c]]
+    (_, costs1), (_, costs2) = steps[args.worlds[0]], steps[args.worlds[1]]
+    # Each operator's memory seconds, its part on the shards scaled, against the same operator's in the other trace.
+    predicted = [(c, m - s + s * dp1 / dp2) for c, m, s in costs1]
+    worst = max((abs(m - m2) / m2 for (_, m), (_, m2, _) in zip(predicted, costs2) if m2), default=0.0)
+    roofline_s = [sum(max(c, m) for c, m in predicted), sum(max(c, m) for c, m, _ in costs2)]
+    alike = steps[args.worlds[0]][0].comm_bytes == steps[args.worlds[1]][0].comm_bytes
+    print(f"costs: operators {len(costs1)} (their twin: {len(costs2)}); memory seconds, largest relative difference "
+          f"{worst:.1e}; roofline seconds (all micro-batches once) predicted {roofline_s[0]:.9g}, traced "
+          f"{roofline_s[1]:.9g}; collectives' bytes alike: {alike}")
     print(f"{args.model} {args.strategy} x{args.grad_accum}: FSDP2 group {dp1} traced, {dp2} predicted; operators "
           f"{one.count} (their twin traced: {two.count}); memory values {one.count * width}, off {len(off)}")
 
