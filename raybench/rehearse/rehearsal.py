@@ -281,22 +281,35 @@ def _deep_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | No
 
 def _world_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
                  traces: dict, kinds: tuple[bool, ...] | None) -> tuple[StepTrace, str | None]:
-    """An FSDP2 or TP x FSDP2 step (of a shallow model where `kinds` says) on the line through two world sizes
-    traced before (worlds.share), else traced, and kept as one end of that line where it can be one; and the
-    row's note: how it was shared, or why not where two world sizes were there to share from."""
+    """An FSDP2 or TP x FSDP2 step (of a shallow model where `kinds` says) on the line through two ends
+    (worlds.share), else traced, and kept as one end of that line where it can be one; and the row's note: how it
+    was shared, or why not where two ends were there to share from. The first step traced gives both ends: itself,
+    and itself at twice its FSDP2 group size, its part on the shards scaled (shards.py); should that one not come
+    out, a second world size traced is the second end."""
     if not config.train.fsdp2_sharded:
         return _trace(config, shape, rank, gpu, calibration, kinds), None
     tp = config.train.tp_size if config.train.strategy == "tp_fsdp2" else 1
-    world = config.resources.workers
-    ends = traces.setdefault(("world ends", config_id(any_world(config)), kinds, rank, gpu, calibration.source), {})
-    shared = worlds.share(world // tp, ends)
+    world, dp = config.resources.workers, config.resources.workers // tp
+    key = (config_id(any_world(config)), kinds, rank, gpu, calibration.source)
+    ends = traces.setdefault(("world ends", *key), {})
+    split_from = traces.setdefault(("world ends split from", *key), {})  # a second end's group size -> the traced
+    if dp in split_from:
+        return dataclasses.replace(ends[dp], memory_events=None), (
+            f"traced at {split_from[dp] * tp} ranks, its part on the shards scaled to {world} (shards.py)")
+    shared = worlds.share(dp, ends)
     if isinstance(shared, StepTrace):
         dp1, dp2 = list(ends)[:2]
-        return shared, (f"traced at {dp1 * tp} and {dp2 * tp} ranks, shared to {world} (the shards' sizes and costs "
-                        f"on their line)")
-    trace = _trace(config, shape, rank, gpu, calibration, kinds, record_events=True)
+        ends_are = (f"traced at {dp1 * tp} ranks and split" if dp2 in split_from
+                    else f"traced at {dp1 * tp} and {dp2 * tp} ranks")
+        return shared, f"{ends_are}, shared to {world} (the shards' sizes and costs on their line)"
+    trace = _trace(config, shape, rank, gpu, calibration, kinds, record_events=True,
+                   second_dp=2 * dp if not ends and dp >= 2 else None)
+    second, trace.second = trace.second, None
     if len(ends) < 2 and worlds.why_not_recorded(trace) is None:
-        ends[world // tp] = trace
+        ends[dp] = trace
+        if second is not None and worlds.why_not_recorded(second) is None:
+            ends[second.sharding.dp] = second
+            split_from[second.sharding.dp] = dp
         if len(ends) == 2:  # of the memory after every operator, what can hold a peak
             worlds.compact(ends)
     else:  # the memory after every operator is kept for the line's ends alone
@@ -305,13 +318,14 @@ def _world_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | N
 
 
 def _trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, calibration: Calibration,
-           kinds: tuple[bool, ...] | None = None, record_events: bool = False) -> StepTrace:
+           kinds: tuple[bool, ...] | None = None, record_events: bool = False,
+           second_dp: int | None = None) -> StepTrace:
     """trace_step as `rank` of the trial's fake world (of a shallow model where `kinds` says)."""
     world = config.resources.workers
     init_fake_world(rank, world)
     try:
         return trace_step(config, shape, RankContext(rank, world, rank, torch.device("cpu")), fake=True, gpu=gpu,
-                          calibration=calibration, kinds=kinds, record_events=record_events)
+                          calibration=calibration, kinds=kinds, record_events=record_events, second_dp=second_dp)
     finally:
         dist.destroy_process_group()
 

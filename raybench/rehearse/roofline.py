@@ -76,7 +76,7 @@ class Roofline:
                 flops /= 2  # causal kernels skip the masked half of the score matrix
         moved = 0
         if self.launches_kernel(func, out):
-            moved = sum(_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+            moved = sum(tensor_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
         dtype = fp8_input(args) or next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)),
                                         None)
         peak = (self.peaks.get(dtype) or 0.0) * self.attention_share(packet, args)
@@ -113,7 +113,8 @@ def _data(t: torch.Tensor) -> torch.Tensor:
     return inner if isinstance(inner, torch.Tensor) and inner.dtype in FLOAT8 else t
 
 
-def _bytes(t: torch.Tensor) -> int:
+def tensor_bytes(t: torch.Tensor) -> int:
+    """The bytes a kernel reads or writes of tensor `t` (a scalar: its storage's)."""
     data = _data(t)
     return data.untyped_storage().nbytes() if data.dim() == 0 else data.numel() * data.element_size()
 

@@ -106,6 +106,7 @@ class StepTracker(MemTracker):
         self.op_reads_held_elsewhere = False
         self.events: MemoryEvents | None = None  # the memory after every operator, where `record_events` asked
         self._category_index: dict = {}  # reference type -> its category's position in CATEGORIES
+        self.ledger = None  # shards.ShardLedger, where the trace builds the step at a second FSDP2 group size
 
     def record_events(self) -> None:
         """Record the memory by category after every operator (worlds.py shares a step across world sizes)."""
@@ -115,7 +116,14 @@ class StepTracker(MemTracker):
         entered = super().__enter__()
         if self.events is not None and not self.events.initial_bytes:
             self.events.initial_bytes = tuple(self._category_bytes(self._peak_mem_snap))
+        if self.ledger is not None:
+            self.ledger.entered_tracker()
         return entered
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        if self.ledger is not None:
+            self.ledger.changed(u_type, winfo, old_mem_consumed, old_reftype)
 
     def _category_bytes(self, snapshot: dict) -> list[int]:
         """A tracker snapshot's bytes by CATEGORIES (one device), marking the record lost where that is not what
@@ -139,6 +147,8 @@ class StepTracker(MemTracker):
     def next_part(self) -> None:
         """Count what follows as the step's next part (the next micro-batch, or the optimizer step)."""
         self.costs.next_part()
+        if self.ledger is not None:
+            self.ledger.other.next_part()
 
     def next_micro_batch(self) -> None:
         """Before a micro-batch's forward, except the first: torch's trackers take a second forward of the root
@@ -163,7 +173,8 @@ class StepTracker(MemTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.propagation.depth or func in _NOTHING_TO_COUNT:  # propagation: DTensor's global-shape run
             return func(*args, **(kwargs or {}))
-        part = self.costs.parts[-1]  # the part the operator starts in
+        index = len(self.costs.parts) - 1  # the part the operator starts in
+        part = self.costs.parts[index]
         self.op_reads_held_elsewhere = bool(self.stand_ins) and self._reads_held_elsewhere(args, kwargs)
         try:
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -172,6 +183,9 @@ class StepTracker(MemTracker):
         if out is NotImplemented:  # DTensor desugars first; its local ops come back through here
             return out
         self.costs.count(part, func, args, kwargs or {}, out, self._mod_tracker.is_bw, self._mod_tracker.parents)
+        if self.ledger is not None:
+            self.ledger.operator(index, func, args, kwargs or {}, out, self._mod_tracker.is_bw,
+                                 self._mod_tracker.parents)
         return out
 
     def _reads_held_elsewhere(self, args, kwargs) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import torch
 from torch import nn
@@ -80,6 +81,8 @@ class StepTrace:
     # model; what worlds.py shares the step across world sizes from.
     memory_events: MemoryEvents | None = None
     sharding: Sharding | None = None
+    # Where the trace was asked to (second_dp): the step at that FSDP2 group size, from this trace (shards.py).
+    second: StepTrace | None = None
 
     @property
     def peak_gib(self) -> float:
@@ -145,7 +148,7 @@ def _create_optimizer_state(trainable: strategies.Trainable) -> None:
 def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: bool = True,
                gpu: str | None = None, skip_propagation: bool = True, every_micro_batch: bool = False,
                calibration: Calibration = SHIPPED_CALIBRATION, kinds: tuple[bool, ...] | None = None,
-               record_events: bool = False) -> StepTrace:
+               record_events: bool = False, second_dp: int | None = None) -> StepTrace:
     """Build, wrap and run one training step of `config` on this rank under the step tracker.
 
     fake=True: storage is fake (call `init_fake_world` first); fake=False: the real thing on a real process
@@ -158,9 +161,12 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
     tests' check that both agree).
 
     kinds: trace a shallow model of len(kinds) blocks, those marked True checkpointed (depth.py).
-    record_events: keep the memory after every operator and FSDP2's sharding (worlds.py).
+    record_events: keep the memory after every operator and FSDP2's sharding (worlds.py); second_dp (with
+    record_events, FSDP2 trials): also build the step at that FSDP2 group size from this trace (`StepTrace.second`,
+    shards.py; None where its sizes do not come out whole).
     """
-    from raybench.rehearse.step_tracker import tracker_for  # torch's trackers load slowly: only when tracing
+    from raybench.rehearse import shards  # torch's trackers load slowly: only when tracing
+    from raybench.rehearse.step_tracker import tracker_for
 
     train, _ = traced_train(config.train, config.resources.gpus_per_worker > 0)
     model, source, info = build_traced(config, train, kinds)
@@ -173,6 +179,9 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         _track_from_start(tracker, trainable, train)
         if record_events:
             tracker.record_events()
+        if record_events and second_dp and train.fsdp2_sharded:
+            dp = ctx.world_size // (train.tp_size if train.strategy == "tp_fsdp2" else 1)
+            tracker.ledger = shards.ShardLedger(tracker, trainable, Fraction(dp, second_dp))
         marking = marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
         traced, times = traced_accumulation(train.grad_accum)
         if every_micro_batch:
@@ -184,6 +193,11 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
     trace = _step_trace(tracker, trainable, train, traced, times)
     if record_events:
         trace.memory_events, trace.sharding = tracker.events, fsdp_sharding(trainable.model)
+    if tracker.ledger is not None and trace.sharding is not None:
+        try:
+            trace.second = shards.second_end(trace, tracker.ledger, second_dp, times)
+        except shards.NotSplit:
+            pass  # a size on the shards not whole there: the line needs a second traced group size
     return trace
 
 

@@ -8,8 +8,9 @@ same at every world size, as long as FSDP2 pads nothing: every sharded dimension
 `dp` (then each shard is n / dp; a padded shard is not). Every number the trace records, at each operator, is then
 a + b / dp: fixed storage and work plus what sits on the shards.
 
-So two traced world sizes give both parts of every number, and any third world size whose shards divide evenly is
-their line evaluated there (`share`): each operator's memory by category, from which the step's peak and each
+So two ends give both parts of every number (two world sizes traced, or one traced and its part on the shards
+scaled to another: shards.py), and any third world size whose shards divide evenly is their line evaluated there
+(`share`): each operator's memory by category, from which the step's peak and each
 place's (`step_tracker.place_of`) are found again as the tracker finds them (the first operator at the highest
 total: where the peak sits can move with the world size, so it is not the traced peak scaled), the memory as each
 block's backward began, the resident storage, every operator cost and collective's bytes, and the timeline the
@@ -126,7 +127,7 @@ def compact(traced: dict[int, object]) -> None:
     operators whose memory can be their place's highest at some group size of 2 or more (and those the blocks'
     backward began after): an operator holding no more than another of its place at both ends of that range
     (group sizes 2 and infinity, between which every total is a line), and not more than an earlier one, never
-    is. A few per place remain of thousands, the replay (`_replay`) finds the same peaks. Ends that do not run
+    is. A few per place remain of thousands, the replay (`replay`) finds the same peaks. Ends that do not run
     the same operators in the same places are left whole (`share` says how they differ)."""
     (dp1, one), (dp2, two) = sorted(traced.items())
     if _structure_mismatch(one, two):
@@ -218,7 +219,7 @@ GIB = 2**30
 def _shared(one, two, line: _Line):
     """The StepTrace at line.dp: every size and cost on the line through `one` and `two`."""
     events = _memory_at(one.memory_events, two.memory_events, line)
-    memory_gib, place_gib, entry_gib = _replay(events)
+    memory_gib, place_gib, entry_gib = replay(events)
     return replace(
         one, memory_gib=memory_gib, place_gib=place_gib, backward_entry_gib=entry_gib,
         resident_gib={name: line.bytes(round(gib * GIB), round(two.resident_gib[name] * GIB), name) / GIB
@@ -230,7 +231,7 @@ def _shared(one, two, line: _Line):
         op_s={name: line.seconds(s, two.op_s[name]) for name, s in one.op_s.items()},
         timeline=[(weight, [_event_at(e, f, line) for e, f in zip(events_one, events_two)])
                   for (weight, events_one), (_, events_two) in zip(one.timeline, two.timeline)],
-        block_ops=None, memory_events=None, sharding=replace(one.sharding, dp=line.dp))
+        block_ops=None, memory_events=None, sharding=replace(one.sharding, dp=line.dp), second=None)
 
 
 def _event_at(one: list, two: list, line: _Line) -> list:
@@ -251,7 +252,7 @@ def _memory_at(one: MemoryEvents, two: MemoryEvents, line: _Line) -> MemoryEvent
     return at
 
 
-def _replay(events: MemoryEvents) -> tuple[dict, dict, dict]:
+def replay(events: MemoryEvents) -> tuple[dict, dict, dict]:
     """The step's peak and each place's, by category, and the memory as each block's backward began, from the
     memory after every operator, found as the step tracker finds them: the peak starts at the tracker's initial
     memory and moves to an operator's only where that is higher; a place's peak is its first highest operator."""

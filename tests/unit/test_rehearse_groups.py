@@ -103,7 +103,9 @@ def test_no_trace_is_shared_between_two_groups(tmp_path):
     shared = {key: users for key, users in cache.users.items() if len(users) > 1}
     assert sum(key[0] == "shallow" for key in shared) == 2 * 4  # the ratios' shallow models, per world size
     assert sum(key[0] == "world ends" for key in shared) == 4  # each shallow model's world sizes (worlds.py)
-    assert len(shared) == 2 * 4 * 2 + 4 + 2  # the shallow models and their world notes, and DDP's step and note
+    assert sum(key[0] == "world ends split from" for key in shared) == 4  # and which of them one trace gave
+    # The shallow models and their world notes, their ends and which were split, and DDP's step and note.
+    assert len(shared) == 2 * 4 * 2 + 4 + 4 + 2
     assert all(len({group_of[c] for c in users}) == 1 for users in cache.users.values()), shared
 
 

@@ -1,6 +1,8 @@
 """An FSDP2 or TP x FSDP2 step shared across world sizes (rehearse/worlds.py), checked against tracing that world
 size itself: every field of the rehearsal equal (bytes exactly, times to float rounding); where FSDP2 pads, the
-world size is traced and the row says why."""
+world size is traced and the row says why. The line's two ends come from one trace: the step traced, and the step
+at twice its FSDP2 group size with its part on the shards scaled (rehearse/shards.py), itself checked against
+that world size's own trace."""
 
 from __future__ import annotations
 
@@ -40,31 +42,35 @@ def differences(shared, alone, path: str = "") -> list[str]:
     return [] if shared == alone else [f"{path}: {shared!r} {alone!r}"]
 
 
-# (worlds traced first, the world shared from them, a world whose shards FSDP2 pads, the trial). The tiny model's
-# key and value projections have 32 rows: 64 FSDP2 ranks pad them, and so do 32 under TP 2 (16 rows a TP rank).
+# (the world traced and the one its shards are scaled to, the world shared from them, a world whose shards FSDP2
+# pads, the trial). The tiny model's key and value projections have 32 rows: 64 FSDP2 ranks pad them, and so do 32
+# under TP 2 (16 rows a TP rank).
 CASES = {
     "fsdp2 accumulating": ((2, 4), 16, 64, {"strategy": "fsdp2", "grad_accum": 2}),
     "tp_fsdp2 sAC 1/2": ((4, 8), 16, 64, {"strategy": "tp_fsdp2", "tp_size": 2, "ac_ratio": "1/2"}),
 }
 
 
+def _fields(rehearsed) -> dict:
+    return {name: value for name, value in rehearsed.as_dict().items() if name not in ("notes", "trace_s")}
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_a_world_size_on_the_line_of_two_traced_ones_is_its_own_trace(case, model_dir):
-    traced_worlds, shared_world, padded_world, train = CASES[case]
+    (traced_world, split_world), shared_world, padded_world, train = CASES[case]
     traces = {}
-    for workers in traced_worlds:
-        t = trial(model_dir, workers, **train)
-        first = rehearsal.rehearse(t.config, t.shape, GPU, traces=traces)
-        assert not any("shared to" in note for note in first.notes), first.notes
-    t = trial(model_dir, shared_world, **train)
-    shared = rehearsal.rehearse(t.config, t.shape, GPU, traces=traces)
-    alone = rehearsal.rehearse(t.config, t.shape, GPU, traces={}, share_worlds=False)
-    note = f"traced at {traced_worlds[0]} and {traced_worlds[1]} ranks, shared to {shared_world}"
-    assert any(n.startswith(note) for n in shared.notes), shared.notes
-    assert [n for n in shared.notes if not n.startswith(note)] == alone.notes
-    fields = {name: value for name, value in shared.as_dict().items() if name not in ("notes", "trace_s")}
-    expected = {name: value for name, value in alone.as_dict().items() if name not in ("notes", "trace_s")}
-    assert differences(fields, expected) == []
+    t = trial(model_dir, traced_world, **train)
+    first = rehearsal.rehearse(t.config, t.shape, GPU, traces=traces)
+    assert not any("shared to" in note or "scaled to" in note for note in first.notes), first.notes
+    notes = {split_world: f"traced at {traced_world} ranks, its part on the shards scaled to {split_world}",
+             shared_world: f"traced at {traced_world} ranks and split, shared to {shared_world}"}
+    for world, note in notes.items():
+        t = trial(model_dir, world, **train)
+        shared = rehearsal.rehearse(t.config, t.shape, GPU, traces=traces)
+        alone = rehearsal.rehearse(t.config, t.shape, GPU, traces={}, share_worlds=False)
+        assert any(n.startswith(note) for n in shared.notes), shared.notes
+        assert [n for n in shared.notes if not n.startswith(note)] == alone.notes
+        assert differences(_fields(shared), _fields(alone)) == [], world
     # Padding: traced, and the row says why it was not shared.
     t = trial(model_dir, padded_world, **train)
     padded = rehearsal.rehearse(t.config, t.shape, GPU, traces=traces)
@@ -103,11 +109,11 @@ def test_the_peak_is_found_again_where_it_moved():
     assert list(traced[2].memory_events.category_bytes) == [4096, 0, 1024, 1024]  # the third dropped
     at = worlds._memory_at(traced[2].memory_events, traced[4].memory_events, worlds._Line(2, 4, 16))
     assert list(at.category_bytes) == [512, 0, 128, 1024]
-    peak, places, _ = worlds._replay(at)
+    peak, places, _ = worlds.replay(at)
     assert peak == {"parameters": 128 / 2**30, "activations": 1024 / 2**30}
     assert places == {"0:forward:0": peak}
     at_two = worlds._memory_at(traced[2].memory_events, traced[4].memory_events, worlds._Line(2, 4, 2))
-    assert worlds._replay(at_two)[0] == {"parameters": 4096 / 2**30, "activations": 0.0}
+    assert worlds.replay(at_two)[0] == {"parameters": 4096 / 2**30, "activations": 0.0}
 
 
 def test_a_line_that_gives_part_of_a_byte_is_not_used():
@@ -142,7 +148,7 @@ def test_shallow_models_are_shared_across_world_sizes(tmp_path):
     shared = rehearsal.rehearse(t.config, t.shape, GPU, traces=traces)
     alone = rehearsal.rehearse(t.config, t.shape, GPU, traces={}, share_worlds=False)
     assert any("extrapolated to 8 blocks" in n for n in shared.notes), shared.notes
-    assert any(n.startswith("traced at 2 and 4 ranks, shared to 8") for n in shared.notes), shared.notes
+    assert any(n.startswith("traced at 2 ranks and split, shared to 8") for n in shared.notes), shared.notes
     fields = {name: value for name, value in shared.as_dict().items() if name not in ("notes", "trace_s")}
     expected = {name: value for name, value in alone.as_dict().items() if name not in ("notes", "trace_s")}
     assert differences(fields, expected) == []
