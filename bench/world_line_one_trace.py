@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from pathlib import Path
+
+from rehearse_grid import differences  # a sibling script: bench/ is the path's first entry
 
 from raybench.planning.plan import plan
 from raybench.rehearse import rehearsal, worlds
@@ -25,19 +26,6 @@ from raybench.spec.load import load_sweep
 
 SWEEP = Path(__file__).resolve().parent / "sweeps" / "grid-1000.yaml"
 KINDS = (True, False, True, False)  # the shallow model sAC 1/2 traces first
-
-
-def differences(one, other, path: str = "") -> list[str]:
-    """Where two values differ (nested): numbers beyond 1e-9 relative, anything else unequal."""
-    if isinstance(one, dict) and isinstance(other, dict):
-        if one.keys() != other.keys():
-            return [f"{path}: keys differ"]
-        return [d for key in one for d in differences(one[key], other[key], f"{path}.{key}")]
-    if isinstance(one, (list, tuple)) and isinstance(other, (list, tuple)) and len(one) == len(other):
-        return [d for i, (a, b) in enumerate(zip(one, other)) for d in differences(a, b, f"{path}[{i}]")]
-    if isinstance(one, float) and isinstance(other, float):
-        return [] if math.isclose(one, other, rel_tol=1e-9, abs_tol=1e-300) else [f"{path}: {one} vs {other}"]
-    return [] if one == other else [f"{path}: {one} vs {other}"]
 
 
 def fields_off(one, other) -> list[str]:
