@@ -37,6 +37,7 @@ from raybench.rehearse.step_tracker import CATEGORIES, CATEGORY_OF
 from raybench.spec.schema import GIB
 
 FSDP_REDUCE_SCATTER = torch.ops.c10d._reduce_scatter_base_.default
+_REDUCE_SCATTER_NAME = "reduce_scatter_base"  # its name among the step's collectives (step_costs)
 
 
 def _category(reftype) -> int:
@@ -75,6 +76,7 @@ class ShardLedger:
         self.changes: list[tuple] = []
         self.kept: list = []  # every record seen, alive, so that no id is reused
         self.entered = False  # what the tracker registers as it enters is in `initial`, not a change
+        self.reduce_scatters = 0  # FSDP2's, recognised (`second_end` checks them against the step's)
         self.other = StepCosts(ScaledRoofline(tracker.costs.roofline, scale))
         for p in trainable.model.parameters():
             if isinstance(p, DTensor):
@@ -122,6 +124,7 @@ class ShardLedger:
         read = _storages((args, kwargs))
         shards = [t.numel() for st, t in read if st in self.on_shards]
         if func is FSDP_REDUCE_SCATTER:
+            self.reduce_scatters += 1
             for st, _ in _storages(out):
                 self._mark(st)
         elif shards:
@@ -184,7 +187,10 @@ def _whole(value: Fraction, name: str) -> int:
 def second_end(step, ledger: ShardLedger, dp: int, times: list[int]):
     """The traced `step` (a StepTrace whose memory_events and sharding are recorded) at FSDP2 group size `dp`
     (= its own / ledger.scale), each traced micro-batch counted `times` times; NotSplit where a size does not come
-    out whole."""
+    out whole, or where the step reduce-scattered without the ledger recognising FSDP2's reduce-scatter (another
+    torch's FSDP2 calling another operator: its gradient shards would go uncounted)."""
+    if step.comm_calls.get(_REDUCE_SCATTER_NAME) and not ledger.reduce_scatters:
+        raise NotSplit("FSDP2's reduce-scatter not recognised")
     events, width, scale = step.memory_events, len(CATEGORIES), ledger.scale
     on_shards = ledger._on_shards_after_each(events.count)
     scaled = worlds.MemoryEvents(events.categories, places=events.places, place_index=events.place_index,

@@ -152,3 +152,18 @@ def test_shallow_models_are_shared_across_world_sizes(tmp_path):
     fields = {name: value for name, value in shared.as_dict().items() if name not in ("notes", "trace_s")}
     expected = {name: value for name, value in alone.as_dict().items() if name not in ("notes", "trace_s")}
     assert differences(fields, expected) == []
+
+
+def test_a_reduce_scatter_the_ledger_does_not_recognise_leaves_the_second_end_to_a_trace(model_dir, monkeypatch):
+    """Another torch's FSDP2 might reduce-scatter through another operator: the ledger would not count the gradient
+    shards, so no second end is built from the trace, and the next world size is traced as before."""
+    from raybench.rehearse import shards
+
+    t = trial(model_dir, 2, strategy="fsdp2")
+    built = rehearsal._trace(t.config, t.shape, 0, GPU, rehearsal.SHIPPED_CALIBRATION, record_events=True,
+                             second_dp=4)
+    assert built.second is not None and built.second.sharding.dp == 4
+    monkeypatch.setattr(shards, "FSDP_REDUCE_SCATTER", object())
+    unrecognised = rehearsal._trace(t.config, t.shape, 0, GPU, rehearsal.SHIPPED_CALIBRATION, record_events=True,
+                                    second_dp=4)
+    assert unrecognised.comm_calls["reduce_scatter_base"] > 0 and unrecognised.second is None
