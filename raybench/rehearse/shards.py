@@ -73,8 +73,7 @@ class ShardLedger:
         self.on_shards = WeakIdKeyDictionary()  # storage -> True
         self.records: dict[int, object] = {}  # id -> the tracker's record of a storage on the shards
         self.initial: list[tuple] = []  # (record, category, bytes) of what the tracker held as it entered
-        self.changes: list[tuple] = []
-        self.kept: list = []  # every record seen, alive, so that no id is reused
+        self.changes: list[tuple] = []  # they hold every record they name, so no record's id is reused meanwhile
         self.entered = False  # what the tracker registers as it enters is in `initial`, not a change
         self.reduce_scatters = 0  # FSDP2's, recognised (`second_end` checks them against the step's)
         self.other = StepCosts(ScaledRoofline(tracker.costs.roofline, scale))
@@ -97,7 +96,6 @@ class ShardLedger:
     def entered_tracker(self) -> None:
         """The tracker entered: its records of the model and optimizer exist now."""
         self.initial = [(r, _category(r.reftype), r.mem_consumed) for r, _ in self.tracker._WINFO.values()]
-        self.kept = [r for r, _, _ in self.initial]
         for st in list(self.on_shards.keys()):
             self._mark(st)
         self.entered = True
@@ -107,7 +105,6 @@ class ShardLedger:
         if not self.entered:
             return
         at = self.tracker.events.count
-        self.kept.append(record)
         if kind == _UpdateType.ADD:
             self.changes.append((at, record, _category(record.reftype), record.mem_consumed))
         elif kind == _UpdateType.DEL:
