@@ -68,9 +68,10 @@ def sweep_for_gpu(name: str, gpu: str):
 def measured_rows(parquet: Path) -> pd.DataFrame:
     """The sweep's ok rows by trial id. The warm pool of that day kept a failed trial's GPU memory in the
     peaks of the trials after it (fixed since, docs/results/gpu-2026-11-22.md): rows that ended after a failed
-    trial of their sweep are left out (gpu-validate's after its first ZeRO-3 attempt)."""
+    trial of their sweep are left out (gpu-validate's after its first ZeRO-3 attempt). An interrupted trial is not
+    such a failure: its sweep was stopped, and the rows after it ran on a new pool."""
     measured = pd.read_parquet(parquet)
-    first_failure = measured.loc[measured.status != "ok", "ended_at"].min()
+    first_failure = measured.loc[~measured.status.isin(["ok", "interrupted"]), "ended_at"].min()
     return measured[(measured.status == "ok") & ~(measured.ended_at > first_failure)].set_index("trial_id")
 
 
