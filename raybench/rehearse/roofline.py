@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.utils._pytree as pytree
 
@@ -49,6 +51,16 @@ def _not_memory_traffic() -> set:
     return set(_IGNORE_OPS) | set(_VIEW_OPS) | allocations
 
 
+class OpCost(NamedTuple):
+    """One operator's roofline cost: FLOPs, seconds at peak FLOP/s, seconds at the memory bandwidth, and whether
+    it runs a kernel on a GPU."""
+
+    flops: float
+    compute_s: float
+    memory_s: float
+    launches: bool
+
+
 class Roofline:
     """One operator's roofline cost on a GPU: FLOPs / peak FLOP/s of its output dtype and bytes moved / memory
     bandwidth (the step tracker sums them; the SAC estimator takes them per operator)."""
@@ -68,19 +80,26 @@ class Roofline:
 
     def cost(self, func, args, kwargs, out) -> tuple[float, float, float]:
         """(FLOPs, seconds at peak FLOP/s, seconds at the memory bandwidth)."""
+        return self.op_cost(func, args, kwargs, out)[:3]
+
+    def op_cost(self, func, args, kwargs, out) -> OpCost:
+        """The operator's cost and whether it launches a kernel (`launches_kernel`), each worked out once."""
         packet = func._overloadpacket
-        flops = 0.0
+        flops = compute_s = 0.0
         if packet in self.formulas:
             flops = float(self.formulas[packet](*args, **kwargs, out_val=out))
             if is_causal(func, args, kwargs):
                 flops /= 2  # causal kernels skip the masked half of the score matrix
+        if flops:  # the peak by dtype only where there are FLOPs to price (most operators have none)
+            dtype = fp8_input(args) or next(
+                (t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+            peak = (self.peaks.get(dtype) or 0.0) * self.attention_share(packet, args)
+            compute_s = flops / peak if peak else 0.0
+        launches = self.launches_kernel(func, out)
         moved = 0
-        if self.launches_kernel(func, out):
+        if launches:
             moved = sum(tensor_bytes(t) for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
-        dtype = fp8_input(args) or next((t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)),
-                                        None)
-        peak = (self.peaks.get(dtype) or 0.0) * self.attention_share(packet, args)
-        return flops, flops / peak if peak else 0.0, moved / self.bandwidth if self.bandwidth else 0.0
+        return OpCost(flops, compute_s, moved / self.bandwidth if self.bandwidth else 0.0, launches)
 
     def attention_share(self, packet, args) -> float:
         """The share of the matmul rate a flash-attention operator runs at on this GPU, by its sequence length and

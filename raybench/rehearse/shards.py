@@ -10,8 +10,8 @@ as 1 / dp) for their whole life, and which bytes each operator reads and writes 
   (the all-gather's input buffer filled from the shards; the optimizer's and clipping's temporaries); for an
   operator's bytes also an output of all its shards' size together (FSDP2's all-gather input, a view of its whole
   output buffer, whose storage is not on the shards).
-The trace counts every operator a second time as it costs at the other group size (a second StepCosts, whose
-roofline scales the operator's seconds on the shards), and `second_end` builds that group size's StepTrace:
+The trace counts every operator a second time as it costs at the other group size (a second StepCosts, given the
+operator's cost with its seconds of bytes on the shards scaled), and `second_end` builds that group size's StepTrace:
 the memory after every operator with its part on the shards scaled (its peaks replayed as worlds.py does), the
 costs, the timeline and the resident storage. Checked equal, field by field, to that group size's own trace on ten
 steps of 1B to 72B under FSDP2 and TP x FSDP2 (docs/results/grid-rehearsal-2026-11-28.md).
@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from raybench.rehearse import worlds
-from raybench.rehearse.roofline import tensor_bytes
+from raybench.rehearse.roofline import OpCost, tensor_bytes
 from raybench.rehearse.step_costs import StepCosts
 from raybench.rehearse.step_tracker import CATEGORIES, CATEGORY_OF
 from raybench.spec.schema import GIB
@@ -48,21 +48,6 @@ def _storages(tree) -> list[tuple]:
     return [(st, t) for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor) for st in get_untyped_storages(t)]
 
 
-class ScaledRoofline:
-    """A roofline with the current operator's seconds of bytes on the shards (`shard_s`, set before each operator)
-    scaled by `scale`: what the operator costs at the other group size."""
-
-    def __init__(self, roofline, scale: Fraction):
-        self.inner, self.scale, self.shard_s = roofline, float(scale), 0.0
-
-    def cost(self, func, args, kwargs, out) -> tuple[float, float, float]:
-        flops, compute_s, memory_s = self.inner.cost(func, args, kwargs, out)
-        return flops, compute_s, memory_s - self.shard_s + self.shard_s * self.scale
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 class ShardLedger:
     """Beside one step tracker (`tracker.ledger`): which storages are on the shards, every change of the tracker's
     memory while it records (operator index, the storage's record, category, bytes), and the step counted again
@@ -70,13 +55,14 @@ class ShardLedger:
 
     def __init__(self, tracker, trainable, scale: Fraction):
         self.tracker, self.trainable, self.scale = tracker, trainable, scale
+        self.scale_float = float(scale)
         self.on_shards = WeakIdKeyDictionary()  # storage -> True
         self.records: dict[int, object] = {}  # id -> the tracker's record of a storage on the shards
         self.initial: list[tuple] = []  # (record, category, bytes) of what the tracker held as it entered
         self.changes: list[tuple] = []  # they hold every record they name, so no record's id is reused meanwhile
         self.entered = False  # what the tracker registers as it enters is in `initial`, not a change
         self.reduce_scatters = 0  # FSDP2's, recognised (`second_end` checks them against the step's)
-        self.other = StepCosts(ScaledRoofline(tracker.costs.roofline, scale))
+        self.other = StepCosts(tracker.costs.roofline)
         for p in trainable.model.parameters():
             if isinstance(p, DTensor):
                 self._mark_with_states(p._local_tensor, trainable.optimizer.state.get(p, {}).values())
@@ -115,9 +101,10 @@ class ShardLedger:
         elif kind == _UpdateType.SIZE:
             self.changes.append((at, record, _category(record.reftype), record.mem_consumed - old_bytes))
 
-    def operator(self, part: int, func, args, kwargs: dict, out, backward: bool, modules) -> None:
-        """One operator the tracker counted in part `part`: mark what it made on the shards, and count it again as
-        it costs at the other group size."""
+    def operator(self, part: int, func, args, kwargs: dict, out, backward: bool, modules,
+                 cost: OpCost | None) -> None:
+        """One operator the tracker counted in part `part` at `cost` (None: a collective): mark what it made on the
+        shards, and count it again as it costs at the other group size."""
         read = _storages((args, kwargs))
         shards = [t.numel() for st, t in read if st in self.on_shards]
         if func is FSDP_REDUCE_SCATTER:
@@ -132,14 +119,15 @@ class ShardLedger:
             for st, t in written:
                 if t.numel() in shards and t.numel() > 1 and st not in self.on_shards:
                     self._mark(st)
-        roofline = self.other.roofline
-        roofline.shard_s = 0.0
-        if shards and roofline.bandwidth and roofline.launches_kernel(func, out):
+        bandwidth = self.other.roofline.bandwidth
+        if cost is not None and shards and bandwidth and cost.launches:
+            # its seconds of bytes on the shards scaled: what the operator costs at the other group size
             whole = set(shards) | {sum(shards)}
             nbytes = sum(tensor_bytes(t) for st, t in read if st in self.on_shards) + sum(
                 tensor_bytes(t) for st, t in _storages(out) if st in self.on_shards or t.numel() in whole)
-            roofline.shard_s = nbytes / roofline.bandwidth
-        self.other.count(self.other.parts[part], func, args, kwargs, out, backward, modules)
+            shard_s = nbytes / bandwidth
+            cost = cost._replace(memory_s=cost.memory_s - shard_s + shard_s * self.scale_float)
+        self.other.count(self.other.parts[part], func, args, kwargs, out, backward, modules, cost)
 
     def _on_shards_initially(self) -> list[int]:
         now = [0] * len(CATEGORIES)
@@ -181,6 +169,17 @@ def _whole(value: Fraction, name: str) -> int:
     return int(value)
 
 
+def _scaled(nbytes: int, on_shards: int, scale: Fraction, name: str) -> int:
+    """`nbytes` with its part `on_shards` scaled by `scale`, in whole bytes (NotSplit if not): integer arithmetic,
+    as this runs for every category after every operator."""
+    if not on_shards and nbytes >= 0:
+        return nbytes
+    value, rest = divmod((nbytes - on_shards) * scale.denominator + on_shards * scale.numerator, scale.denominator)
+    if rest or value < 0:
+        raise NotSplit(name)
+    return value
+
+
 def second_end(step, ledger: ShardLedger, dp: int, times: list[int]):
     """The traced `step` (a StepTrace whose memory_events and sharding are recorded) at FSDP2 group size `dp`
     (= its own / ledger.scale), each traced micro-batch counted `times` times; NotSplit where a size does not come
@@ -188,14 +187,14 @@ def second_end(step, ledger: ShardLedger, dp: int, times: list[int]):
     torch's FSDP2 calling another operator: its gradient shards would go uncounted)."""
     if step.comm_calls.get(_REDUCE_SCATTER_NAME) and not ledger.reduce_scatters:
         raise NotSplit("FSDP2's reduce-scatter not recognised")
-    events, width, scale = step.memory_events, len(CATEGORIES), ledger.scale
+    events, width = step.memory_events, len(CATEGORIES)
     on_shards = ledger._on_shards_after_each(events.count)
     scaled = worlds.MemoryEvents(events.categories, places=events.places, place_index=events.place_index,
                                  backward_entry=events.backward_entry)
-    scaled.initial_bytes = tuple(_whole(x - s + s * scale, CATEGORIES[c]) for c, (x, s) in
+    scaled.initial_bytes = tuple(_scaled(x, s, ledger.scale, CATEGORIES[c]) for c, (x, s) in
                                  enumerate(zip(events.initial_bytes, ledger._on_shards_initially())))
     scaled.category_bytes = array("q", (
-        _whole(events.category_bytes[i * width + c] - on_shards[i][c] + on_shards[i][c] * scale, CATEGORIES[c])
+        _scaled(events.category_bytes[i * width + c], on_shards[i][c], ledger.scale, CATEGORIES[c])
         for i in range(events.count) for c in range(width)))
     memory_gib, place_gib, entry_gib = worlds.replay(scaled)
     total = ledger.other.step_total(times)

@@ -20,7 +20,7 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils.weak import WeakIdKeyDictionary
 
 from raybench.rehearse.fake_world import collective_ops, comm_bytes
-from raybench.rehearse.roofline import Roofline, fusable
+from raybench.rehearse.roofline import OpCost, Roofline, fusable
 
 # A decoder block's module name as torch's module tracker reports it (model.model.layers.7, or inside wrappers).
 BLOCK_NAME = re.compile(r"\.layers\.\d+(\.|$)")
@@ -108,13 +108,16 @@ class StepCosts:
         return total
 
     def count(self, part: PartCosts, func, args, kwargs: dict, out, backward: bool,
-              modules: Collection[str]) -> None:
-        """Add one operator that ran inside `modules` (torch's module tracker's names) to `part`."""
+              modules: Collection[str], cost: OpCost | None = None) -> OpCost | None:
+        """Add one operator that ran inside `modules` (torch's module tracker's names) to `part`; its cost (None:
+        a collective). `cost`: the operator priced already (shards.py counts it again at another size)."""
         if func in self.collectives:
             self._count_collective(part, func, args, kwargs, out)
-        else:
-            seconds = self._count_operator(part, func, args, kwargs, out, modules)
-            part.computed(seconds, self._waits_for(args, kwargs) if self.awaited else -1, backward)
+            return None
+        cost = cost or self.roofline.op_cost(func, args, kwargs, out)
+        seconds = self._count_operator(part, func, cost, modules)
+        part.computed(seconds, self._waits_for(args, kwargs) if self.awaited else -1, backward)
+        return cost
 
     def _count_collective(self, part: PartCosts, func, args, kwargs: dict, out) -> None:
         name = func._overloadpacket.__name__.strip("_")
@@ -129,15 +132,16 @@ class StepCosts:
             for st in _storages(out):
                 self.awaited[st] = index
 
-    def _count_operator(self, part: PartCosts, func, args, kwargs: dict, out, modules: Collection[str]) -> float:
+    @staticmethod
+    def _count_operator(part: PartCosts, func, cost: OpCost, modules: Collection[str]) -> float:
         """Add the operator's roofline cost to `part`; its roofline seconds."""
-        flops, compute_s, memory_s = self.roofline.cost(func, args, kwargs, out)
+        flops, compute_s, memory_s, launches = cost
         part.flops += flops
         part.compute_s += compute_s
         part.memory_s += memory_s
         part.roofline_s += max(compute_s, memory_s)
         part.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
-        part.launches += self.roofline.launches_kernel(func, out)
+        part.launches += launches
         if fusable(func, flops) and any(BLOCK_NAME.search(name) for name in modules):
             part.block_memory_bound_s += memory_s
         return max(compute_s, memory_s)

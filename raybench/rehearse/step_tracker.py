@@ -182,10 +182,11 @@ class StepTracker(MemTracker):
             self.op_reads_held_elsewhere = False
         if out is NotImplemented:  # DTensor desugars first; its local ops come back through here
             return out
-        self.costs.count(part, func, args, kwargs or {}, out, self._mod_tracker.is_bw, self._mod_tracker.parents)
+        cost = self.costs.count(part, func, args, kwargs or {}, out, self._mod_tracker.is_bw,
+                                self._mod_tracker.parents)
         if self.ledger is not None:
             self.ledger.operator(index, func, args, kwargs or {}, out, self._mod_tracker.is_bw,
-                                 self._mod_tracker.parents)
+                                 self._mod_tracker.parents, cost)
         return out
 
     def _reads_held_elsewhere(self, args, kwargs) -> bool:
