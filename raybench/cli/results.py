@@ -83,12 +83,15 @@ def _losses(args) -> int:
     if not 0 <= tolerance < 1:
         raise ConfigError("raybench losses", [Problem("--tolerance", tolerance, "a fraction of the baseline's loss "
                                                                                 "in [0, 1), e.g. 0.02")])
+    if args.window < 1:
+        raise ConfigError("raybench losses", [Problem("--window", args.window, "a number of consecutive steps to "
+                                                                              "average, 1 or more (1: step by step)")])
     df = _rows("losses", args.store, args.sweep)
-    found = losses.compare_losses(df, args.axis, args.baseline, tolerance)
+    found = losses.compare_losses(df, args.axis, args.baseline, tolerance, args.window)
     if args.json:
         print(json.dumps([dataclasses.asdict(c) for c in found], indent=1))
     else:
-        print(losses.comparison_text(found, args.axis, args.baseline, tolerance))
+        print(losses.comparison_text(found, args.axis, args.baseline, tolerance, args.window))
     return 0 if all(c.within for c in found) else 1
 
 
@@ -138,6 +141,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--baseline", required=True, help="its baseline value, e.g. off or false")
     p.add_argument("--tolerance", type=float,
                    help="largest relative difference from the baseline's loss at any step (default 0.02)")
+    p.add_argument("--window", type=int, default=1,
+                   help="compare the means of this many consecutive steps (default 1: step by step); for a "
+                        "configuration whose loss jumps from step to step more than the tolerance")
     p.add_argument("--json", action="store_true", help="one JSON list instead of text")
     p.set_defaults(func=_losses)
 

@@ -4,7 +4,10 @@ A speed-up that breaks the step (FP8 casts that overflow, a fused kernel with a 
 before it shows anywhere else. Rows of one sweep that differ only in one axis (train.fp8: off vs tensorwise; liger:
 false vs true) ran the same steps on the same data (the same seed draws the same synthetic tokens; real data is
 the same tokenized cache), so their per-step losses (`loss_by_step`) must agree within a tolerance. Each point is
-compared with the baseline point of its group, step by step: the largest relative difference, and where.
+compared with the baseline point of its group, step by step: the largest relative difference, and where. A
+configuration whose loss jumps from one step to the next (a full fine-tune at a high learning rate, on few tokens
+a step) differs from its own repeat by more than a technique does; `window` compares the means of that many
+consecutive steps instead, as loss curves are read smoothed.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ class LossComparison:
     trial_id: str
     baseline_trial_id: str
     steps: int  # steps compared: those both rows have a loss for
-    max_rel_diff: float  # max over steps of |loss - baseline| / |baseline|
-    step_of_max: int  # 0-based, warm-up steps included
+    max_rel_diff: float  # max over steps (or windows) of |loss - baseline| / |baseline|
+    step_of_max: int  # 0-based, warm-up steps included; with a window, its last step
     final_rel_diff: float
     within: bool  # max_rel_diff <= the tolerance
+    window: int = 1  # steps averaged on both sides before comparing (the pair's steps, where it has fewer)
 
 
 def axis_text(value) -> str:
@@ -41,10 +45,11 @@ def axis_text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def compare_losses(df: pd.DataFrame, axis: str, baseline: str, tolerance: float = DEFAULT_TOLERANCE
-                   ) -> list[LossComparison]:
+def compare_losses(df: pd.DataFrame, axis: str, baseline: str, tolerance: float = DEFAULT_TOLERANCE,
+                   window: int = 1) -> list[LossComparison]:
     """Every ok row whose `axis` value is not `baseline`, against the ok row of the same other axis values
-    whose value is. Raises ConfigError (exit 2) when the rows have no such axis or no baseline point."""
+    whose value is, step by step or by the means of `window` consecutive compared steps. Raises ConfigError
+    (exit 2) when the rows have no such axis or no baseline point."""
     rows = frames.ok_rows(df)
     # .loc and bool: with no ok row, an empty object mask would select columns (none) instead of rows.
     rows = rows.loc[rows["loss_by_step"].map(_has_losses).astype(bool)] if "loss_by_step" in rows else rows.iloc[0:0]
@@ -68,7 +73,7 @@ def compare_losses(df: pd.DataFrame, axis: str, baseline: str, tolerance: float 
             continue
         base = reference.iloc[0]
         for _, point in members[members["value"] != baseline].iterrows():
-            compared = _compare(group or "base", point, base, tolerance)
+            compared = _compare(group or "base", point, base, tolerance, window)
             if compared is not None:
                 out.append(compared)
     return out
@@ -82,19 +87,26 @@ def _known(x) -> bool:
     return x is not None and not math.isnan(x)
 
 
-def _compare(group: str, point, base, tolerance: float) -> LossComparison | None:
+def _compare(group: str, point, base, tolerance: float, window: int) -> LossComparison | None:
     """The point against its baseline over the steps both have a loss for; None when they share none."""
     pairs = [(i, a, b) for i, (a, b) in enumerate(zip(point["losses"], base["losses"])) if _known(a) and _known(b)]
     if not pairs:
         return None
-    diffs = [(float(abs(a - b) / abs(b) if b else abs(a - b)), i) for i, a, b in pairs]
+    window = min(window, len(pairs))
+    diffs = []
+    for end in range(window, len(pairs) + 1):
+        steps = pairs[end - window:end]
+        a, b = (sum(pair[side] for pair in steps) / window for side in (1, 2))
+        diffs.append((float(abs(a - b) / abs(b) if b else abs(a - b)), steps[-1][0]))
     worst, step = max(diffs)
     return LossComparison(group, point["value"], str(point["trial_id"]), str(base["trial_id"]), len(pairs), worst,
-                          step, diffs[-1][0], bool(worst <= tolerance))
+                          step, diffs[-1][0], bool(worst <= tolerance), window)
 
 
-def comparison_text(comparisons: list[LossComparison], axis: str, baseline: str, tolerance: float) -> str:
-    lines = [f"loss by step against {axis}={baseline} (tolerance {tolerance:.1%} of the baseline's loss at any step)"]
+def comparison_text(comparisons: list[LossComparison], axis: str, baseline: str, tolerance: float,
+                    window: int = 1) -> str:
+    where = "at any step" if window == 1 else f"in the mean of any {window} consecutive steps"
+    lines = [f"loss by step against {axis}={baseline} (tolerance {tolerance:.1%} of the baseline's loss {where})"]
     for c in comparisons:
         verdict = "within" if c.within else "BEYOND"
         lines.append(f"  {c.group}: {axis}={c.value} vs {baseline}: max {c.max_rel_diff:.2%} at step {c.step_of_max} "

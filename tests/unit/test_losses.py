@@ -54,3 +54,29 @@ def test_an_axis_or_baseline_the_rows_lack_is_refused_naming_the_option():
     failed = rows(({"train.fp8": "off"}, None, "error"), ({"train.fp8": "rowwise"}, None, "error"))
     with pytest.raises(ConfigError, match="--axis.*no ok row with per-step losses"):
         losses.compare_losses(failed, "train.fp8", "off")
+
+
+def test_a_window_compares_the_means_of_consecutive_steps():
+    """A baseline whose loss jumps at one step (the noise of a full fine-tune at a high learning rate) is beyond
+    the tolerance step by step, and within it in 6-step means; a window's verdict names its last step."""
+    steady = [4.0, 3.8, 3.6, 3.5, 3.4, 3.3, 3.2, 3.1, 3.0, 2.9, 2.8, 2.7]
+    noisy = steady[:5] + [3.63] + steady[6:]
+    df = rows(({"train.liger": False}, noisy, "ok"), ({"train.liger": True}, steady, "ok"))
+    (by_step,) = losses.compare_losses(df, "train.liger", "false")
+    assert not by_step.within and by_step.step_of_max == 5 and by_step.window == 1
+    assert by_step.max_rel_diff == pytest.approx(0.33 / 3.63)
+    (by_six,) = losses.compare_losses(df, "train.liger", "false", window=6)
+    # The windows holding step 5 end at steps 5 to 10; the last has the smallest baseline sum (18.63).
+    assert by_six.window == 6 and by_six.step_of_max == 10 and by_six.within
+    assert by_six.max_rel_diff == pytest.approx(0.33 / 18.63) and by_six.final_rel_diff == 0
+    (by_all,) = losses.compare_losses(df, "train.liger", "false", window=20)  # more than the steps: all of them
+    assert by_all.window == 12 and by_all.max_rel_diff == pytest.approx(0.33 / 39.63)
+    assert "mean of any 6 consecutive steps" in losses.comparison_text([by_six], "train.liger", "false", 0.02, 6)
+
+
+def test_a_window_under_one_step_is_refused_before_any_row_is_read(tmp_path, capsys):
+    from raybench.cli import main as cli
+
+    code = cli.main(["losses", str(tmp_path / "no-store"), "--axis", "train.fp8", "--baseline", "off",
+                     "--window", "0"])
+    assert code == 2 and "--window" in capsys.readouterr().err
