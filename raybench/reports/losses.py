@@ -38,6 +38,10 @@ class LossComparison:
     final_rel_diff: float
     within: bool  # max_rel_diff <= the tolerance
     window: int = 1  # steps averaged on both sides before comparing (the pair's steps, where it has fewer)
+    # How far the baseline's own loss (or window mean) sits off the mean of its two neighbours, at most, relative:
+    # a trend does not count, a jump does. Where it passes the tolerance, the configuration is noisier from step to
+    # step than the tolerance, and a wider window reads it.
+    baseline_noise: float = 0.0
 
 
 def axis_text(value) -> str:
@@ -93,14 +97,21 @@ def _compare(group: str, point, base, tolerance: float, window: int) -> LossComp
     if not pairs:
         return None
     window = min(window, len(pairs))
-    diffs = []
+    diffs, base_means = [], []
     for end in range(window, len(pairs) + 1):
         steps = pairs[end - window:end]
         a, b = (sum(pair[side] for pair in steps) / window for side in (1, 2))
-        diffs.append((float(abs(a - b) / abs(b) if b else abs(a - b)), steps[-1][0]))
+        diffs.append((_relative(a, b), steps[-1][0]))
+        base_means.append(b)
     worst, step = max(diffs)
+    noise = max((_relative(b, (before + after) / 2) for before, b, after in
+                 zip(base_means, base_means[1:], base_means[2:])), default=0.0)
     return LossComparison(group, point["value"], str(point["trial_id"]), str(base["trial_id"]), len(pairs), worst,
-                          step, diffs[-1][0], bool(worst <= tolerance), window)
+                          step, diffs[-1][0], bool(worst <= tolerance), window, noise)
+
+
+def _relative(value: float, reference: float) -> float:
+    return float(abs(value - reference) / abs(reference) if reference else abs(value - reference))
 
 
 def comparison_text(comparisons: list[LossComparison], axis: str, baseline: str, tolerance: float,
@@ -111,6 +122,10 @@ def comparison_text(comparisons: list[LossComparison], axis: str, baseline: str,
         verdict = "within" if c.within else "BEYOND"
         lines.append(f"  {c.group}: {axis}={c.value} vs {baseline}: max {c.max_rel_diff:.2%} at step {c.step_of_max} "
                      f"of {c.steps}, final {c.final_rel_diff:.2%}: {verdict} ({c.trial_id} vs {c.baseline_trial_id})")
+        if not c.within and c.baseline_noise > tolerance:
+            lines.append(f"    the baseline's own loss sits up to {c.baseline_noise:.2%} off the mean of its neighbouring "
+                         f"steps, more than the tolerance: --window {max(2 * c.window, 5)} compares means of consecutive "
+                         "steps")
     if not comparisons:
         lines.append("  no point has a baseline of the same other axis values")
     return "\n".join(lines)

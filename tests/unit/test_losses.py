@@ -65,6 +65,10 @@ def test_a_window_compares_the_means_of_consecutive_steps():
     (by_step,) = losses.compare_losses(df, "train.liger", "false")
     assert not by_step.within and by_step.step_of_max == 5 and by_step.window == 1
     assert by_step.max_rel_diff == pytest.approx(0.33 / 3.63)
+    # The baseline's step 5 sits 0.33 over the mean of its neighbours (3.4 and 3.2): the report says so, and
+    # offers a window; the steady decrease around it is no noise.
+    assert by_step.baseline_noise == pytest.approx(0.33 / 3.3)
+    assert "--window 5" in losses.comparison_text([by_step], "train.liger", "false", 0.02)
     (by_six,) = losses.compare_losses(df, "train.liger", "false", window=6)
     # The windows holding step 5 end at steps 5 to 10; the last has the smallest baseline sum (18.63).
     assert by_six.window == 6 and by_six.step_of_max == 10 and by_six.within
@@ -72,6 +76,10 @@ def test_a_window_compares_the_means_of_consecutive_steps():
     (by_all,) = losses.compare_losses(df, "train.liger", "false", window=20)  # more than the steps: all of them
     assert by_all.window == 12 and by_all.max_rel_diff == pytest.approx(0.33 / 39.63)
     assert "mean of any 6 consecutive steps" in losses.comparison_text([by_six], "train.liger", "false", 0.02, 6)
+    steady_pair = rows(({"train.liger": False}, steady, "ok"), ({"train.liger": True}, [x * 1.05 for x in steady], "ok"))
+    (trend,) = losses.compare_losses(steady_pair, "train.liger", "false")  # beyond, and no noise to blame
+    assert not trend.within and trend.baseline_noise < 0.02
+    assert "--window" not in losses.comparison_text([trend], "train.liger", "false", 0.02)
 
 
 def test_a_window_under_one_step_is_refused_before_any_row_is_read(tmp_path, capsys):
