@@ -45,6 +45,19 @@ def fake_trace(trial, skip_propagation: bool = True, gpu: str | None = None) -> 
         dist.destroy_process_group()
 
 
+# Real runs of a step; the lowest peak counts. gloo's worker thread lets go of a collective's buffers a moment after
+# the wait returns; on a loaded machine that moment can fall after the step's peak, which then counts a buffer the
+# step had freed (an all-gather's output held 5 ms longer adds the root's gathered weights to the LoRA cases'
+# peak). That only ever adds memory, and two runs both delayed so are unlikely.
+REAL_RUNS = 2
+
+
+def real_trace(trial, ctx: RankContext) -> trace.StepTrace:
+    """The trial's step run for real on this rank's process group (REAL_RUNS times: the lowest peak)."""
+    runs = [trace.trace_step(trial.config, trial.shape, ctx, fake=False) for _ in range(REAL_RUNS)]
+    return min(runs, key=lambda step: step.peak_gib)
+
+
 LORA_DROPOUT = {"targets": "all_linear", "dropout": 0.1}
 # Liger at a longer sequence: at 64 tokens its step (no logits) peaks as backward ends, where a real gloo rank
 # still holds the last reduce-scatter's input and the fake rank has let it go (2 MiB of this tiny model). At 256

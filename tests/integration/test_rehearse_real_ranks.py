@@ -12,11 +12,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raybench.rehearse import trace
 from raybench.runtime.strategies import RankContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rehearse_cases import MEMORY_TOLERANCE, REAL_CASES, fake_trace, tiny_trial  # noqa: E402
+from rehearse_cases import MEMORY_TOLERANCE, REAL_CASES, fake_trace, real_trace, tiny_trial  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -29,8 +28,7 @@ def _real_rank(rank: int, world: int, init_file: str, out, cases: list[str]) -> 
     results = {}
     for name in cases:
         trial = tiny_trial(world, **REAL_CASES[name])
-        step = trace.trace_step(trial.config, trial.shape, RankContext(rank, world, 0, torch.device("cpu")),
-                                fake=False)
+        step = real_trace(trial, RankContext(rank, world, 0, torch.device("cpu")))
         results[name] = {"memory_gib": step.memory_gib, "resident_gib": step.resident_gib}
     if rank == 0:
         out.put(results)

@@ -42,7 +42,7 @@ from raybench.spec.schema import GIB
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compiled_blocks import saved_by_real_inductor  # noqa: E402
-from rehearse_cases import TINY_TRAIN, fake_trace, tiny_trial  # noqa: E402
+from rehearse_cases import TINY_TRAIN, fake_trace, real_trace, tiny_trial  # noqa: E402
 
 
 def test_liger_is_traced_under_every_traced_strategy():
@@ -762,7 +762,7 @@ def test_the_op_level_policy_runs_and_keeps_what_the_ilp_predicted(tmp_path):
     assert fake_trace(trial).peak_gib == pytest.approx(chosen.peak_gib, rel=0.01)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/init", rank=0, world_size=1)
     try:
-        real = trace.trace_step(trial.config, trial.shape, RankContext(0, 1, 0, torch.device("cpu")), fake=False)
+        real = real_trace(trial, RankContext(0, 1, 0, torch.device("cpu")))
     finally:
         dist.destroy_process_group()
     assert real.peak_gib == pytest.approx(chosen.peak_gib, rel=0.01)
