@@ -13,6 +13,7 @@ import re
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 import torch.utils._pytree as pytree
@@ -24,6 +25,12 @@ from raybench.rehearse.roofline import OpCost, Roofline, fusable
 
 # A decoder block's module name as torch's module tracker reports it (model.model.layers.7, or inside wrappers).
 BLOCK_NAME = re.compile(r"\.layers\.\d+(\.|$)")
+
+
+@cache  # asked of every module running, at every fusable operator: a model's few hundred names, searched once each
+def in_block(module_name: str) -> bool:
+    """Whether `module_name` is a decoder block or a module inside one."""
+    return BLOCK_NAME.search(module_name) is not None
 
 
 @dataclass
@@ -142,7 +149,7 @@ class StepCosts:
         part.roofline_s += max(compute_s, memory_s)
         part.op_s[func._overloadpacket.__name__] += max(compute_s, memory_s)
         part.launches += launches
-        if fusable(func, flops) and any(BLOCK_NAME.search(name) for name in modules):
+        if fusable(func, flops) and any(map(in_block, modules)):
             part.block_memory_bound_s += memory_s
         return max(compute_s, memory_s)
 

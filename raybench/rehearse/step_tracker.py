@@ -13,7 +13,7 @@ Imports torch's memory-tracker package, which loads slowly: the trace imports th
 from __future__ import annotations
 
 import re
-from functools import wraps
+from functools import cache, wraps
 
 import torch
 import torch.utils._pytree as pytree
@@ -51,6 +51,13 @@ _NOTHING_TO_COUNT = {torch.ops.prim.device.default, torch.ops.profiler._record_f
 
 # A decoder block itself, not a module inside it, as torch's module tracker names it.
 _BLOCK_ITSELF = re.compile(r"\.layers\.(\d+)(\._checkpoint_wrapped_module)?$")
+
+
+@cache  # asked of every module running, at every operator: a model's few hundred names, searched once each
+def _block_index(module_name: str) -> int | None:
+    """The index of the decoder block `module_name` names itself (None: another module, or one inside a block)."""
+    found = _BLOCK_ITSELF.search(module_name)
+    return int(found.group(1)) if found else None
 
 
 def place_of(part: int, backward: bool, block: int | None) -> str:
@@ -235,8 +242,7 @@ class StepTracker(MemTracker):
         the memory in use as each block's backward begins (`backward_entry_gib`)."""
         # Backward leaves torch's module tracker with stale entries of the blocks above (it runs top-down): the
         # lowest block entered is the one running.
-        block = min((int(m.group(1)) for name in self._mod_tracker.parents if (m := _BLOCK_ITSELF.search(name))),
-                    default=None)
+        block = min((i for name in self._mod_tracker.parents if (i := _block_index(name)) is not None), default=None)
         if block is None:  # between blocks, or past the last (the head in forward, the embedding in backward)
             return self.last_block.get((part, backward))
         self.last_block[part, backward] = block

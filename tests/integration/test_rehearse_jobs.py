@@ -4,6 +4,7 @@ rehearsed; Ctrl-C stops the workers. (Which configurations go together: tests/un
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -66,6 +67,7 @@ def spawned_workers(parent: psutil.Process) -> list[psutil.Process]:
 
 def test_two_workers_store_and_print_what_one_process_does(sweep, tmp_path, capsys):
     one_code, one_rows, _ = rehearse(sweep, tmp_path / "one", 1, capsys)
+    assert gc.get_freeze_count() == 0  # what one process froze between configurations is unfrozen once it ends
     two_code, two_rows, _ = rehearse(sweep, tmp_path / "two", 2, capsys)
     assert one_code == two_code == 0
     plan_order = [t.config_id for t in plan(load_sweep(sweep))]
