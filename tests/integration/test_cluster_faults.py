@@ -25,6 +25,7 @@ Each node has os.cpu_count() CPUs and each worker asks for all of them, so a 2-w
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -341,7 +342,9 @@ def test_a_one_shot_jobs_driver_killed_at_the_stop_still_records_it(slurm2, tmp_
     try:
         job_id = _job_id_from_squeue(slurm2, f"raybench-{SWEEP}")
         assert job_id, "the job never ran"
-        _wait_for(lambda: _idle_trials_running(job_id) == 1 and _stored(store) == 1, 180, "the held trial never ran")
+        # 20-60 s alone or under load; a wait that runs out says what the job was doing instead.
+        _wait_for(lambda: _idle_trials_running(job_id) == 1 and _stored(store) == 1, 300, "the held trial never ran",
+                  lambda: _job_seen(slurm2, job_id, store))
         driver = _sweep_driver_in(job_id)
         driver.suspend()
         subprocess.run(["scancel", "--signal=TERM", "--full", job_id], env=slurm2, check=True)
@@ -401,11 +404,21 @@ def _job_id_from_squeue(env: dict, name: str, timeout: float = 60) -> str | None
     return None
 
 
-def _wait_for(ready, timeout: float, what: str) -> None:
+def _wait_for(ready, timeout: float, what: str, state=None) -> None:
+    """Wait until ready(); past the timeout, fail with what was awaited and, from state(), what was seen instead."""
     deadline = time.monotonic() + timeout
     while not ready():
-        assert time.monotonic() < deadline, f"{what} after {timeout:.0f} s"
+        assert time.monotonic() < deadline, f"{what} after {timeout:.0f} s" + (f"; {state()}" if state else "")
         time.sleep(0.3)
+
+
+def _job_seen(env: dict, job_id: str, store: Path) -> str:
+    """What a wait on a job saw: its SLURM state, its processes by name, the rows stored and its log's tail."""
+    names = collections.Counter(_name(p) for p in job_processes(job_id))
+    logs = list(Path(env["RAYBENCH_HOME"]).glob(f"*/*/slurm-{job_id}.out"))  # a one-shot job's or a cluster's
+    log = logs[0].read_text(errors="replace")[-2000:] if logs else "(no job log)"
+    return (f"job {job_id} {_job_state(env, job_id) or 'gone'}, idle trials running {_idle_trials_running(job_id)}, "
+            f"row files {_stored(store)}, processes {dict(names)}; job log's tail:\n{log}")
 
 
 def _idle_trials_running(job_id: str) -> int:
@@ -440,8 +453,9 @@ def test_head_node_dies_with_the_driver_then_resubmission_runs_exactly_the_missi
         job_id = _job_id_from_squeue(slurm2, f"raybench-{SWEEP}")
         assert job_id, "the job never ran"
         _wait_for(lambda: len(_attempts(store)) == 1 if (store / f"sweep={SWEEP}").is_dir() else False, 180,
-                  "the first trial stored no row")
-        _wait_for(lambda: _idle_trials_running(job_id) == 2, 120, "the two held trials did not both start")
+                  "the first trial stored no row", lambda: _job_seen(slurm2, job_id, store))
+        _wait_for(lambda: _idle_trials_running(job_id) == 2, 120, "the two held trials did not both start",
+                  lambda: _job_seen(slurm2, job_id, store))
         killed = _kill_head_node(job_id)
     finally:
         stdout, stderr = submit.communicate(timeout=300)
@@ -553,8 +567,8 @@ def test_a_warm_clusters_allocation_cancelled_mid_run_stops_the_run_at_once(slur
         run = subprocess.Popen([*RAYBENCH, "run", str(sweep), "--cluster", "cut", "--store", str(store), "--quiet"],
                                env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            _wait_for(lambda: _idle_trials_running(job_id) == 1 and _stored(store) == 1, 120,
-                      "the held trial never ran")
+            _wait_for(lambda: _idle_trials_running(job_id) == 1 and _stored(store) == 1, 180,
+                      "the held trial never ran", lambda: _job_seen(slurm2, job_id, store))
             if driver == "dies without a word":
                 sweep_driver = _sweep_driver_of(run.pid)
                 sweep_driver.suspend()
@@ -632,7 +646,7 @@ def test_a_warm_clusters_head_node_dies_under_run_then_a_new_cluster_runs_exactl
                                 "--quiet"], env=slurm2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             _wait_for(lambda: _idle_trials_running(job_id) == 2 and _stored(store) == 1, 180,
-                      "the two held trials did not both run")
+                      "the two held trials did not both run", lambda: _job_seen(slurm2, job_id, store))
             killed = _kill_head_node(job_id)
             killed_at = time.monotonic()
         finally:
