@@ -118,8 +118,9 @@ def test_a_rank_that_raised_then_aborted_is_named_by_its_exception():
                                 "can't allocate memory: you tried to allocate 1073741824 bytes.\n"
                                 "terminate called without an active exception")
     status, message = classify(RuntimeError(torchrun._failure_text(1, raised)))
-    assert status == "oom" and message.startswith("rank 1 was killed by signal SIGABRT (exit code -6); its last "
-                                                   "exception line: RuntimeError: [enforce fail"), message
+    assert status == "oom" and message.startswith("RuntimeError: [enforce fail at alloc_cpu.cpp:117]"), message
+    assert message.endswith("bytes. (rank 1 raised it, then was killed by signal SIGABRT on its way out: exit code "
+                            "-6)"), message
 
 
 def test_a_command_killed_by_a_signal_itself_is_named_so():

@@ -62,7 +62,8 @@ def last_line(output: str, rank: int | None = None) -> tuple[str, str] | None:
 
 def signal_death(output: str, returncode: int, command: str) -> str | None:
     """The message of a command whose first failed rank (torchrun's root cause), or which itself, was killed by a
-    signal: who, the signal, and the output's last error line. None when no signal killed it."""
+    signal: who, the signal, and the output's last error line; the exception the rank raised before the signal,
+    should it have raised one, leads. None when no signal killed it."""
     root = _ROOT_CAUSE.search(output)
     if root and int(root.group(2)) < 0:
         who, code = f"rank {root.group(1)}", int(root.group(2))
@@ -75,10 +76,12 @@ def signal_death(output: str, returncode: int, command: str) -> str | None:
     except ValueError:
         name = str(-code)
     rank = int(root.group(1)) if root else None
-    # A rank that raised before the signal (a refused allocation, then an abort on the way out): its exception is
-    # the cause, and what the row's status is read from (oom).
+    # A rank that raised before the signal (a refused allocation, then an abort on its way out, gloo's threads still
+    # running): its exception is the cause, so it leads the message, and the row's status is read from it (oom).
     raised = exception_lines(output, rank)
-    found = ("exception", raised[-1]) if raised else last_line(output, rank)
+    if raised:
+        return f"{raised[-1]} ({who} raised it, then was killed by signal {name} on its way out: exit code {code})"
+    found = last_line(output, rank)
     return signal_line(who, name, code) + (f"; its last {found[0]} line: {found[1]}" if found else "")
 
 
