@@ -2,7 +2,7 @@
 # One GPU machine's measurements for docs/results/gpu-<date>.md, in stages, each under its own time limit so a
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
 #   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
-#                                           snapshot ddp-liger tests stacks probe hf-check speed data
+#                                           snapshot ddp-liger tests stacks probe hf-check speed data leftovers
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -133,6 +133,63 @@ data_stage() {
   fi
 }
 
+# GPU round 5 (leftovers, issue 46), the most wanted first: bench/sweeps/gpu-leftovers-1gpu.yaml on the warm pool (the
+# public 8B LoRA point, its dropout-0 point, seed 000's LoRA with the chunked loss, the full loss and dropout 0.1,
+# eager); `raybench losses` over the loss and the dropout (OUT_DIR/losses-<axis>.txt) and the summary (OUT_DIR/
+# leftovers-round.txt, bench/leftovers_round.py); then ddp + Liger and ZeRO-3 with optimizer and parameter offload,
+# each gpu-validate's own trial outside Ray (rows in gpu-validate.parquet); then the GPU tests with the time left, the
+# files holding tests not yet passed on a GPU first (tests/unit/test_gpu_leftovers_round.py checks the list is all of
+# tests/gpu).
+# Budget (H100; the whole round, `env leftovers`, in 9 minutes): pip install of .whl ~25 s and env ~10 s; the stage
+# RAYBENCH_GPU_LEFTOVERS_S (default 480 s):
+#   the sweep, limit the stage less 90 s (~390 s), ~190 s expected: Ray's start ~25 s; point 0 ~60-90 s (the 8B built
+#   from meta on the GPU, random values drawn there, no download: ~5-15 s, the 1B's build is 0.1-1.3 s on an H100;
+#   then 4 steps of 16 micro-batches at 10.5-16.6 s: the public run's and the rehearsal's); point 1 ~25-35 s (the 8B
+#   built again, 16 steps at ~0.9 s); points 2-4 ~15-25 s each (eager 1B LoRA, 30 steps at ~0.3 s: round 2's A and
+#   seed000-one took 14-18 s in the worker); the summary and Ray's shutdown ~10 s;
+#   the two comparisons and the summary: 30 s each, ~5 s each;
+#   ddp + Liger: 120 s, ~40 s (a `raybench trial` of the 1B, 20 steps of 2 x 1024: seed000-one's 27 s outside the
+#   worker and a few seconds in it);
+#   ZeRO-3 parameter offload: 180 s, ~80-120 s (DeepSpeed's CPU Adam JIT-built once per machine, g++ and ninja,
+#   ~30-60 s; 20 steps at ~1.1 s, 2026-11-22);
+#   the GPU tests: what is left less 20 s, ~100-150 s (all of them took ~450 s on 2026-11-26): pytest gets SIGINT 10 s
+#   before that, so it prints what passed, failed and did not run; the rest run on a later machine.
+# The final summary ~10 s: ~525 s in all, whatever a trial does. RAYBENCH_GPU_LEFTOVERS_TWIN=1 validates and plans the
+# GPU sweep, then runs the CPU twin (gpu-leftovers-1gpu-cpu.yaml) through the same sweep, comparisons and summary;
+# the two gpu-validate trials need CUDA and are not run, the GPU tests skip themselves without it.
+leftovers_stage() {
+  local deadline=$((SECONDS + ${RAYBENCH_GPU_LEFTOVERS_S:-480})) sweep=gpu-leftovers-1gpu
+  local tests=(tests/gpu/test_gpu_techniques.py tests/gpu/test_gpu_pool.py tests/gpu/test_gpu_snapshot.py
+               tests/gpu/test_gpu_flex_attention.py tests/gpu/test_gpu_calibrate.py tests/gpu/test_gpu_rehearse.py)
+  if [ -n "${RAYBENCH_GPU_LEFTOVERS_TWIN:-}" ]; then
+    step 60 "$deadline" python3 -m raybench validate "bench/sweeps/$sweep.yaml"
+    step 60 "$deadline" python3 -m raybench plan "bench/sweeps/$sweep.yaml" --store "$store"
+    sweep=$sweep-cpu
+  fi
+  stage_sweep "$sweep" "$deadline"  # leaves 60 s at least to what follows
+  for pair in train.loss=full train.lora.dropout=0.0; do
+    step 30 "$deadline" python3 -m raybench losses "$store" --sweep "$sweep" --axis "${pair%%=*}" \
+      --baseline "${pair#*=}" | tee "$out/losses-${pair%%=*}.txt"
+  done
+  step 30 "$deadline" python3 bench/leftovers_round.py "$store" --sweep "$sweep" | tee "$out/leftovers-round.txt"
+  # gpu-validate's ddp + Liger (the `ddp-liger` stage's trial) and ZeRO-3 with optimizer and parameter offload.
+  for trial in 9f29bd997b04e189:120 f6ba128e27da327d:180; do
+    if [ -n "${RAYBENCH_GPU_LEFTOVERS_TWIN:-}" ]; then
+      echo "== not run on a CPU (CUDA only): raybench trial bench/sweeps/gpu-validate.yaml ${trial%%:*}"
+    else
+      step "${trial#*:}" "$deadline" python3 -m raybench trial bench/sweeps/gpu-validate.yaml "${trial%%:*}" \
+        --store "$store"
+    fi
+  done
+  local left=$((deadline - SECONDS - 30))
+  if [ "$left" -gt 0 ]; then
+    step 480 "$deadline" timeout -s INT "$left" python3 -m pytest "${tests[@]}" -m gpu -q -rA \
+      -p no:cacheprovider --timeout=120
+  else
+    echo "== $(date -u +%FT%TZ) not run (no time left): the GPU tests"
+  fi
+}
+
 for stage in "$@"; do
   echo "== $(date -u +%FT%TZ) stage $stage" | tee -a "$log"
   case $stage in
@@ -183,6 +240,7 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
            fi ;;
     speed) speed_stage ;;
     data) data_stage ;;
+    leftovers) leftovers_stage ;;
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"
