@@ -15,3 +15,13 @@ def build_plain_trainer(overrides: dict, ctx):
 
     return Trainer(model=ctx.load_model(), args=ctx.args, train_dataset=ctx.train_rows(),
                    data_collator=ctx.data_collator())
+
+
+def build_checkpointed_trainer(overrides: dict, ctx):
+    """build_plain_trainer, but the entry checkpoints the model's layers itself, whatever train.ac_ratio says."""
+    from transformers import Trainer
+
+    model = ctx.load_model()
+    # transformers 5.23 renamed gradient_checkpointing_enable (kept as a deprecated alias)
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    return Trainer(model=model, args=ctx.args, train_dataset=ctx.train_rows(), data_collator=ctx.data_collator())

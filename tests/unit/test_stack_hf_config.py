@@ -106,9 +106,12 @@ def test_ac_ratio_decides_checkpointing_against_sftconfigs_own_default(tmp_path,
     (trial,) = plan(load_sweep(_sweep(tmp_path, model_dir, train={"ac_ratio": ratio})))
     cls = hf.args_class()
     args = hf.trial_args(trial.config, set(hf.field_types(cls)))
-    assert args["activation_checkpointing"] is checkpointed
+    assert args["activation_checkpointing"] is checkpointed and args["gradient_checkpointing"] is checkpointed
     built = cls(output_dir=str(tmp_path / "out"), use_cpu=True, **args)
     assert built.activation_checkpointing is checkpointed and built.gradient_checkpointing is checkpointed
+    # transformers before 5.23 has gradient_checkpointing alone (and SFTConfig makes it True by default): it is set.
+    older = hf.trial_args(trial.config, set(hf.field_types(cls)) - {"activation_checkpointing"})
+    assert older["gradient_checkpointing"] is checkpointed and "activation_checkpointing" not in older
 
 
 def test_the_data_spec_plans_for_the_entry_and_the_config_path(tmp_path, model_dir, alpaca_file):

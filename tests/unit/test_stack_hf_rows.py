@@ -56,3 +56,30 @@ def test_the_config_path_trains_on_the_tokenized_samples(tmp_path, model_dir, ch
                                                                                 record.nonpad_tokens))
     assert all(loss == loss for loss in record.losses)  # not NaN
     assert sorted(p.name for p in Path(payload.tokenized.path).iterdir()) == cached
+
+
+@pytest.mark.parametrize("ratio", ["0", "1"])
+def test_layers_checkpointed_against_ac_ratio_fail_the_trial_before_its_first_step(tmp_path, model_dir, chat_file,
+                                                                                  chat_tokenizer, one_rank, ratio):
+    """An entry (or a library default, as SFTConfig's on transformers before 5.23) that checkpoints the layers at
+    ac_ratio 0 would measure something the row does not say: the trial fails naming train.ac_ratio. At ac_ratio 1
+    the same entry trains."""
+    spec = {"name": "hf-ac", "model": {"path": str(model_dir)},
+            "data": {"source": "hf", "path": str(chat_file), "tokenizer": str(chat_tokenizer), "format": "messages"},
+            "train": {"steps": 1, "warmup_steps": 0, "seq_len": SEQ_LEN, "micro_batch": BATCH, "precision": "fp32",
+                      "ac_ratio": ratio},
+            "resources": {"workers": 1, "cpus_per_worker": 1},
+            "stack": {"kind": "hf", "entry": "hf_user:build_checkpointed_trainer",
+                      "pythonpath": [str(Path(__file__).resolve().parents[1] / "stacks_user")]}}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    (trial,) = tokenize_once(plan(load_sweep(tmp_path / "sweep.yaml")), str(tmp_path / "store"),
+                             progress=lambda line: None)
+    probe = StepProbe(one_rank.device)
+    run = hf.build(trial.payload.replace(cache_dir=str(tmp_path / "store" / "_cache")), one_rank, probe)
+    if ratio == "1":
+        run.train()
+        assert len(probe.record.step_times_s) == 1
+        return
+    with pytest.raises(ValueError, match="the trainer checkpoints the model's layers but train.ac_ratio is 0"):
+        run.train()
+    assert not probe.record.step_times_s

@@ -76,5 +76,4 @@ def test_the_keys_raybench_sets_are_the_tables_keys(model_dir):
     config = TrialConfig(model={"preset": "tiny"}, stack={"kind": "hf"})
     every_key = {key for keys in stacks.kind("hf").mapped.values() for key in keys} | {*hf_args.DATA_MAPPED.values()}
     values = hf_args.trial_args(config, every_key)
-    # gradient_checkpointing is refused, not set: SFTConfig's activation_checkpointing turns it on.
-    assert set(values) - set(hf_args.HARNESS) - set(hf_args.QUIET) == every_key - {"gradient_checkpointing"}
+    assert set(values) - set(hf_args.HARNESS) - set(hf_args.QUIET) == every_key

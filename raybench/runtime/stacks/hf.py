@@ -145,7 +145,7 @@ def build(payload: TrialPayload, ctx: RankContext, probe: StepProbe) -> StackRun
         shutil.rmtree(output_dir, ignore_errors=True)
         raise
     batches = _Batches(None if _is_sft(trainer) else config.train.seq_len)
-    _hook_probe(trainer, probe, batches)
+    _hook_probe(trainer, probe, batches, checkpointed=config.train.ac_ratio == "1")
     run = StackRun(train=lambda: None, model=trainer.model, version=_version(trainer), data=context.data)
 
     def train() -> None:
@@ -221,12 +221,28 @@ def _is_sft(trainer) -> bool:
     return any(c.__module__.startswith("trl.") for c in type(trainer).__mro__)
 
 
-def _hook_probe(trainer, probe: StepProbe, batches: _Batches) -> None:
-    """Start the probe when training begins, end a step at each optimizer step, and count each micro-batch."""
+def _check_checkpointing(model, args, checkpointed: bool) -> None:
+    """The layers checkpoint as train.ac_ratio says, whatever the trainer, TRL or the entry did: the row's ac_ratio
+    is what ran. transformers' layers say it in their own `gradient_checkpointing` flag (a model without one is
+    not checked)."""
+    flags = [m.gradient_checkpointing for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing",
+                                                                                     None), bool)]
+    if flags and any(flags) != checkpointed:
+        keys = ", ".join(f"{key}={getattr(args, key)}" for key in ("activation_checkpointing", "gradient_checkpointing")
+                         if hasattr(args, key))
+        raise ValueError(f"the trainer {'checkpoints' if any(flags) else 'does not checkpoint'} the model's layers "
+                         f"but train.ac_ratio is {'1' if checkpointed else '0'} (its arguments: {keys}): set "
+                         "train.ac_ratio, and do not turn checkpointing on or off in the entry")
+
+
+def _hook_probe(trainer, probe: StepProbe, batches: _Batches, checkpointed: bool) -> None:
+    """Start the probe when training begins (once the layers checkpoint as the trial says), end a step at each
+    optimizer step, and count each micro-batch."""
     from transformers import TrainerCallback
 
     class ProbeCallback(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
+            _check_checkpointing(kwargs["model"], args, checkpointed)
             probe.start()  # the model wrapped, the optimizer built: the next thing is the first step's batches
 
         def on_step_end(self, args, state, control, **kwargs):

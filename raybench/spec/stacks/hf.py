@@ -77,7 +77,10 @@ def mapped_values(config: TrialConfig, fields: set[str]) -> dict[str, Any]:
         "bf16": train.precision == "bf16",
         "fp16": train.precision == "fp16",
         "max_length": train.seq_len,
+        # Both names: transformers before 5.23 has only gradient_checkpointing, and SFTConfig's default for it is
+        # True, so a trial that set only the new name checkpointed every layer at ac_ratio 0 (GPU round 2's TRL run).
         "activation_checkpointing": train.ac_ratio == "1",
+        "gradient_checkpointing": train.ac_ratio == "1",
         "dataloader_num_workers": data.num_workers,
         "dataloader_pin_memory": data.pin_memory,
         "dataloader_prefetch_factor": data.prefetch_factor,
