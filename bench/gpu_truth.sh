@@ -58,7 +58,8 @@ step() {  # seconds allowed, deadline, command...
 # seed 000's LoRA shape through raybench's loop (A), TRL's SFTTrainer (B) and Lightning (C) in the order A B C C B A,
 # each a fresh `raybench trial` row (a second run of a trial is a new attempt: OUT_DIR/<sweep>.parquet keeps both,
 # told apart by started_at). RAYBENCH_GPU_STACKS_TWIN=1 runs the CPU twins (tiny model, bf16 too) through the same
-# commands; RAYBENCH_GPU_STACKS_S bounds the stage (default 380 s).
+# commands; RAYBENCH_GPU_STACKS_S bounds the stage (default 480 s); RAYBENCH_GPU_STACKS_ORDER replaces the order
+# (round 6: "raybench hf hf raybench").
 stacks_stage() {
   local deadline=$((SECONDS + ${RAYBENCH_GPU_STACKS_S:-480})) data=bench/sweeps/example-data/stack-round suffix=""
   local make=(--preset llama-3.2-1b --dtype bf16 --device cuda --chats 20000) run_s=150  # TRL took 83-90 s on an H100
@@ -66,7 +67,7 @@ stacks_stage() {
     data=$data-twin suffix=-cpu make=(--preset tiny --dtype bf16 --device cpu --chats 2000) run_s=180
   fi
   step 120 "$deadline" python3 bench/stack_round_data.py "$data" "${make[@]}"
-  for stack in raybench hf lightning lightning hf raybench; do
+  for stack in ${RAYBENCH_GPU_STACKS_ORDER:-raybench hf lightning lightning hf raybench}; do
     step "$run_s" "$deadline" python3 -m raybench trial "bench/sweeps/gpu-stack-$stack$suffix.yaml" 0 --store "$store"
   done
 }
@@ -225,11 +226,15 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     # Every GPU test runs whatever another one does (no -x): each outcome is a measurement; -rA prints what the
     # passing ones printed (the compiled-block byte counts, CUDA against the CPU rehearsal).
     stacks) stacks_stage ;;
-    # Round 2's open question: TRL's B at 0.32x. B again with packing off (TRL's padding-free flattened rows are the
-    # first suspect), after the stacks stage wrote the model and data (CPU twin of this: ok on 2026-11-28).
-    hf-check) sed 's/^    packing: true$/    packing: false/' bench/sweeps/gpu-stack-hf.yaml > bench/sweeps/gpu-stack-hf-unpacked.yaml
-              timeout -k 10 180 python3 -m raybench trial bench/sweeps/gpu-stack-hf-unpacked.yaml 0 --store "$store"
-              rm -f bench/sweeps/gpu-stack-hf-unpacked.yaml ;;
+    # Round 2's TRL B at 0.32x: its layers were checkpointed (transformers 5.17 has no activation_checkpointing, and
+    # SFTConfig's gradient_checkpointing defaulted on; docs/results/trl-checkpointing-2026-11-28.md). What is left of
+    # the gap after the fix: the checkpointing keys this machine's SFTConfig has, and the attention of TRL's one
+    # flattened row (a dense square mask over 12,288 tokens) against six rows of 2,048, one layer.
+    hf-check) python3 -c 'import dataclasses, transformers, trl; from trl import SFTConfig
+keys = ("activation_checkpointing", "gradient_checkpointing")
+print("transformers", transformers.__version__, "trl", trl.__version__, "SFTConfig defaults:",
+      {f.name: f.default for f in dataclasses.fields(SFTConfig) if f.name in keys})'
+              timeout -k 10 60 python3 bench/packed_row_attention.py --device cuda ;;
     # The probe's cost on CUDA (one synchronization per optimizer step): the tiny Llama with and without the probe,
     # A B B A per round, 16k tokens a step (CPU twin: RAYBENCH_GPU_STACKS_TWIN=1, a few small rounds).
     probe) if [ -n "${RAYBENCH_GPU_STACKS_TWIN:-}" ]; then
