@@ -178,7 +178,7 @@ def _best(args) -> int:
                   "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
             return EXIT_BAD_INPUT
         spec = load_sweep(args.source)
-        if args.gpu:  # the GPU whose memory the rehearsals must fit in (estimate.gpu; not part of trial ids)
+        if args.gpu:  # the GPU whose memory the rehearsals must fit in (estimate.gpu), as `rehearse --gpu`
             spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
         return _best_predicted(args, spec)
 

@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
     p.add_argument("--trial", help="only this trial (trial id, config id, or plan index)")
     p.add_argument("--store", help="result store: its all-reduce probes give the bus bandwidth, and the rehearsals "
                    "are kept there for `raybench estimate` (default: the sweep's)")
-    p.add_argument("--gpu", help="GPU to predict step times for (default: the sweep's estimate.gpu), e.g. 'H100 SXM'")
+    p.add_argument("--gpu", help="GPU to predict for (default: the sweep's estimate.gpu), e.g. 'H100 SXM': step "
+                   "times, and the memory fits (and train.loss auto) are judged on")
     p.add_argument("--busbw", type=float, metavar="GBPS", help="bus bandwidth of the cluster's collectives, GB/s "
                    "(nccl-tests' busbw; default: the sweep's estimate.busbw_gbps, else the store's probe, else "
                    "nominal links)")
@@ -44,6 +45,8 @@ def _rehearse(args) -> int:
     from raybench.rehearse.workers import WorkersLost, default_jobs, rehearse_sweep
 
     spec = load_sweep(args.sweep)
+    if args.gpu:  # the plan judges fits (and train.loss auto) on this GPU's memory, as `best --predict --gpu` does
+        spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
     store_path = args.store or spec.store
     trials = plan(spec, source=args.sweep, store_path=store_path)
     if args.trial is not None:
@@ -57,23 +60,36 @@ def _rehearse(args) -> int:
               "all_reduce busbw of the cluster)", file=sys.stderr)
         return EXIT_BAD_INPUT
     rows, lost = [], None
-    found = rehearse_sweep(spec, trials, store_path, args.gpu, args.busbw, args.full_depth, args.jobs or default_jobs())
-    try:
-        for row in found:
-            rows.append(row)
-            if args.json:
-                print(json.dumps(row, sort_keys=True), flush=True)
-    except WorkersLost as err:
-        lost = err
-    except KeyboardInterrupt:
-        print(f"raybench rehearse: interrupted; the rehearsals finished are stored in {store_path}/rehearsals",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        found.close()  # stops the worker processes, whatever ended the loop
+    # A second pass: a full-loss trial that train.loss auto chose by its estimate, and that its rehearsal now
+    # says does not fit, is planned chunked from here on (planning/loss_choice.py): rehearse that trial too.
+    for _ in range(2):
+        found = rehearse_sweep(spec, trials, store_path, args.gpu, args.busbw, args.full_depth,
+                               args.jobs or default_jobs())
+        try:
+            for row in found:
+                rows.append(row)
+                if args.json:
+                    print(json.dumps(row, sort_keys=True), flush=True)
+        except WorkersLost as err:
+            lost = err
+        except KeyboardInterrupt:
+            print(f"raybench rehearse: interrupted; the rehearsals finished are stored in {store_path}/rehearsals",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        finally:
+            found.close()  # stops the worker processes, whatever ended the loop
+        trials = [] if lost else _changed(trials, plan(spec, source=args.sweep, store_path=store_path))
+        if not trials:
+            break
     if not args.json:
         print(rehearsal_report(rows, store_path, args.sweep))
     if lost:
         print(f"raybench rehearse: {lost}", file=sys.stderr)
         return EXIT_NOT_ALL_REHEARSED
     return EXIT_OK
+
+
+def _changed(rehearsed: list, replanned: list) -> list:
+    """The replanned trials at the indices just rehearsed whose configuration the new rehearsals changed."""
+    ids = {t.index: t.config_id for t in rehearsed}
+    return [t for t in replanned if t.index in ids and t.config_id != ids[t.index]]

@@ -10,7 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from raybench.planning import calibration, estimate, stacks, tokenized
+from raybench.planning import calibration, estimate, loss_choice, stacks, tokenized
 from raybench.planning.assessment import Assessment, assess
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem
@@ -317,8 +317,11 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
         if config.data.source != "synthetic":
             problems += _vocabulary_problems(config, shape, vocabulary_checked)
         problems += _stack_problems(config, stack_checked)
-        cid = config_id(config)
         blocks = tuple(checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
+        if not reasons and config.stack.kind == RAYBENCH:  # a user's stack computes its own loss
+            config = loss_choice.chosen(config, shape, blocks, spec.estimate, evidence,
+                                        lambda c: rehearsed.get(config_id(c)))
+        cid = config_id(config)
         if reasons and not keep_invalid:
             where = ", ".join(f"{k}={v!r}" for k, v in values.items()) or "base config"
             problems += [Problem(f, where, f"{why}; drop this point with `exclude:`, or pass --keep-invalid "

@@ -10,10 +10,10 @@ from raybench.reports.report import cell, render
 
 def plan_table(trials: list[PlannedTrial]) -> str:
     axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
-    headers = ["#", "trial_id", *axes, "world", "layers", "ac_blocks", "status"]
+    headers = ["#", "trial_id", *axes, "world", "layers", "ac_blocks", "loss", "status"]
     rows = [
         [str(t.index), t.trial_id, *(str(t.axis_values.get(a, "")) for a in axes), str(t.world_size),
-         str(t.shape.num_hidden_layers), ",".join(map(str, t.ac_blocks)) or "-",
+         str(t.shape.num_hidden_layers), ",".join(map(str, t.ac_blocks)) or "-", t.config.train.loss,
          t.status if not t.reasons else f"{t.status}: {'; '.join(t.reasons)}"]
         for t in trials
     ]
@@ -23,13 +23,14 @@ def plan_table(trials: list[PlannedTrial]) -> str:
 def estimate_table(trials: list[PlannedTrial]) -> str:
     """One line per planned trial: axis values, the components, peak (raw and calibrated), fits, step guess."""
     axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
-    headers = ["#", "trial_id", *(a.split(".")[-1] for a in axes), "world", "params", "grads", "optim", "activ",
+    headers = ["#", "trial_id", *(a.split(".")[-1] for a in axes), "world", "loss", "params", "grads", "optim", "activ",
                "other", "peak GiB", "calib", "calibrated", "rehearsed", "limit", "fits", "step s (guess)",
                "step s (rehearsed)", "status"]
     rows = []
     for t in trials:
         a = t.assessment
-        values = [str(t.index), t.trial_id, *(str(t.axis_values.get(axis, "")) for axis in axes), str(t.world_size)]
+        values = [str(t.index), t.trial_id, *(str(t.axis_values.get(axis, "")) for axis in axes), str(t.world_size),
+                  t.config.train.loss]
         if a is None:  # invalid points (--keep-invalid) have no estimate
             rows.append([*values, *["-"] * 13, f"{t.status}: {'; '.join(t.reasons)}"])
             continue

@@ -176,11 +176,14 @@ class TrainSpec(Section):
     compile_cache_dir: str | None = Field(None, description=(
         "TORCHINDUCTOR_CACHE_DIR for this trial's workers (a warm cache skips recompiling); null: inductor's default."))
     liger: bool = Field(False, description="Patch the model with Liger Triton kernels (CUDA and liger-kernel only).")
-    loss: Literal["chunked", "full"] = Field("chunked", description=(
-        "raybench's own loop: the cross-entropy chunked over the tokens, the head's and the loss's gradients made "
-        "a chunk at a time so the whole fp32 logits never exist (the same loss and gradients to fp32 rounding), or "
-        "full: transformers' loss over the whole logits. Chunked runs as full under liger (its own fused loss), "
-        "deepspeed, precision fp16, and tensor parallelism with a vocabulary-split head (docs/techniques.md)."))
+    loss: Literal["auto", "chunked", "full"] = Field("auto", description=(
+        "raybench's own loop: chunked, the cross-entropy chunked over the tokens, the head's and the loss's "
+        "gradients made a chunk at a time so the whole fp32 logits never exist (the same loss and gradients to "
+        "fp32 rounding); full, transformers' loss over the whole logits (faster where memory does not bind); auto, "
+        "full where a GPU trial fits its device memory with it (estimate.gpu or device_memory_gib, less the "
+        "margin), else chunked, also on CPU and where no device memory is known (a row says which ran). Chunked "
+        "runs as full under liger (its own fused loss), deepspeed, precision fp16, and tensor parallelism with a "
+        "vocabulary-split head (docs/user-guide.md, the loss)."))
     fp8: Literal["off", "tensorwise", "rowwise"] = Field("off", description=(
         "FP8 matmuls in the decoder's linear layers (torchao float8 training; its recipe names): tensorwise (one "
         "scale per tensor; with fsdp2 the weights are all-gathered in FP8) or rowwise (one scale per row). CUDA "
@@ -224,8 +227,9 @@ class TrainSpec(Section):
         if self.reduce_dtype == "fp32":  # and for reduce_dtype, fp32
             data.pop("reduce_dtype", None)
         # train.loss came after ids were issued, with a default (chunked) that gives the loss of the rows before it
-        # to fp32 rounding: an id leaves it out while chunked, and a stored row's config says which loss ran.
-        if self.loss == "chunked" and (info.context or {}).get("trial_id"):
+        # to fp32 rounding: an id leaves it out while chunked, and a stored row's config says which loss ran. The
+        # plan resolves auto (planning/loss_choice.py); where it stays (a user's stack), it stands for no choice.
+        if self.loss in ("chunked", "auto") and (info.context or {}).get("trial_id"):
             data.pop("loss", None)
         _dump_lora_base_dtype(data.get("lora"), self.lora_base_dtype)
         return data

@@ -156,9 +156,10 @@ def test_ids_leave_the_default_out_rows_say_which_loss_ran_and_older_rows_read_a
     from raybench.results.store import measured_trial_config
     from raybench.spec.sweep_spec import TrialConfig
 
-    chunked = TrialConfig.model_validate({"model": {"preset": "tiny"}})
+    auto = TrialConfig.model_validate({"model": {"preset": "tiny"}})  # the default, resolved by the plan
+    chunked = TrialConfig.model_validate({"model": {"preset": "tiny"}, "train": {"loss": "chunked"}})
     full = TrialConfig.model_validate({"model": {"preset": "tiny"}, "train": {"loss": "full"}})
-    assert config_id(chunked) == "f93ad76455577afa"  # the id it had before train.loss existed
+    assert config_id(chunked) == config_id(auto) == "f93ad76455577afa"  # the id it had before train.loss existed
     assert config_id(full) != config_id(chunked)
     row_config = chunked.model_dump(mode="json")  # what a row's config_json holds
     assert row_config["train"]["loss"] == "chunked"
