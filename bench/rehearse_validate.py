@@ -18,7 +18,9 @@ row is held out. Prints a Markdown table per file, which rows fitted what, then 
 worst errors, then one JSON line per set (step time median and max |error|, tensor and reserved peak errors), the
 held-out set in three parts (new configurations on blind rows, the score; repeats of a fitted configuration on
 another day or GPU; rows that shaped a change, `not_blind` in the split file), and last the headline line: its
-"value" is the held-out rows' median |step time error|. Nothing is fitted here: the rehearsal's constants (raybench/rehearse/fitted.py: ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, COMPILED_BYTE_COST) are
+"value" is the held-out rows' median |step time error|. Nothing is fitted here: the rehearsal's constants
+(raybench/rehearse/fitted.py: ROOFLINE_EFFICIENCY, ALLOCATOR_RESERVE, ALLOCATOR_RESERVE_FROZEN_BASE,
+COMPILED_BYTE_COST) are
 printed with the results, and what each row alone would make them (the implied values). Then, for a gpu-sac-1b
 file rehearsed whole, the best ratio per micro-batch x compile as `raybench best --predict` picks it (the
 estimate's memory limit and margin for that GPU) against the measured best, and the op-level policy torch's SAC
@@ -60,9 +62,12 @@ COLUMNS = ["set", "fitted", "trial_id", "not_blind", "config", "method", "notes"
 
 
 def sweep_for_gpu(name: str, gpu: str):
-    """The committed sweep, with estimate.gpu set to the GPU its rows ran on (not part of trial ids)."""
+    """The committed sweep, with estimate.gpu set to the GPU its rows ran on. Its rows ran before train.loss auto
+    and carry the ids of the default of their day, which leave the loss out: planned so, a sweep that does not set
+    train.loss gives those ids whatever auto would pick on this GPU."""
     spec = load_sweep(REPO / "bench" / "sweeps" / f"{name}.yaml")
-    return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": gpu})})
+    train = spec.train.model_copy(update={"loss": "chunked"}) if spec.train.loss == "auto" else spec.train
+    return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": gpu}), "train": train})
 
 
 def measured_rows(parquet: Path) -> pd.DataFrame:
@@ -105,7 +110,7 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
         analytic = estimate(config, trial.shape, list(trial.ac_blocks), gpu)
         r = rehearsal.rehearse(config, trial.shape, gpu, analytic=analytic, traces=traces, calibration=priced)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
-        reserved = None if r.peak_gib is None else r.peak_gib * priced.reserve
+        reserved = None if r.peak_gib is None else r.peak_gib * priced.for_finetune(config.train.finetune).reserve
         lines.append({
             "set": validation_split.FITTING if fitted_on else validation_split.HELDOUT,
             "fitted": ", ".join(fitted_on) or "-", "trial_id": stored_id,
@@ -283,7 +288,8 @@ def fitted_rows_markdown(split: validation_split.Split, files: list[str]) -> str
             ids = entry.fitting.get(name)
             if not ids:
                 continue
-            rows = pd.read_parquet(REPO / rel, columns=["trial_id", "axis_values_json"]).set_index("trial_id")
+            rows = pd.read_parquet(REPO / rel, columns=["trial_id", "axis_values_json"])
+            rows = rows.drop_duplicates("trial_id", keep="last").set_index("trial_id")  # a stopped trial's attempts
             configs = sorted({", ".join(f"{k.split('.')[-1]}={v}" for k, v in json.loads(
                 rows.loc[i, "axis_values_json"]).items()) for i in ids})
             out.append(f"| {name} | {spec['value']} | {rel}{'' if rel in files else ' (not run)'} | {len(ids)} | "

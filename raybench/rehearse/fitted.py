@@ -20,6 +20,12 @@ ROOFLINE_REFERENCE_GPU = "H100 SXM"
 # report the reserved peak. Fitted the same way: median peak_reserved_gib / peak_alloc_gib over the same 10
 # rows, 1.159 (range 1.12-1.23). A GPU rehearsal's reserved_gib is its tensor peak times this.
 ALLOCATOR_RESERVE = 1.16
+# A frozen base (LoRA, QLoRA) reserves less over its tensors: no weight gradients, no optimizer step's buffers
+# between the activations. Fitted the same way on the five LoRA rows of the H200 speed round
+# (docs/results/gpu-2026-11-28-h200/gpu-speed-1gpu.parquet): median 1.058 (range 1.02-1.06); checked on the H100's
+# held-out LoRA and QLoRA rows (docs/results/reserve-frozen-base-2026-11-29.md).
+ALLOCATOR_RESERVE_FROZEN_BASE = 1.06
+FROZEN_BASE = ("lora", "qlora")
 # torch.compile (not traced: compiled trials trace eager) fuses the elementwise, reduction and copy operators
 # of each compiled decoder block into generated kernels; how many bytes those move, against the eager
 # operators', inductor itself counts on one block (compiled_block_traffic). A byte its kernels move costs this
@@ -42,7 +48,8 @@ class Calibration:
 
     efficiency: float = ROOFLINE_EFFICIENCY
     bandwidth_fraction: float = ROOFLINE_EFFICIENCY  # the shipped constant prices bytes like FLOPs
-    reserve: float = ALLOCATOR_RESERVE
+    reserve: float = ALLOCATOR_RESERVE  # the reserve a rehearsal prices with (`for_finetune` picks it per trial)
+    frozen_base_reserve: float = ALLOCATOR_RESERVE_FROZEN_BASE
     launch_s: float | None = None  # measured, recorded; not priced (the fitted efficiency carries launch gaps)
     source: str = SHIPPED  # how rows name it: "shipped H100 constants" or "profile: <device> <date>"
     peaks: dict | None = None  # FLOP/s by dtype name ("bf16", "fp32"), for a device the table lacks
@@ -52,13 +59,18 @@ class Calibration:
     def profiled(self) -> bool:
         return self.source != SHIPPED
 
+    def for_finetune(self, finetune: str) -> Calibration:
+        """This calibration with the reserve of a trial of `finetune`: a frozen base's where LoRA or QLoRA."""
+        return dataclasses.replace(self, reserve=self.frozen_base_reserve) if finetune in FROZEN_BASE else self
+
     @classmethod
     def from_profile(cls, profile: dict) -> Calibration:
         """The calibration a stored profile gives: derived anew from its measured figures, so that a profile
         stored before a change of `derive` prices as a fresh one would."""
         d = derive(profile)
         return cls(efficiency=d["efficiency"], bandwidth_fraction=d["bandwidth_fraction"], reserve=d["reserve"],
-                   launch_s=d.get("launch_s"), source=f"profile: {profile['fingerprint']['key']} {profile['date']}",
+                   frozen_base_reserve=d["frozen_base_reserve"], launch_s=d.get("launch_s"),
+                   source=f"profile: {profile['fingerprint']['key']} {profile['date']}",
                    peaks=d.get("peaks_flop_per_s"), bandwidth=d.get("bandwidth_bytes_per_s"))
 
     @classmethod
@@ -94,19 +106,21 @@ def derive(measured: dict) -> dict:
     absolute = matmul is None or moved is None
     return {"efficiency": (1.0 if absolute else matmul) * share,
             "bandwidth_fraction": (1.0 if absolute else moved) * share,
-            "reserve": _reserve(measured), "launch_s": measured["launch_s"], "step_share": share,
+            "reserve": _reserve(measured, ALLOCATOR_RESERVE),
+            "frozen_base_reserve": _reserve(measured, ALLOCATOR_RESERVE_FROZEN_BASE),
+            "launch_s": measured["launch_s"], "step_share": share,
             "peaks_flop_per_s": dict(measured["matmul_flop_per_s"]) if absolute else None,
             "bandwidth_bytes_per_s": measured["bandwidth_bytes_per_s"] if absolute else None}
 
 
-def _reserve(measured: dict) -> float:
-    """The reserve a profile prices with: a CPU's measured 1.0 (no caching allocator), else ALLOCATOR_RESERVE.
+def _reserve(measured: dict, fitted: float) -> float:
+    """The reserve a profile prices with: a CPU's measured 1.0 (no caching allocator), else the `fitted` one.
     A GPU's measured reserve is recorded, not priced: on an H100 (2026-11-28) the small Llama `calibrate` steps
     made the allocator reserve 1.85x its tensors where the 1B rows reserve 1.16x, and priced with it the held-out
     rows' reserved peaks came out +59% (docs/results/gpu-2026-11-28-h100.md): a small model's blocks round up
     more, so the reserve fitted on training steps of the size users rehearse is kept."""
     on_cpu = measured.get("fingerprint", {}).get("key") == CPU_KEY
-    return measured["allocator_reserve"] if on_cpu else ALLOCATOR_RESERVE
+    return measured["allocator_reserve"] if on_cpu else fitted
 
 
 def measure_profile(kind: str, quick: bool, command: str, progress=None) -> dict:

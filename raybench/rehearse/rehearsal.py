@@ -148,6 +148,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     collectives' bandwidth and latency; None: the GPU's NVLink domain, one NIC per GPU.
     """
     world = config.resources.workers
+    calibration = calibration.for_finetune(config.train.finetune)  # stored with the rehearsal, as priced
     why_not = why_not_traceable(config)
     if why_not:
         twin = zero_twin(config)

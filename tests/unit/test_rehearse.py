@@ -524,6 +524,17 @@ def test_compiled_trials_rehearse_with_fewer_activations(case):
     assert traced_model.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
 
+def test_a_frozen_base_reserves_by_its_own_constant_and_stores_what_it_priced_with():
+    """A LoRA trial's reserved peak is its tensors x the frozen base's reserve (fitted.py), a full fine-tune's x
+    the full one's; the stored calibration is the one it priced with, so an op-level policy's limit agrees."""
+    for finetune, reserve in (("lora", fitted.ALLOCATOR_RESERVE_FROZEN_BASE), ("full", fitted.ALLOCATOR_RESERVE)):
+        trial = tiny_trial(2, gpus=1, strategy="fsdp2", finetune=finetune)
+        found = rehearsal.rehearse(trial.config, trial.shape, "H100 SXM", analytic=trial.assessment.analytic)
+        assert found.reserved_gib == pytest.approx(found.peak_gib * reserve)
+        assert fitted.Calibration.of(found.as_dict()).reserve == reserve
+    assert fitted.ALLOCATOR_RESERVE_FROZEN_BASE < fitted.ALLOCATOR_RESERVE
+
+
 def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     sweep = tmp_path / "s.yaml"
     sweep.write_text(json.dumps({
