@@ -62,9 +62,9 @@ COLUMNS = ["set", "fitted", "trial_id", "not_blind", "config", "method", "notes"
 
 
 def sweep_for_gpu(name: str, gpu: str):
-    """The committed sweep, with estimate.gpu set to the GPU its rows ran on. Its rows ran before train.loss auto
-    and carry the ids of the default of their day, which leave the loss out: planned so, a sweep that does not set
-    train.loss gives those ids whatever auto would pick on this GPU."""
+    """The committed sweep, with estimate.gpu set to the GPU its rows ran on. Its rows ran before train.loss auto,
+    so a sweep that leaves the loss at auto is planned chunked, the default of their day: its ids leave the loss out,
+    as the rows' do, whatever auto would pick on this GPU."""
     spec = load_sweep(REPO / "bench" / "sweeps" / f"{name}.yaml")
     train = spec.train.model_copy(update={"loss": "chunked"}) if spec.train.loss == "auto" else spec.train
     return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": gpu}), "train": train})

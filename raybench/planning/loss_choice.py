@@ -3,7 +3,8 @@
 Why not always chunked: on a GPU where memory does not bind, the chunked loss is slower. The 1B full fine-tune at
 micro-batch 8 on one H200 ran at 0.929x the full loss's tokens/s, A B B A (docs/results/gpu-2026-11-28-h200.md).
 Why not always full: where the whole fp32 logits do not fit beside the step, chunking is what lets the trial run.
-Issue 49's 8B LoRA on one H100 is such a trial: 73.9 GiB reserved chunked, about 10.6 GiB more with the full loss.
+Issue 49's 8B LoRA on one H100 is such a trial: a 63.7 GiB tensor peak chunked, about 10.6 GiB more with the
+full loss (docs/results/lean-loop-2026-11-28.md).
 
 So auto takes the full loss when a GPU trial, run with it, fits its device memory less the margin, by the judgement
 that prunes (planning/assessment.py). That judgement reads the full-loss trial's stored rehearsal where there is one,

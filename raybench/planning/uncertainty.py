@@ -51,8 +51,9 @@ class Bands:
 
 
 # docs/results/prediction-bands-2026-11-29.md (bench/prediction_intervals.py on bench/rehearse_validate.py's and
-# bench/rehearse_public.py's output, 2026-11-29, with the frozen base's reserve). "traced": a traced rehearsal. "analytic": the analytic estimate (what an untraced trial is predicted by: `raybench
-# rehearse`'s fallback, the plan without a rehearsal).
+# bench/rehearse_public.py's output, 2026-11-29, with the frozen base's reserve). "traced": a traced rehearsal.
+# "analytic": the analytic estimate (what an untraced trial is predicted by: `raybench rehearse`'s fallback, the
+# plan without a rehearsal).
 BANDS = {
     "traced": Bands(rows=Band(step_time=0.149, tensor_peak=0.026, reserved_peak=0.108),
                     at_scale=Band(step_time=0.01, tensor_peak=0.564, reserved_peak=0.564)),
