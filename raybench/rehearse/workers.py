@@ -114,10 +114,10 @@ def _rows_from_workers(spec, groups: list, store_path: str, options: tuple, jobs
         for _ in range(min(jobs, len(groups))):
             ours, theirs = context.Pipe()
             process = context.Process(target=_worker, args=(theirs, spec, store_path, options, threads), daemon=True)
-            with _ctrl_c_ignored():  # inherited through exec: a worker ignores it from its start (the parent stops it)
+            with _ctrl_c_held():  # a Ctrl-C meanwhile is raised here once the worker is started and known
                 process.start()
+                workers[ours] = (process, {})
             theirs.close()  # so that the worker's death reads as the end of its pipe here
-            workers[ours] = (process, {})
             _hand_out(ours, workers, pending)
         while workers:
             for conn in wait(list(workers)):
@@ -146,16 +146,24 @@ def _rows_from_workers(spec, groups: list, store_path: str, options: tuple, jobs
 
 
 @contextmanager
-def _ctrl_c_ignored():
-    """SIGINT ignored in this process meanwhile (on the main thread, the only one that may set it)."""
-    if threading.current_thread() is not threading.main_thread():
+def _ctrl_c_held():
+    """SIGINT held back meanwhile, then delivered to this process's own handler. Blocked, not ignored: a worker
+    started meanwhile inherits the block through exec, so a Ctrl-C cannot interrupt its start-up, and it ignores
+    SIGINT from its first line (_worker); ignoring it here instead would drop a Ctrl-C that came meanwhile."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    caught = []
+    # Recorded, not raised: another thread of this process may take the signal while this one blocks it.
+    handler = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # runs the recorder if one is pending
         signal.signal(signal.SIGINT, handler)
+    if caught:
+        signal.raise_signal(signal.SIGINT)  # to the handler this process had: KeyboardInterrupt by default
 
 
 def _hand_out(conn: Connection, workers: dict, pending: list) -> None:
@@ -177,8 +185,10 @@ def _worker(conn: Connection, spec, store_path: str, options: tuple, threads: in
     """A worker process: rehearse each group it is sent (rows back as they finish) until it is sent None."""
     import torch
 
-    # Ctrl-C reaches every process of the terminal's group: the parent stops the workers, they need not (ignored
-    # from their start: _ctrl_c_ignored).
+    # Ctrl-C reaches every process of the terminal's group: the parent stops the workers, they need not. Blocked
+    # since the start (_ctrl_c_held); ignored from here, which drops one that came meanwhile.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     torch.set_num_threads(threads)  # one CPU's share each: the trace is Python, torch's thread pool oversubscribes
     traces: dict = {}  # one cache for every group this worker rehearses, as one process keeps for a sweep
     gpu, busbw, full_depth = options

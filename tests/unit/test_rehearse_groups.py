@@ -1,11 +1,15 @@
 """`raybench rehearse --jobs N` gives each worker process whole groups of configurations that share traces
 (trials.trace_groups): no trace is made in two groups, a group rehearsed on its own gives what the sweep in one
-process gives, and --jobs must be a whole number of at least 1. The worker processes themselves run in
-tests/integration/test_rehearse_jobs.py."""
+process gives, --jobs must be a whole number of at least 1, and a Ctrl-C while a worker starts is held, not lost.
+The worker processes themselves run in tests/integration/test_rehearse_jobs.py."""
 
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -163,3 +167,17 @@ def test_rows_come_out_in_plan_order_whatever_finished_first_and_before_a_lost_w
         for row in workers._in_plan_order(trials, finished([fourth, first, third], lost=[trials[1]])):
             out.append(row)
     assert out == [first, third, fourth]
+
+
+def test_a_ctrl_c_while_a_worker_starts_is_raised_once_it_has_started_and_the_worker_starts_with_it_blocked():
+    before = signal.getsignal(signal.SIGINT)
+    started = None
+    with pytest.raises(KeyboardInterrupt):
+        with workers._ctrl_c_held():
+            os.kill(os.getpid(), signal.SIGINT)  # to the process: any of its threads may take it
+            started = subprocess.run(  # as a worker's start-up: its mask is inherited through exec
+                [sys.executable, "-c", "import signal; print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))"],
+                capture_output=True, text=True, check=True).stdout.strip()
+    assert started == "True"
+    assert signal.getsignal(signal.SIGINT) is before
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
