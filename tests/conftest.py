@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,13 @@ def chat_tokens(chat_file, chat_tokenizer) -> list[tuple[list[int], list[int]]]:
             mask += [0] * len(opening) + [int(message["role"] == "assistant")] * len(body)
         out.append((ids, mask))
     return out
+
+
+@pytest.fixture
+def sigint_as_in_a_terminal():
+    """SIGINT raising KeyboardInterrupt in this test process, and at its default in the processes it starts, as in
+    a terminal's shell: a library that an earlier test of this process ran may have left it ignored, which a child
+    inherits through exec."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

@@ -12,6 +12,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 
 from raybench.rehearse.trials import rehearse_trials, trace_groups
@@ -110,6 +111,9 @@ def _rows_from_workers(spec, groups: list, store_path: str, options: tuple, jobs
     threads = max(1, default_jobs() // jobs)
     workers: dict[Connection, tuple] = {}  # the parent's end of each worker's pipe: (process, its group's rest)
     lost, exit_codes = [], []
+    # Started here, not by the first worker's start: starting it unblocks SIGINT (it blocks and unblocks it around
+    # its own start), which would let a worker start without Ctrl-C held (_ctrl_c_held).
+    resource_tracker.ensure_running()
     try:
         for _ in range(min(jobs, len(groups))):
             ours, theirs = context.Pipe()

@@ -65,6 +65,13 @@ def spawned_workers(parent: psutil.Process) -> list[psutil.Process]:
     return found
 
 
+def sigint_blocked(pid: int) -> bool:
+    """Whether the process blocks SIGINT now (its SigBlk mask in /proc)."""
+    mask = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("SigBlk:"))
+    return bool(int(mask, 16) & 1 << (signal.SIGINT - 1))
+
+
 def test_two_workers_store_and_print_what_one_process_does(sweep, tmp_path, capsys):
     one_code, one_rows, _ = rehearse(sweep, tmp_path / "one", 1, capsys)
     assert gc.get_freeze_count() == 0  # what one process froze between configurations is unfrozen once it ends
@@ -104,14 +111,19 @@ def test_a_killed_worker_leaves_what_finished_stored_and_names_what_was_not_rehe
     assert {configs[i] for i in printed} <= set(stored(store))
 
 
-def test_ctrl_c_stops_the_workers(sweep, tmp_path):
+def test_ctrl_c_stops_the_workers(sweep, tmp_path, sigint_as_in_a_terminal):
     cmd = [sys.executable, "-m", "raybench", "rehearse", str(sweep), "--store", str(tmp_path / "store"), "--jobs", "2"]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    deadline, blocked_at_start = time.monotonic() + 120, {}
     while len(workers := spawned_workers(psutil.Process(proc.pid))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+        blocked_at_start.update({w.pid: sigint_blocked(w.pid) for w in workers if w.pid not in blocked_at_start})
+        time.sleep(0.01)
     assert len(workers) == 2
+    blocked_at_start.update({w.pid: sigint_blocked(w.pid) for w in workers if w.pid not in blocked_at_start})
+    # Held from its start (the first worker's start once let it through), until the worker ignores it: seen here
+    # well before, as a worker imports torch first.
+    assert list(blocked_at_start.values()) == [True, True]
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the foreground group
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
