@@ -273,9 +273,22 @@ def write_interrupted_rows(trials: list[PlannedTrial], sweep: str, store_path: s
             continue
         cut.add(t.trial_id)
         if statuses[-1:] != ["interrupted"]:
-            store.write_row(store_path, build_row(t.payload, sweep, "interrupted",
-                                                  INTERRUPTED_MESSAGE.format(why=why), executor=executor))
+            stop = build_row(t.payload, sweep, "interrupted", INTERRUPTED_MESSAGE.format(why=why), executor=executor)
+            store.write_row(store_path, stop)
+            _drop_failures_built_after(store_path, sweep, t.trial_id, listed, stop["ended_at"])
     return cut
+
+
+def _drop_failures_built_after(store_path: str, sweep: str, trial_id: str, listed: set[Path], stop_at) -> None:
+    """Remove a failure row the trial built after the stop's row and stored while that one was written (a write
+    takes its time: an fsync): the stop caused it, and the trial drops its own only once it sees the stop's row
+    (trial.run_trial), which it can miss. Each side looks again after its own write, so one of them sees the other."""
+    for path in store.trial_row_files(store_path, sweep, trial_id):
+        if path in listed:
+            continue
+        row = pq.read_table(path, columns=["ended_at", "status"]).to_pylist()[0]
+        if row["status"] not in ("ok", "interrupted") and row["ended_at"] > stop_at:
+            path.unlink(missing_ok=True)
 
 
 def write_unrun(trials: list[PlannedTrial], sweep: str, store_path: str) -> None:

@@ -177,7 +177,11 @@ def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
                     time.perf_counter() - t0, executor, detail)
     if status != "ok" and stopped_while_running(store_path, sweep, payload.trial_id, started_at):
         return row  # a failure the stop caused (ranks killed with the allocation): the `interrupted` row stands
-    store.write_row(store_path, row)
+    written = store.write_row(store_path, row)
+    if status != "ok" and stopped_while_running(store_path, sweep, payload.trial_id, started_at):
+        # The stop's row landed while this one was written. Each side looks again after its own write
+        # (sweep.write_interrupted_rows too), so one of them always sees the other.
+        written.unlink(missing_ok=True)
     return row
 
 

@@ -52,6 +52,38 @@ def test_a_failure_the_stop_caused_never_supersedes_the_interrupted_row(tmp_path
     assert _statuses(tmp_path, trial.trial_id) == ["interrupted", "error"]
 
 
+def test_the_stop_and_the_failure_it_caused_written_at_once_leave_the_interrupted_row_latest(tmp_path, monkeypatch):
+    """A write takes its time (an fsync): the stop's row, built first, may land only once the trial has looked for
+    it, or the trial's failure row, built after the stop's, once the stop has looked. Either way it goes."""
+    trial, _ = plan(parse_sweep(TINY))
+    root, why, write = str(tmp_path), "received signal 15", store.write_row
+    stop_built = []
+
+    def the_stop_lands_meanwhile(where, row):
+        path = write(where, row)
+        if row["status"] == "error":
+            write(where, build_row(trial.payload, "stop", "interrupted", why, ended_at=stop_built[0]))
+        return path
+
+    def killed_by_the_stop(payload):
+        stop_built.append(datetime.now(timezone.utc))
+        raise RuntimeError("ray.exceptions.WorkerCrashedError: The worker died unexpectedly while executing this task")
+
+    monkeypatch.setattr(store, "write_row", the_stop_lands_meanwhile)
+    run_trial(trial.payload, "stop", root, "train", killed_by_the_stop)
+    assert _statuses(tmp_path, trial.trial_id) == ["interrupted"]
+
+    def a_failure_lands_meanwhile(where, row):
+        if row["status"] == "interrupted":
+            write(where, build_row(trial.payload, "stop", "error", "WorkerCrashedError"))  # built after the stop's
+        return write(where, row)
+
+    monkeypatch.setattr(store, "write_row", a_failure_lands_meanwhile)
+    listed = set(store.result_files(root, "stop"))
+    sweep.write_interrupted_rows([trial], "stop", root, "train", listed, why)
+    assert _statuses(tmp_path, trial.trial_id) == ["interrupted", "interrupted"]
+
+
 def test_the_stop_rows_are_written_again_only_over_a_late_failure(tmp_path):
     running, finished = plan(parse_sweep(TINY))
     root, why = str(tmp_path), "received signal 15"
