@@ -3,6 +3,8 @@ one ConfigError lists every problem found."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -10,27 +12,72 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem
-from raybench.spec.sweep_spec import HF_ONLY_FIELDS, JSON_LAYOUT_FIELDS, DataSpec, SweepSpec
+from raybench.spec.sweep_spec import HF_ONLY_FIELDS, JSON_LAYOUT_FIELDS, DataSpec, ModelSpec, SweepSpec
 from raybench.spec.validate import data_layout_problems, problems_from_validation, sweep_problems
 
 
 def _check_paths(spec: SweepSpec) -> list[Problem]:
-    """Local model/data paths exist and model weights are safetensors unless pickle is explicitly allowed."""
+    """Every model and data section a trial gets (the base's, or as axes set them): one model, local paths that
+    exist, safetensors weights unless pickle is explicitly allowed, data options that fit the source."""
     problems = []
-    model, data = spec.model, spec.data
-    if (model.preset is None) == (model.path is None):
-        problems.append(Problem("model", model.model_dump(include={"preset", "path"}),
-                                "set exactly one of model.preset or model.path"))
-    if model.path is not None:
-        # A command stack's command loads the model itself, in its own format; raybench reads only config.json
-        # (the row's parameter count and FLOPs).
-        problems += check_model_dir(model.path, model.allow_pickle, weights=spec.stack.kind != "command")
+    for model, data, kind in _model_and_data_sections(spec):
+        problems += [p for p in _check_model_and_data(model, data, kind) if p not in problems]
     python = spec.stack.python
     if python is not None and python.startswith(PLACEHOLDER):  # a stack's own environment (docs/stacks/)
         problems.append(Problem("stack.python", python, "a placeholder: set it to the Python interpreter of the "
                                 "stack's own environment"))
+    return problems
+
+
+def _check_model_and_data(model: ModelSpec, data: DataSpec, stack_kind: str) -> list[Problem]:
+    problems = []
+    if (model.preset is None) == (model.path is None):
+        problems.append(Problem("model", model.model_dump(include={"preset", "path"}),
+                                "set exactly one of model.preset or model.path (in the model section or by an "
+                                "axis)"))
+    if model.path is not None:
+        # A command stack's command loads the model itself, in its own format; raybench reads only config.json
+        # (the row's parameter count and FLOPs).
+        problems += check_model_dir(model.path, model.allow_pickle, weights=stack_kind != "command")
     return problems + _check_data(data, model.path)
+
+
+# What picks a trial's model and data files: an axis over one of these makes trials whose model and data sections
+# are checked here as the sweep's own. (Layout options an axis varies are rules per trial: plan.trial_problems.)
+PICKS_FILES = ("model.preset", "model.path", "model.allow_pickle", "data.source", "data.path", "data.tokenizer",
+               "stack.kind")
+
+
+def _model_and_data_sections(spec: SweepSpec) -> list[tuple[ModelSpec, DataSpec, str]]:
+    """The distinct (model, data, stack kind) the sweep's trials get: the base's with each combination of the
+    values of the axes that pick files (excluded points left out)."""
+    axes = {key: values for key, values in spec.axes.items()
+            if any(path in PICKS_FILES for value in values for path in _assigned(key, value))}
+    # The sections' fields as set (a dump leaves out what the source does not use, and that is checked here).
+    base, found = {"model": dict(spec.model), "data": dict(spec.data), "stack": {"kind": spec.stack.kind}}, {}
+    for combination in itertools.product(*axes.values()):
+        point = dict(zip(axes, combination))
+        if excluded(point, spec.exclude):
+            continue
+        trial = copy_trial(base)
+        for key, value in point.items():
+            for path, leaf in _assigned(key, value).items():
+                if path in PICKS_FILES:
+                    set_path(trial, path, leaf)
+        sections = (trial["model"], trial["data"], trial["stack"]["kind"])
+        try:  # an axis value that is bad on its own is reported by its axis (validate._check_axes)
+            found.setdefault(json.dumps(sections, sort_keys=True, default=str),
+                             (ModelSpec.model_validate(sections[0]), DataSpec.model_validate(sections[1]), sections[2]))
+        except ValidationError:
+            continue
+    return list(found.values())
+
+
+def _assigned(key: str, value: Any) -> dict[str, Any]:
+    """What an axis value sets; nothing for a bundle's value that is not a mapping (its axis reports it)."""
+    return axis_assignments(key, value) if "." in key or isinstance(value, dict) else {}
 
 
 # Shipped sweeps mark the paths a user must set with this prefix (a user's local copy of a public dataset).
@@ -134,13 +181,45 @@ def check_model_dir(path: str, allow_pickle: bool, weights: bool = True) -> list
     return []
 
 
+# Trial fields that hold a local path: made absolute against the sweep file, set in their section or by an axis.
+TRIAL_PATHS = ("model.path", "data.path", "data.tokenizer")
+
+
 def _resolve_paths(raw: dict, base_dir: Path) -> None:
     """Make model/data paths absolute, relative to the sweep file, so workers anywhere find them."""
-    for section, key in (("model", "path"), ("data", "path"), ("data", "tokenizer"), ("caches", "compile_dir")):
+    for dotted in (*TRIAL_PATHS, "caches.compile_dir"):
+        section, key = dotted.split(".")
         node = raw.get(section)
         if isinstance(node, dict) and isinstance(node.get(key), str):
-            node[key] = str((base_dir / Path(node[key]).expanduser()).resolve())
+            node[key] = _absolute(node[key], base_dir)
+    _resolve_axis_paths(raw, base_dir)
     _resolve_command_paths(raw.get("stack"), base_dir)
+
+
+def _absolute(path: str, base_dir: Path) -> str:
+    return str((base_dir / Path(path).expanduser()).resolve())
+
+
+def _resolve_axis_paths(raw: dict, base_dir: Path) -> None:
+    """The paths an axis sets (`axes: {model.path: [...]}`, or a bundle's mappings) as the section's are, and so
+    the exclude rules' that name them."""
+    axes, rules = raw.get("axes"), raw.get("exclude")
+    if isinstance(axes, dict):
+        for key, values in axes.items():
+            if isinstance(values, list):
+                axes[key] = [_resolve_axis_value(key, value, base_dir) for value in values]
+    for rule in rules if isinstance(rules, list) else []:
+        if isinstance(rule, dict):
+            for key, value in rule.items():
+                rule[key] = _resolve_axis_value(key, value, base_dir)
+
+
+def _resolve_axis_value(key, value, base_dir: Path):
+    if key in TRIAL_PATHS and isinstance(value, str):
+        return _absolute(value, base_dir)
+    if isinstance(key, str) and "." not in key and isinstance(value, dict):  # a bundle: a mapping of fields
+        return {f: _absolute(v, base_dir) if f in TRIAL_PATHS and isinstance(v, str) else v for f, v in value.items()}
+    return value
 
 
 def _resolve_command_paths(stack, base_dir: Path) -> None:
@@ -182,11 +261,38 @@ def parse_sweep(raw: Any, source: str = "<sweep>", base_dir: Path | None = None)
     return spec
 
 
+class RepeatedKey(Exception):
+    def __init__(self, key: Any, first_line: int, again_line: int):
+        super().__init__(key, first_line, again_line)
+        self.key, self.first_line, self.again_line = key, first_line, again_line
+
+
+class _SweepLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a mapping may not give a key twice: YAML keeps the last one and drops
+    the first without a word (a second `axes:` would silently replace the first grid)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden here
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in lines:
+                raise RepeatedKey(key, lines[key], line)
+            lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a sweep YAML file."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_SweepLoader)  # safe_load's loader, plus RepeatedKey
+    except RepeatedKey as err:
+        raise ConfigError(str(path), [Problem(str(err.key), f"lines {err.first_line} and {err.again_line}", (
+            "given twice in one mapping; YAML would keep only the second and drop the first without a word: "
+            "merge them into one"))]) from None
     except OSError as err:
         raise ConfigError(str(path), [Problem("<file>", str(path), f"cannot read: {err.strerror}")]) from None
     except UnicodeDecodeError as err:

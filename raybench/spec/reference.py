@@ -47,7 +47,9 @@ def render() -> str:
         "Generated from `raybench/spec/sweep_spec.py` and `sweep_settings.py` (`python -m raybench.spec.reference > "
         "docs/sweep-reference.md`).",
         "Unknown keys are errors. Any field under model, data, train or resources can be an axis:",
-        "`axes: {train.micro_batch: [1, 2, 4]}`.",
+        "`axes: {train.micro_batch: [1, 2, 4]}`. Paths (model.path, data.path, data.tokenizer), in their section or on",
+        "an axis, are relative to the sweep file; the model is a preset or a path, set in the model section or by an",
+        "axis (`axes: {model.path: [models/a, models/b]}`).",
         "",
         "| field | type | default | bounds | meaning |",
         "| --- | --- | --- | --- | --- |",

@@ -369,7 +369,7 @@ class TrialConfig(Section):
 class SweepSpec(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="Sweep name (store partition).")
     description: str = Field("", description="Free text shown in reports.")
-    model: ModelSpec
+    model: ModelSpec = Field(default_factory=ModelSpec)  # a preset or a path, here or set by an axis
     data: DataSpec = Field(default_factory=DataSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)

@@ -7,9 +7,11 @@ from fractions import Fraction
 import pytest
 
 from raybench.cli import main as cli
+from raybench.planning.plan import plan
 from raybench.spec.errors import ConfigError
 from raybench.spec.load import load_sweep, parse_sweep
 from raybench.spec.values import parse_ratio
+from conftest import make_model_dir
 
 BASE = {"name": "t", "model": {"preset": "tiny"}}
 
@@ -70,6 +72,39 @@ def test_model_needs_exactly_one_source():
     assert fields({"name": "t", "model": {"preset": "tiny", "path": "/nonexistent"}}) >= {"model"}
 
 
+def test_an_axis_picks_the_model_as_the_model_section_does():
+    """The model section may be left to an axis; every trial still gets exactly one of a preset or a path."""
+    assert [t.config.model.preset for t in plan(parse_sweep({"name": "t", "axes": {"model.preset": ["tiny", "llama-3.2-1b"]}}))] == ["tiny", "llama-3.2-1b"]
+    assert [(p.field, p.value) for p in problems({"name": "t", "axes": {"model.preset": ["tiny", None]}})] == [
+        ("model", {"preset": None, "path": None})]
+    both = problems({**BASE, "axes": {"model.path": ["/nonexistent"]}})
+    assert [(p.field, p.value) for p in both][0] == ("model", {"preset": "tiny", "path": "/nonexistent"})
+
+
+def test_paths_an_axis_sets_are_resolved_against_the_sweep_file_and_checked_as_the_sections_are(tmp_path):
+    make_model_dir(tmp_path / "models" / "a")
+    make_model_dir(tmp_path / "models" / "b", layers=3)
+    (tmp_path / "sweeps").mkdir()
+    sweep = tmp_path / "sweeps" / "models.yaml"
+    sweep.write_text("name: m\ntrain: {steps: 2, warmup_steps: 1}\n"
+                     "axes: {model.path: [../models/a, ../models/b, ../models/c]}\n")
+    with pytest.raises(ConfigError) as err:
+        load_sweep(sweep)
+    assert [(p.field, p.value) for p in err.value.problems] == [("model.path", str(tmp_path / "models" / "c"))]
+    # A bundle's paths too; an excluded point is not checked (nor planned).
+    sweep.write_text("name: m\ntrain: {steps: 2, warmup_steps: 1}\n"
+                     "axes: {setup: [{model.path: ../models/a, data.source: json, data.path: ../chat.json},"
+                     " {model.path: ../models/b}, {model.path: ../models/c}]}\n"
+                     "exclude: [{setup: {model.path: ../models/c}}]\n")
+    with pytest.raises(ConfigError) as err:
+        load_sweep(sweep)
+    assert [(p.field, p.value) for p in err.value.problems] == [("data.path", str(tmp_path / "chat.json"))]
+    sweep.write_text("name: m\ntrain: {steps: 2, warmup_steps: 1}\naxes: {model.path: [../models/a, ../models/b]}\n")
+    trials = plan(load_sweep(sweep))
+    assert [t.config.model.path for t in trials] == [str(tmp_path / "models" / "a"), str(tmp_path / "models" / "b")]
+    assert len({t.trial_id for t in trials}) == 2
+
+
 def test_missing_paths_and_pickle_only_weights(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80")
@@ -117,6 +152,22 @@ def test_cross_field_rule_rejected_at_plan_time(tmp_path, capsys):
     assert cli.main(["validate", str(sweep)]) == 2
     assert "train.warmup_steps" in capsys.readouterr().err
     assert cli.main(["validate", str(sweep), "--keep-invalid"]) == 0
+
+
+def test_a_key_given_twice_is_bad_input_not_the_last_one_silently(tmp_path, capsys):
+    sweep = tmp_path / "twice.yaml"
+    sweep.write_text("name: t\nmodel: {preset: tiny}\naxes: {train.micro_batch: [1, 2]}\n"
+                     f"axes: {{train.seq_len: [64]}}\nstore: {tmp_path / 'store'}\n")
+    assert cli.main(["run", str(sweep)]) == 2
+    assert "axes = 'lines 3 and 4': given twice in one mapping" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
+    sweep.write_text("name: t\nmodel: {preset: tiny}\ntrain: {steps: 4, lr: 1.0e-3, steps: 5}\n")
+    with pytest.raises(ConfigError, match="steps = 'lines 3 and 3'"):
+        load_sweep(sweep)
+    # A merge key's fields may be overridden: that is what it is for.
+    sweep.write_text("name: t\nmodel: {preset: tiny}\naxes:\n  setup:\n    - &short {train.steps: 4, train.seq_len: 64}"
+                     "\n    - {<<: *short, train.steps: 8}\n")
+    assert [a["train.steps"] for a in load_sweep(sweep).axes["setup"]] == [4, 8]
 
 
 def test_yaml_syntax_and_missing_file(tmp_path):
