@@ -81,7 +81,8 @@ def test_bad_sweep_as_a_real_process(name):
 
 FIELD_NAMES = sorted({*SweepSpec.model_fields, "workers", "steps", "seq_len", "ac_ratio", "strategy", "preset",
                       "micro_batch", "timeout_s", "memory_limit_gib", "path", "source", "lr", "train.seed",
-                      "train.ac_ratio", "resources.workers"})
+                      "train.ac_ratio", "resources.workers", "model.preset", "model.path", "data.source",
+                      "data.path", "data.tokenizer"})
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
                     st.text(max_size=20), st.sampled_from(["1/0", "3/4", "__import__('os')", "-1", "1e9", "tiny",
                                                            "ddp", "fsdp2", "0.5", "nan", "inf"]))
