@@ -378,7 +378,9 @@ class SweepSpec(Section):
     axes: dict[str, list[Any]] = Field(default_factory=dict, description=(
         "Grid: dotted trial field -> values; or a bundle name -> list of {dotted field: value} mappings, each "
         "setting several fields together (one grid point per mapping)."))
-    exclude: list[dict[str, Any]] = Field(default_factory=list, description="Grid points to drop (partial match).")
+    exclude: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Grid points to drop (partial match): each rule maps axis keys to one of that axis's values, e.g. "
+        "[{train.strategy: ddp, train.micro_batch: 8}]."))
     executor: Literal["train", "pool", "torchrun"] = Field("train", description=(
         "How a trial's ranks are started: 'train' (new Ray Train workers per trial, any cluster), 'pool' (warm "
         "Ray actors reused across trials and sweeps: milliseconds per trial instead of seconds) or 'torchrun' "

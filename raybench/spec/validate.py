@@ -105,9 +105,12 @@ def _check_axes(spec: SweepSpec) -> list[Problem]:
                             sub = p.field[len(key):] if "." in key else f".{p.field}"
                             problems.append(Problem(f"{where}[{i}]{sub}", value, p.message))
     for i, rule in enumerate(spec.exclude):
-        for key in rule:
+        for key, value in rule.items():
             if key not in spec.axes:
-                problems.append(Problem(f"exclude[{i}].{key}", rule[key], "exclude keys must be axis keys"))
+                problems.append(Problem(f"exclude[{i}].{key}", value, "exclude keys must be axis keys"))
+            elif value not in spec.axes[key]:  # a rule that matches no point drops nothing, without a word
+                problems.append(Problem(f"exclude[{i}].{key}", value, f"not one of the axis's values "
+                                        f"{spec.axes[key]!r}; write it as the axis does (a quoted '2' is not 2)"))
     return problems
 
 
