@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from raybench.cli import example_data as cli_example_data
 from raybench.cli import rehearse as cli_rehearse
@@ -172,6 +173,10 @@ def _best(args) -> int:
         print("raybench best --emit-sweep: only with --predict (it writes the trials whose predicted choice is in "
               "doubt)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    for flag, value in (("--gpu", args.gpu), ("--json", args.json)):
+        if value and not args.predict:  # measured rows know their own GPU; the table has no JSON form
+            print(f"raybench best {flag}: only with --predict", file=sys.stderr)
+            return EXIT_BAD_INPUT
     if args.predict:
         if not args.source.endswith((".yaml", ".yml")):
             print(f"raybench best --predict: {args.source} is not a sweep file; --predict needs the sweep YAML "
@@ -183,6 +188,16 @@ def _best(args) -> int:
         return _best_predicted(args, spec)
 
     store_path, sweep = resolve_source(args.source, args.sweep)
+    if args.store:  # a sweep run with `run SWEEP --store DIR` has its rows there
+        if store_path == args.source:
+            print(f"raybench best --store {args.store}: {args.source} is a store already; give one store",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if not Path(args.store).is_dir():
+            print(f"raybench best --store {args.store}: not a directory; give the store `run` wrote the sweep's "
+                  "rows to", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        store_path = args.store
     rows = read_rows(store_path, sweep)
     print(best_report(rows, by=args.by, metric=args.metric, mode=args.mode, axis=args.axis,
                       max_mem_gib=args.max_mem_gib, source=args.source))
@@ -394,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(GPU reserved, CPU RSS) is at most this")
     p.add_argument("--predict", action="store_true", help="before running: the best --axis value (default "
                    "train.ac_ratio) per group from the sweep's rehearsals (`raybench rehearse SWEEP` first)")
-    p.add_argument("--store", help="with --predict: the store holding the rehearsals (default: the sweep's)")
+    p.add_argument("--store", help="with a sweep file: the store holding its rows, or with --predict its "
+                   "rehearsals (default: the sweep's)")
     p.add_argument("--gpu", help="with --predict: the GPU whose memory they must fit (default: estimate.gpu)")
     p.add_argument("--json", action="store_true", help="with --predict: one JSON object per group (the figures, "
                    "their intervals, the values in doubt)")

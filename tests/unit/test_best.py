@@ -106,6 +106,22 @@ def test_cli_best_bad_options_exit_2(store_dir, capsys, argv, words):
     assert words in capsys.readouterr().err
 
 
+def test_cli_best_reads_the_store_a_sweep_ran_into_and_refuses_options_it_would_ignore(store_dir, tmp_path, capsys):
+    """`run SWEEP --store DIR` writes the rows to DIR: `best SWEEP --store DIR` reads them there (it read the
+    sweep's own store and said "no ok rows"); options of --predict alone are refused, not ignored."""
+    sweep_file = tmp_path / "sac.yaml"
+    sweep_file.write_text("name: sac-h100\nmodel: {preset: tiny}\n")  # its own store: ./raybench-results
+    assert cli.main(["best", str(sweep_file), "--store", str(store_dir)]) == 0
+    assert "ac_ratio=0 micro_batch=2" in capsys.readouterr().out
+    for argv, words in ((["--store", str(tmp_path / "nowhere")], "not a directory"),
+                        (["--gpu", "H100 SXM"], "--gpu: only with --predict"),
+                        (["--json"], "--json: only with --predict")):
+        assert cli.main(["best", str(sweep_file), *argv]) == 2
+        assert words in capsys.readouterr().err
+    assert cli.main(["best", str(store_dir), "--store", str(store_dir)]) == 2
+    assert "is a store already" in capsys.readouterr().err
+
+
 def test_cli_best_missing_source_exits_2(tmp_path, capsys):
     assert cli.main(["best", str(tmp_path / "nowhere")]) == 2
     assert "neither a result store directory nor a sweep file" in capsys.readouterr().err
