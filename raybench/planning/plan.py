@@ -276,6 +276,11 @@ def _stack_problems(config: TrialConfig, checked: dict[str, list[Problem]]) -> l
     return checked[key]
 
 
+def _point(values: dict) -> str:
+    """A grid point in words: its axis values, or the base config for a sweep without axes."""
+    return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "base config"
+
+
 def _grid(spec: SweepSpec):
     """Axis-value dicts in declaration order (first axis varies slowest), excluded points removed."""
     keys = list(spec.axes)
@@ -301,6 +306,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
     data_checked: dict[str, list[Problem]] = {}
     stack_checked: dict[str, list[Problem]] = {}
     vocabulary_checked: set[tuple] = set()
+    points: dict[str, dict] = {}  # each configuration's grid point, by its id
     for grid_values in _grid(spec):
         raw = copy_trial(base)
         # Bundle axes set several fields per value; trials show every field an axis set, by its dotted path.
@@ -322,8 +328,14 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
             config = loss_choice.chosen(config, shape, blocks, spec.estimate, evidence,
                                         lambda c: rehearsed.get(config_id(c)))
         cid = config_id(config)
+        if cid in points:  # one trial id twice: the second would be skipped as stored, or run twice at once
+            problems.append(Problem("axes", _point(values), f"the same trial ({cid}) as {_point(points[cid])}: two "
+                                    "spellings of one setting (0.5 and '1/2'; train.loss auto and the loss it picks); "
+                                    "keep one, or drop the point with `exclude:`"))
+            continue
+        points[cid] = values
         if reasons and not keep_invalid:
-            where = ", ".join(f"{k}={v!r}" for k, v in values.items()) or "base config"
+            where = _point(values)
             problems += [Problem(f, where, f"{why}; drop this point with `exclude:`, or pass --keep-invalid "
                                  "to record it as an invalid row") for f, why in reasons]
             continue

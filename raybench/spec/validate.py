@@ -4,6 +4,7 @@ stored metrics, the estimate names a known GPU. Pydantic's own errors become Pro
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import typing
 from typing import Any
@@ -89,21 +90,26 @@ def _check_axes(spec: SweepSpec) -> list[Problem]:
         if not values:
             problems.append(Problem(where, values, "an axis needs at least one value"))
             continue
-        if len({repr(v) for v in values}) != len(values):
-            problems.append(Problem(where, values, "repeated values; list each value once (use repeats: for more)"))
+        read: dict[str, int] = {}  # each value's trial, as its id hashes it -> the value's index
         for i, value in enumerate(values):
             trial = copy_trial(base)
             assigned = axis_assignments(key, value)
             for path, leaf in assigned.items():
                 set_path(trial, path, leaf)
             try:
-                TrialConfig.model_validate(trial)
+                config = TrialConfig.model_validate(trial)
             except ValidationError as err:
                 for p in problems_from_validation(err, TrialConfig):
                     for path in assigned:
                         if p.field == path or p.field.startswith(path + "."):
                             sub = p.field[len(key):] if "." in key else f".{p.field}"
                             problems.append(Problem(f"{where}[{i}]{sub}", value, p.message))
+                continue
+            # Two spellings of one setting (0.5 and '1/2', 1 and 1.0) would be two points with one trial id.
+            first = read.setdefault(json.dumps(config.model_dump(mode="json"), sort_keys=True, default=str), i)
+            if first != i:
+                problems.append(Problem(f"{where}[{i}]", value, f"the same setting as {where}[{first}] "
+                                        f"({values[first]!r}) once read; list each value once (use repeats: for more)"))
     for i, rule in enumerate(spec.exclude):
         for key, value in rule.items():
             if key not in spec.axes:
