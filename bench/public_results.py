@@ -19,7 +19,7 @@ import yaml
 CORPUS = Path(__file__).resolve().parent / "public_results.yaml"
 
 REQUIRED = ("id", "source", "gpu", "interconnect", "nodes", "gpus_per_node", "model", "config", "published")
-OPTIONAL = ("assumed", "seen", "not_expressible", "note")
+OPTIONAL = ("assumed", "seen", "not_expressible", "note", "memory")
 MODEL_NUMBERS = ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab")
 STRATEGIES = ("single", "fsdp", "hsdp", "tp", "fsdp+tp", "fsdp+cp")
 PRECISIONS = ("bf16", "fp8-tensorwise")
@@ -33,6 +33,9 @@ CONFIG_FIELDS = {"strategy": str, "dp": int, "tp": int, "cp": int, "seq_len": in
                  "cpu_offload": bool, "async_tp": bool}
 # Published figures, by unit: tokens per second per GPU, seconds per optimizer step, a fraction, memory per GPU.
 PUBLISHED_FIELDS = ("tokens_per_gpu_s", "step_time_s", "mfu", "memory_gib", "memory_gb")
+# What a published memory figure measures (the source's own code says): the reserved peak, or a tensor peak.
+MEMORY_MEASURES = ("max_reserved", "max_allocated", "max_active")
+MEMORY_KEYS = {"measures", "unit", "cite", "not_comparable"}
 # A published step time and tokens/s per GPU agree with the entry's tokens per step to this (rounding in tables).
 CONSISTENCY = 0.03
 
@@ -56,6 +59,7 @@ class PublicEntry:
     seen: str | None = None  # the commit from which this entry was looked at while changing the model
     not_expressible: str | None = None  # why raybench cannot rehearse it
     note: str | None = None
+    memory: dict | None = None  # what the published memory figure measures: measures, unit, cite, not_comparable
 
     @property
     def gpus(self) -> int:
@@ -75,6 +79,14 @@ class PublicEntry:
         if "step_time_s" in self.published:
             return self.published["step_time_s"]
         return self.tokens_per_gpu_step / self.published["tokens_per_gpu_s"]
+
+    @property
+    def published_memory_gib(self) -> float | None:
+        """The published memory figure in GiB, as the source's code measured it (memory.unit), whatever its label."""
+        value = self.published.get("memory_gib", self.published.get("memory_gb"))
+        if value is None:
+            return None
+        return value if self.memory["unit"] == "GiB" else value * 1e9 / 2**30
 
     @property
     def published_tokens_per_gpu_s(self) -> float:
@@ -151,6 +163,23 @@ def _check_published(eid: str, published, entry: PublicEntry) -> None:
                        f"from the config's tokens per step, not the published {published['tokens_per_gpu_s']}")
 
 
+def _check_memory(eid: str, memory, published: dict) -> None:
+    """A published memory figure says what it measures, in which unit, and where the source's code shows it."""
+    has_figure = any(k.startswith("memory") for k in published)
+    if memory is None:
+        if has_figure:
+            _fail(eid, "published memory needs `memory:` (measures, unit, cite): what the source's code reports")
+        return
+    if not has_figure:
+        _fail(eid, "memory: is given but published has no memory_gib or memory_gb")
+    if not isinstance(memory, dict) or set(memory) - MEMORY_KEYS or not {"measures", "unit", "cite"} <= set(memory):
+        _fail(eid, f"memory must map measures, unit and cite (and optionally not_comparable), not {memory!r}")
+    if memory["measures"] not in MEMORY_MEASURES:
+        _fail(eid, f"memory.measures is {memory['measures']!r}: one of {', '.join(MEMORY_MEASURES)}")
+    if memory["unit"] not in ("GiB", "GB"):
+        _fail(eid, f"memory.unit is {memory['unit']!r}: GiB (2^30 bytes) or GB (10^9), as the source's code divides")
+
+
 def _entry(raw) -> PublicEntry:
     eid = raw.get("id") if isinstance(raw, dict) else None
     if not isinstance(eid, str) or not eid:
@@ -172,6 +201,7 @@ def _entry(raw) -> PublicEntry:
         _fail(eid, "assumed must map each assumed field to what was assumed and why")
     if "seen" in raw and not re.fullmatch(r"[0-9a-f]{7,40}", str(raw["seen"])):
         _fail(eid, f"seen is {raw['seen']!r}: the commit from which the entry was seen")
+    _check_memory(eid, raw.get("memory"), raw["published"] if isinstance(raw["published"], dict) else {})
     entry = PublicEntry(**{**raw, "assumed": assumed})
     c = entry.config
     parallel = c.get("dp", 1) * c.get("tp", 1) * c.get("cp", 1)

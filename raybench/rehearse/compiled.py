@@ -129,6 +129,9 @@ def _partitioned_like_inductor(block: nn.Module, generated_bytes: list[int] | No
     min-cut rematerialization), so it keeps for backward what the real compile keeps, but with no code
     generated: the partitioned graphs run as they are, on whatever tensors they get (fake ones here).
 
+    The block is captured whole (fullgraph): a graph break would run a checkpointed block eagerly behind
+    dynamo's back, and its policy's saved outputs would then go uncounted (a saving that never happens).
+
     generated_bytes: each graph is also lowered and scheduled by inductor (`_scheduled_bytes`), and what its
     generated kernels would read and write is appended there (forward, then backward when it runs)."""
     from torch._dynamo.backends.common import aot_autograd
@@ -154,7 +157,7 @@ def _partitioned_like_inductor(block: nn.Module, generated_bytes: list[int] | No
 
     backend = aot_autograd(fw_compiler=compiler(False), bw_compiler=compiler(True), partition_fn=partition,
                            decompositions=select_decomp_table())
-    return torch.compile(block, backend=backend)
+    return torch.compile(block, backend=backend, fullgraph=True)
 
 
 def _scheduled_bytes(graph: torch.fx.GraphModule, inputs: list, is_backward: bool) -> int:

@@ -94,9 +94,11 @@ def why_not_traceable(config: TrialConfig) -> str | None:
     return None
 
 
-# The analytic memory of a ZeRO trial, and the step time of its FSDP2 twin (zero_twin).
-ZERO_TWIN_NOTE = ("step time: the operators and collectives of its FSDP2 twin (ZeRO-3: weights gathered in forward "
-                  "and again in backward; ZeRO-1/2: once a step)")
+# A ZeRO trial's rehearsal: what DeepSpeed holds for the whole step, and what its FSDP2 twin's trace holds at its peak.
+ZERO_NOTE = ("ZeRO-{stage}: weights, gradients and optimizer state as DeepSpeed partitions them (16-bit weights, "
+             "fp32 master and states over the ranks, its reduce buckets), activations and temporaries traced on "
+             "its FSDP2 twin; step time the twin's operators and collectives (ZeRO-3: weights gathered in forward "
+             "and again in backward; ZeRO-1/2: once a step)")
 
 
 def zero_twin(config: TrialConfig) -> TrialConfig | None:
@@ -116,17 +118,23 @@ def zero_twin(config: TrialConfig) -> TrialConfig | None:
     return config.model_copy(update={"train": twin})
 
 
-def _with_twins_time(memory: Rehearsal, timed: Rehearsal) -> Rehearsal:
-    """A ZeRO trial's rehearsal: its analytic memory (DeepSpeed's own buffers are in the estimate, not in an
-    FSDP2 trace), its twin's step time and collectives."""
-    if timed.method != "traced":
-        return memory
-    time_fields = ("comm_bytes", "comm_calls", "flops", "compute_s", "comm_s", "exposed_comm_s", "step_time_s",
-                   "busbw_gbps", "busbw_source", "overlap", "roofline_s", "block_memory_bound_s",
-                   "compiled_traffic", "trace_s", "overlapped_comm", "calibration", "launches", "host_s",
-                   "comm_latency_s", "comm_algorithms", "layout")
-    notes = memory.notes + [ZERO_TWIN_NOTE] + [n for n in timed.notes if n not in memory.notes]
-    return dataclasses.replace(memory, notes=notes, **{name: getattr(timed, name) for name in time_fields})
+def _zero_from_twin(config: TrialConfig, twin: Rehearsal, analytic: Estimate | None, why: str) -> Rehearsal:
+    """A ZeRO trial's rehearsal from its FSDP2 twin's (zero_twin): the states DeepSpeed keeps for the whole step
+    (its weights, gradients with their buckets, fp32 master and optimizer state: the estimate's partitioning) in
+    place of FSDP2's, beside the activations and temporaries the twin's trace holds at its peak, which the two run
+    alike (the same operators on the same micro-batches); the twin's step time, collectives and micro-batches. The
+    analytic estimate where the twin was not traced, or no estimate is at hand."""
+    if twin.method != "traced" or analytic is None:
+        return _analytic(config, analytic, twin.rank, why)
+    memory = {"parameters": analytic.params_gib, "gradients": analytic.grads_gib,
+              "optimizer_state": analytic.optimizer_gib, "activations": twin.memory_gib["activations"],
+              "temporaries": twin.memory_gib["temporaries"]}
+    peak_gib = sum(memory.values())
+    reserve = twin.reserved_gib / twin.peak_gib if twin.reserved_gib and twin.peak_gib else 1.0
+    notes = [ZERO_NOTE.format(stage=config.train.zero_stage), *twin.notes]
+    # The twin's operator list and timeline are an FSDP2 step's, which an op-level policy must not start from.
+    return dataclasses.replace(twin, notes=notes, memory_gib=memory, peak_gib=peak_gib,
+                               reserved_gib=peak_gib * reserve, resident_gib={}, block_ops=None, timeline=None)
 
 
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
@@ -154,9 +162,9 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         twin = zero_twin(config)
         if twin is None:
             return _analytic(config, analytic, rank, why_not)
-        timed = rehearse(twin, shape, gpu, busbw_gbps, busbw_source, None, calibration, rank, traces,
-                         extrapolate_depth, layout, share_worlds)
-        return _with_twins_time(_analytic(config, analytic, rank, why_not), timed)
+        traced_twin = rehearse(twin, shape, gpu, busbw_gbps, busbw_source, None, calibration, rank, traces,
+                               extrapolate_depth, layout, share_worlds)
+        return _zero_from_twin(config, traced_twin, analytic, why_not)
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
     notes = [*notes, *model_notes(config.model)]
@@ -183,7 +191,9 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     memory = dict(trace.memory_gib)
     if config.train.compile:
         saving_gib = _compiled_saving_gib(config, shape, rank, traces)
-        if saving_gib is not None:
+        if isinstance(saving_gib, str):
+            notes = [*notes, saving_gib]
+        elif saving_gib is not None:
             memory["activations"] -= saving_gib
             notes = [COMPILED_ACTIVATIONS_NOTE if n == COMPILE_NOTE else n for n in notes]
     traffic = None
@@ -331,10 +341,11 @@ def _trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | None, c
         dist.destroy_process_group()
 
 
-def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, traces: dict) -> float | None:
+def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, traces: dict) -> float | str | None:
     """What the compiled blocks of a trial keep less than the eager trace counts (compiled_block_saving_gib):
     every block not checkpointed, and every block under an op-level policy; blocks checkpointed whole keep their
-    input either way. None when no block is of those kinds."""
+    input either way. None when no block is of those kinds; why not, when torch.compile cannot capture a block
+    whole (the eager activations stand: an upper bound, never a saving that did not happen)."""
     layers = shape.num_hidden_layers
     checkpointed = len(checkpointed_blocks(Fraction(config.train.ac_ratio), layers))
     counts = {False: layers - checkpointed, True: checkpointed if config.train.ac_mode == "op" else 0}
@@ -349,7 +360,13 @@ def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, trac
         one = config.model_copy(update={"train": config.train.model_copy(update=block_train)})
         key = ("compiled block saving", config_id(traced_config(one)), rank)
         if key not in traces:
-            traces[key] = compiled_block_saving_gib(config, shape, op_policy)
+            try:
+                traces[key] = compiled_block_saving_gib(config, shape, op_policy)
+            except Exception as err:  # one block dynamo cannot capture must not stop a sweep
+                traces[key] = (f"compile's saved activations not counted, eager's kept "
+                               f"({type(err).__name__}: {err})")[:300]
+        if isinstance(traces[key], str):
+            return traces[key]
         saving_gib += blocks * traces[key]
     return saving_gib
 

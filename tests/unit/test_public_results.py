@@ -25,6 +25,10 @@ def test_the_corpus_loads_and_meets_its_terms():
     assert any(e.config["finetune"] == "lora" and e.not_expressible is None for e in entries)
     assert all(6.5e9 <= _params(e.model) <= 75e9 for e in entries)  # "7B" models: Llama 2 7B has 6.7B
     assert all(e.not_expressible or e.published_step_s > 0 for e in entries)
+    # every published memory figure says what it measures, in GiB whatever the source's label
+    kempner = next(e for e in entries if e.id == "kempnerforge-h200-7b-1gpu-single")
+    assert kempner.memory["unit"] == "GiB" and kempner.published_memory_gib == kempner.published["memory_gb"]
+    assert all(e.memory for e in entries if e.published_memory_gib is not None or "memory_gb" in e.published)
 
 
 def _params(model: dict) -> float:
@@ -52,6 +56,12 @@ def _write(tmp_path: Path, change) -> Path:
     (lambda e: e["config"].update(dp=8), "dp x tp x cp = 8 but nodes x gpus_per_node = 64"),
     (lambda e: e["model"].update(ffn=0), "model.ffn is 0"),
     (lambda e: e["source"].update(commit="main"), "is not a 40-digit hexadecimal commit"),
+    (lambda e: e["published"].update(memory_gib=70.0), "published memory needs `memory:`"),
+    (lambda e: e.update(memory={"measures": "max_reserved", "unit": "GiB", "cite": "x"}),
+     "memory: is given but published has no memory"),
+    (lambda e: (e["published"].update(memory_gib=70.0), e.update(memory={"measures": "nvidia-smi", "unit": "GiB",
+                                                                           "cite": "x"})),
+     "memory.measures is 'nvidia-smi'"),
 ])
 def test_a_malformed_entry_is_refused_naming_it_and_the_field(tmp_path, change, words):
     path = _write(tmp_path, change)

@@ -540,22 +540,25 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
     sweep.write_text(json.dumps({
         "name": "r", "model": {"preset": "tiny"}, "train": {**TINY_TRAIN, "strategy": "fsdp2"},
         "resources": {"workers": 8, "gpus_per_worker": 1}, "estimate": {"gpu": "H100 SXM"},
-        "store": str(tmp_path / "store"), "axes": {"train.strategy": ["fsdp2", "deepspeed"]}}))
-    # In this process: the two trials share no trace, so the default would start a worker process for each.
+        "store": str(tmp_path / "store"), "axes": {"setup": [
+            {"train.strategy": "fsdp2"}, {"train.strategy": "deepspeed"},
+            {"train.strategy": "deepspeed", "train.offload": "optimizer"}]}}))
+    # In this process: the trials share no trace, so the default would start a worker process for each.
     assert main(["rehearse", str(sweep), "--json", "--jobs", "1"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["method"] for r in rows] == ["traced", "analytic"]
-    assert "strategy deepspeed is not traced" in rows[1]["notes"][0]
+    assert [r["method"] for r in rows] == ["traced", "traced", "analytic"]
+    assert "strategy deepspeed is not traced" in rows[2]["notes"][0]
     assert main(["estimate", str(sweep), "--json"]) == 0
     estimates = [json.loads(line)["estimate"] for line in capsys.readouterr().out.splitlines()]
-    assert [e["peak_basis"] for e in estimates] == ["rehearsed", "analytic"]
-    # The ZeRO trial's step time is its FSDP2 twin's trace, its memory the analytic estimate's.
-    assert [e["rehearsed_step_time_s"] for e in estimates] == [r["step_time_s"] for r in rows]
-    assert rehearsal.ZERO_TWIN_NOTE in rows[1]["notes"]
+    # The ZeRO trial's fit is decided on its rehearsal: DeepSpeed's states beside its FSDP2 twin's activations.
+    assert [e["peak_basis"] for e in estimates] == ["rehearsed", "rehearsed", "analytic"]
+    assert [e["rehearsed_step_time_s"] for e in estimates[:2]] == [r["step_time_s"] for r in rows[:2]]
+    assert rows[1]["notes"][0] == rehearsal.ZERO_NOTE.format(stage=2)
     # The allocator's reserve on the tensor peak, plus the CUDA context the estimate assumes.
-    assert estimates[0]["rehearsed_peak_gib"] == pytest.approx(rows[0]["peak_gib"] * fitted.ALLOCATOR_RESERVE + 1.0)
+    for estimate, row in zip(estimates[:2], rows):
+        assert estimate["rehearsed_peak_gib"] == pytest.approx(row["peak_gib"] * fitted.ALLOCATOR_RESERVE + 1.0)
     # Every figure carries its interval, the analytic fallback's the wider (planning/uncertainty.py).
-    traced_step, analytic_step = (r["intervals"]["step_time_s"] for r in rows)
+    traced_step, analytic_step = (r["intervals"]["step_time_s"] for r in (rows[0], rows[2]))
     assert traced_step[0] < rows[0]["step_time_s"] < traced_step[1]
     assert analytic_step[1] / analytic_step[0] > traced_step[1] / traced_step[0]
     low, high = estimates[0]["peak_interval_gib"]
@@ -565,25 +568,35 @@ def test_cli_rehearses_and_estimate_uses_it(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_a_zero_trial_takes_the_step_time_of_its_fsdp2_twin_and_keeps_its_analytic_memory(stage):
-    """DeepSpeed is not traced; ZeRO's ranks run the operators and move the bytes of an FSDP2 twin that gathers
-    once a step (stage 2) or again for backward (stage 3). Offload runs the optimizer on the host: no twin."""
-    zero = tiny_trial(4, gpus=1, strategy="deepspeed", zero_stage=stage)
-    twin = tiny_trial(4, gpus=1, strategy="fsdp2", reshard_after_forward=stage == 3, reduce_dtype="bf16")
-    rehearsed = rehearsal.rehearse(zero.config, zero.shape, "H100 SXM", analytic=zero.assessment.analytic)
+def test_a_zero_trial_is_rehearsed_from_its_fsdp2_twin_with_deepspeeds_own_states(stage):
+    """ZeRO's ranks run the operators and move the bytes of an FSDP2 twin that gathers once a step (stage 2) or
+    again for backward (stage 3). Its memory: what DeepSpeed keeps for the step (its partitioning, the estimate's)
+    beside the twin's traced activations and temporaries, reserved as the twin's allocator would; a step of two
+    micro-batches says so. Offload runs the optimizer on the host: no twin."""
+    zero = tiny_trial(4, gpus=1, strategy="deepspeed", zero_stage=stage, grad_accum=2)
+    twin = tiny_trial(4, gpus=1, strategy="fsdp2", reshard_after_forward=stage == 3, reduce_dtype="bf16",
+                      grad_accum=2)
+    analytic = zero.assessment.analytic
+    rehearsed = rehearsal.rehearse(zero.config, zero.shape, "H100 SXM", analytic=analytic)
     fsdp2 = rehearsal.rehearse(twin.config, twin.shape, "H100 SXM")
-    assert rehearsed.method == "analytic" and rehearsal.ZERO_TWIN_NOTE in rehearsed.notes
-    assert rehearsed.peak_gib == zero.assessment.analytic.measured_part_gib
+    assert rehearsed.method == "traced" and rehearsed.notes[0] == rehearsal.ZERO_NOTE.format(stage=stage)
+    assert rehearsed.grad_accum == 2
+    assert rehearsed.memory_gib == {
+        "parameters": analytic.params_gib, "gradients": analytic.grads_gib, "optimizer_state": analytic.optimizer_gib,
+        "activations": fsdp2.memory_gib["activations"], "temporaries": fsdp2.memory_gib["temporaries"]}
+    assert rehearsed.peak_gib == pytest.approx(sum(rehearsed.memory_gib.values()))
+    assert rehearsed.reserved_gib == pytest.approx(rehearsed.peak_gib * fitted.ALLOCATOR_RESERVE)
     assert rehearsed.step_time_s == fsdp2.step_time_s and rehearsed.comm_bytes == fsdp2.comm_bytes
+    # The twin gathers for each of the 2 micro-batches (twice for stage 3) and reduces once a step.
     gathers = fsdp2.comm_calls["allgather_base"]
-    assert gathers == (2 if stage == 3 else 1) * fsdp2.comm_calls["reduce_scatter_base"]
+    assert gathers == (2 if stage == 3 else 1) * 2 * fsdp2.comm_calls["reduce_scatter_base"]
     # DeepSpeed's bf16 reduces gradients in bf16: half the bytes of FSDP2's default fp32 reduction.
-    fp32 = tiny_trial(4, gpus=1, strategy="fsdp2", reshard_after_forward=stage == 3)
+    fp32 = tiny_trial(4, gpus=1, strategy="fsdp2", reshard_after_forward=stage == 3, grad_accum=2)
     fp32_bytes = rehearsal.rehearse(fp32.config, fp32.shape, "H100 SXM").comm_bytes["reduce_scatter_base"]
     assert rehearsed.comm_bytes["reduce_scatter_base"] * 2 == fp32_bytes
     offloaded = tiny_trial(4, gpus=1, strategy="deepspeed", zero_stage=stage, offload="optimizer")
     host = rehearsal.rehearse(offloaded.config, offloaded.shape, "H100 SXM", analytic=offloaded.assessment.analytic)
-    assert rehearsal.ZERO_TWIN_NOTE not in host.notes
+    assert host.method == "analytic" and host.reserved_gib is None
     assert host.step_time_s == offloaded.assessment.analytic.step_time_s
 
 
