@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import public_results  # bench/public_results.py
 
 # The corpus's GPU, as raybench's hardware table names it (the corpus says under `assumed:` where they differ).
-GPU_NAMES = {"A100 80GB": "A100 80GB", "A100": "A100 80GB", "H200": "H200",
+GPU_NAMES = {"A100 80GB": "A100 80GB", "A100": "A100 80GB", "H200": "H200", "H100": "H100 SXM",
              "H100 96GB HBM2e (2.4 TB/s), 500 W power limit": "H100 HBM2e"}
-STRATEGIES = {"single": "ddp", "fsdp": "fsdp2", "hsdp": "fsdp2", "tp": "tp", "fsdp+tp": "tp_fsdp2"}
+STRATEGIES = {"single": "ddp", "fsdp": "fsdp2", "hsdp": "fsdp2", "tp": "tp", "fsdp+tp": "tp_fsdp2", "zero3": "deepspeed"}
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size")
 
@@ -74,6 +74,8 @@ def sweep_for(entry: public_results.PublicEntry) -> dict:
     # The loss as the source's stack computes it (raybench's default chunks it): torchtune's recipes use a chunked
     # output loss (CEWithChunkedOutputLoss); torchtitan, fms-fsdp and KempnerForge take cross-entropy over whole logits.
     train["loss"] = "chunked" if entry.source.get("repo", "").endswith("/torchtune") else "full"
+    if c["strategy"] == "zero3":
+        train["zero_stage"] = 3
     if c.get("tp", 1) > 1:
         train["tp_size"] = c["tp"]
     if c["precision"] == "fp8-tensorwise":
