@@ -6,8 +6,9 @@ tokens/s per GPU (and memory where published), per entry, the unseen entries apa
 Each entry the rehearsal can express becomes a one-trial sweep (`sweep_for`): the preset of its published shape,
 its strategy, batch, sequence length, precision, activation checkpointing, compile, optimizer and LoRA, on its GPU
 (`GPU_NAMES`) with its nodes' GPUs (`estimate.gpus_per_node`, as `raybench rehearse` takes them; links nominal).
-It is planned and rehearsed in this process as `raybench rehearse` does (rehearse/trials.py), with the shipped
-constants and one cache of traces for all entries, so compiled and eager twins trace once. Nothing is fitted.
+It is planned and rehearsed in this process through `raybench rehearse`'s own path (rehearse/trials.py), in a store
+with no calibration profile (so with the shipped constants) and one cache of traces for all entries, so compiled
+and eager twins trace once. Nothing is fitted.
 
 Prints one Markdown table (unseen entries, then seen ones), the entries not expressible with why, and JSON lines:
 one per entry, then the summary, whose "unseen" part is the score (median and max |step time error|).
@@ -25,10 +26,10 @@ import tempfile
 import time
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 
 from raybench.planning.plan import plan
-from raybench.rehearse import rehearsal, step_time
-from raybench.rehearse.fitted import SHIPPED_CALIBRATION
+from raybench.rehearse.trials import rehearse_trials
 from raybench.spec.load import parse_sweep
 from raybench.spec.presets import PRESETS
 
@@ -92,10 +93,9 @@ def predict(entry: public_results.PublicEntry, store: str, traces: dict) -> dict
     spec = parse_sweep(sweep_for(entry), source=entry.id)
     (trial,) = plan(spec, store_path=store)
     gpu = spec.estimate.gpu
-    layout = step_time.layout_of(gpu, spec.estimate.gpus_per_node)
     t0 = time.perf_counter()
-    result = rehearsal.rehearse(trial.config, trial.shape, gpu, None, "probe", analytic=trial.assessment.analytic,
-                                calibration=SHIPPED_CALIBRATION, traces=traces, layout=layout)
+    (rehearsed,) = rehearse_trials(spec, [trial], store, traces=traces)
+    result = SimpleNamespace(**rehearsed)
     row = {"id": entry.id, "set": "seen" if entry.seen else "unseen", "gpus": entry.gpus, "gpu": gpu,
            "preset": spec.model.preset, "method": result.method, "seconds": round(time.perf_counter() - t0, 1),
            "published_step_s": round(entry.published_step_s, 3),
