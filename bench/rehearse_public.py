@@ -2,6 +2,7 @@
 tokens/s per GPU (and memory where published), per entry, the unseen entries apart from the seen ones.
 
     .venv/bin/python bench/rehearse_public.py [--only ID ...] [--json-only]
+    .venv/bin/python bench/rehearse_public.py --pin "why the pinned figures moved"
 
 Each entry the rehearsal can express becomes a one-trial sweep (`sweep_for`): the preset of its published shape,
 its strategy, batch, sequence length, precision, activation checkpointing, compile, optimizer and LoRA, on its GPU
@@ -136,6 +137,34 @@ def _errors(rows: list[dict], key: str) -> dict:
             f"beyond_{round(far * 100)}pct": sum(e > far for e in errs)}
 
 
+# The entries whose predictions are pinned (bench/public_pinned.json; tests/unit/test_public_pinned.py re-predicts
+# them in the default suite): eager and compiled FSDP2 under op-level AC, 128 ranks on 16 nodes, TP x FSDP2 on two
+# nodes, pure TP, a LoRA 70B, block AC every other layer on A100s, and ZeRO-3 and its FSDP twin row at 70B.
+PINNED = ("torchtitan-h100-8gpu-llama31-8b-fsdp", "torchtitan-h100-8gpu-llama31-8b-fsdp-compile",
+          "torchtitan-h100-128gpu-llama31-8b-fsdp-compile", "kempnerforge-h200-13b-8gpu-fsdp-tp-tp4",
+          "kempnerforge-h200-7b-2gpu-tp", "torchtune-a100-8gpu-llama31-70b-lora", "torchtitan-a100-llama2-13b-sel-layer",
+          "deepcompile-h100-32gpu-llama3-70b-zero3-mb2-seq1024")
+PINNED_FILE = Path(__file__).resolve().parent / "public_pinned.json"
+PINNED_FIGURES = ("predicted_step_s", "predicted_peak_gib", "predicted_reserved_gib")
+
+
+def pinned_figures(rows: list[dict]) -> dict:
+    """The figures a pinned entry's prediction must keep, by entry."""
+    return {r["id"]: {k: r.get(k) for k in PINNED_FIGURES} for r in rows}
+
+
+def pin(why: str) -> dict:
+    """Re-predict the pinned entries and write their figures to PINNED_FILE, the reason appended to its log."""
+    entries = {e.id: e for e in public_results.load()}
+    traces: dict = {}
+    with tempfile.TemporaryDirectory() as store:
+        rows = [predict(entries[i], store, traces) for i in PINNED]
+    log = json.loads(PINNED_FILE.read_text())["why"] if PINNED_FILE.exists() else []
+    pinned = {"why": [*log, why], "entries": pinned_figures(rows)}
+    PINNED_FILE.write_text(json.dumps(pinned, indent=1) + "\n")
+    return pinned
+
+
 def summary(rows: list[dict], which: str) -> dict:
     """Step time and memory side by side over one set (unseen or seen); memory over the entries whose published
     figure raybench can predict (the same quantity of the same configuration), the others counted apart."""
@@ -143,6 +172,28 @@ def summary(rows: list[dict], which: str) -> dict:
     return {"step": _errors(mine, "step_err"), "memory": _errors(mine, "memory_err"),
             "memory_not_comparable": sum("memory_not_comparable" in r for r in mine),
             "failed": [r["id"] for r in mine if "failed" in r]}
+
+
+def node_pairs(entries: list, rows: list[dict]) -> list[dict]:
+    """Each entry on one node against every entry of the same source, model, GPU, node size and configuration on
+    several nodes: the per-GPU tokens/s change from one node to several, published against predicted, and the gap
+    in points (the goal: within 10)."""
+    by_id = {r["id"]: r for r in rows if "predicted_tokens_per_gpu_s" in r}
+    pairs = []
+    for one in entries:
+        for many in entries:
+            same = (one.source.get("path"), one.model, one.gpu, one.gpus_per_node) == (
+                many.source.get("path"), many.model, many.gpu, many.gpus_per_node)
+            same_config = {k: v for k, v in one.config.items() if k not in ("dp", "global_batch")} == {
+                k: v for k, v in many.config.items() if k not in ("dp", "global_batch")}
+            if one.nodes == 1 and many.nodes > 1 and same and same_config and {one.id, many.id} <= set(by_id):
+                a, b = by_id[one.id], by_id[many.id]
+                published = b["published_tokens_per_gpu_s"] / a["published_tokens_per_gpu_s"] - 1
+                predicted = b["predicted_tokens_per_gpu_s"] / a["predicted_tokens_per_gpu_s"] - 1
+                pairs.append({"one_node": one.id, "nodes": many.nodes, "many_nodes": many.id,
+                              "published_change": round(published, 4), "predicted_change": round(predicted, 4),
+                              "gap_points": round((predicted - published) * 100, 1)})
+    return pairs
 
 
 def _pct(value: float | None) -> str:
@@ -165,7 +216,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="entry ids to rehearse (default: every expressible entry)")
     parser.add_argument("--json-only", action="store_true", help="print the JSON lines only")
+    parser.add_argument("--pin", metavar="WHY", help="re-predict the pinned entries (PINNED) and write their figures "
+                        "to bench/public_pinned.json with WHY: a line saying why they moved")
     args = parser.parse_args()
+    if args.pin:
+        print(json.dumps(pin(args.pin)["entries"], indent=1))
+        return
     entries = public_results.load()
     chosen = [e for e in entries if not args.only or e.id in args.only]
     rows, traces, t0 = [], {}, time.perf_counter()
@@ -180,12 +236,20 @@ def main() -> None:
                                  "failed": f"{type(err).__name__}: {err}"[:300]})
                 print(json.dumps(rows[-1]), flush=True)
     skipped = [{"id": e.id, "not_expressible": e.not_expressible} for e in chosen if e.not_expressible]
-    for item in skipped:
+    pairs = node_pairs(chosen, rows)
+    for item in skipped + pairs:
         print(json.dumps(item))
     if not args.json_only:
         print(table(rows))
+        print("\nOne node against several (tokens/s per GPU, the same configuration):\n\n"
+              "| one node | several nodes | nodes | published change | predicted change | gap (points) |\n"
+              "|---|---|---:|---:|---:|---:|\n" + "\n".join(
+                  f"| {p['one_node']} | {p['many_nodes']} | {p['nodes']} | {_pct(p['published_change'])} | "
+                  f"{_pct(p['predicted_change'])} | {p['gap_points']:+.1f} |" for p in pairs))
         print("\nNot expressible:\n" + "\n".join(f"- {s['id']}: {s['not_expressible']}" for s in skipped))
     print(json.dumps({"summary": True, "unseen": summary(rows, "unseen"), "seen": summary(rows, "seen"),
+                      "node_pairs": {"pairs": len(pairs), "max_abs_gap_points": max(
+                          (abs(p["gap_points"]) for p in pairs), default=None)},
                       "not_expressible": len(skipped), "seconds": round(time.perf_counter() - t0)}))
 
 
