@@ -12,7 +12,7 @@ The sets, fixed by rules that read no error:
 - At-scale term: the public corpus (bench/public_results.yaml), every expressible entry with a predicted figure;
   derived on all of it for the shipped band, checked source by source (repository and path): each source's
   entries against the term derived on the other sources' entries. Memory: the entries whose published memory is
-  the peak reserved (the corpus's `assumed:` says so); no entry publishes a tensor peak.
+  the peak reserved (the entry's `memory.measures`, read from its source's code); no entry publishes a tensor peak.
 
 Traced errors are read from the two outputs (rehearse_validate.py's per-row tables; rehearse_public.py's table, the
 same lines as its docs/results record). Analytic errors (the estimate, what an untraced trial is predicted by) are
@@ -46,8 +46,9 @@ DERIVATION_GPU = "H100 SXM"
 QUANTITIES = ("step_time", "tensor_peak", "reserved_peak")
 # Columns of a per-row table of rehearse_validate.py (its `_markdown`): set, config, method, ..., error columns.
 ERROR_COLUMNS = {"step_time": 11, "tensor_peak": 5, "reserved_peak": 8}
-# Columns of rehearse_public.py's table: set, entry, GPUs, published, predicted, step err, published mem, ...
-PUBLIC_STEP, PUBLIC_MEMORY = 5, 8
+# Columns of rehearse_public.py's table: set, entry, GPUs, published, predicted, step err, memory measured as,
+# published GiB, predicted GiB, mem err (its records before 2026-12-07 had mem err at 8: rerun them).
+PUBLIC_STEP, PUBLIC_MEMORY = 5, 9
 PERCENT = re.compile(r"[+-]\d+\.\d%")
 
 
@@ -103,8 +104,9 @@ def published_table(public_output: Path) -> dict[str, dict]:
 
 
 def reserved_is_published(entry: public_results.PublicEntry) -> bool:
-    """The entry publishes the peak reserved memory (in GiB), what the rehearsal's reserved peak predicts."""
-    return "memory_gib" in entry.published and "peak reserved" in str(entry.assumed.get("memory_gib", ""))
+    """The entry publishes the peak reserved memory (its source's code says so), what the rehearsal's reserved peak
+    predicts."""
+    return bool(entry.memory) and entry.memory["measures"] == "max_reserved"
 
 
 def corpus_points(public_output: Path) -> list[dict]:
@@ -118,7 +120,7 @@ def corpus_points(public_output: Path) -> list[dict]:
                 continue
             (trial,) = plan(parse_sweep(rehearse_public.sweep_for(entry), source=entry.id), store_path=store)
             est = trial.assessment.analytic
-            memory = entry.published["memory_gib"] if reserved_is_published(entry) else None
+            memory = entry.published_memory_gib if reserved_is_published(entry) else None
             points.append({
                 "id": entry.id, "set": traced[entry.id]["set"],
                 "source": f"{entry.source.get('repo') or entry.source.get('url') or entry.source.get('paper')}"

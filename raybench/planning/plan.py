@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
 from raybench.spec.stacks import RAYBENCH
-from raybench.spec.sweep_spec import SweepSpec, TrainSpec, TrialConfig
+from raybench.spec.sweep_spec import SweepSpec, TrainSpec, TrialConfig, config_id
 from raybench.spec.validate import data_layout_problems
 
 
@@ -62,13 +61,6 @@ class PlannedTrial:
     @property
     def world_size(self) -> int:
         return self.config.resources.workers
-
-
-def config_id(config: TrialConfig) -> str:
-    """Stable content hash of a resolved trial config: same config, same id, on every run and machine."""
-    dumped = config.model_dump(mode="json", context={"trial_id": True})  # fields added since, at their defaults, left out
-    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 

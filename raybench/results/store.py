@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel
 
 from raybench.spec import schema
-from raybench.spec.sweep_spec import TrialConfig
+from raybench.spec.sweep_spec import TrialConfig, config_id
 
 SCHEMA_VERSION = 1
 DEFAULT_STORE = "./raybench-results"
@@ -331,13 +331,27 @@ def attempt_statuses(store: str | Path, sweep: str, executor: str | None = None)
 
 
 def statuses_by_trial(attempts: pa.Table, sweep: str, executor: str | None = None) -> dict[str, set[str]]:
-    """attempt_statuses over attempts already read (read_table(store, latest=False), of any sweeps)."""
+    """attempt_statuses over attempts already read (read_table(store, latest=False), of any sweeps), each attempt
+    under the id of what it measured (measured_trial_id)."""
     statuses: dict[str, set[str]] = {}
-    columns = (attempts.column(c).to_pylist() for c in ("sweep", "trial_id", "status", "executor"))
-    for in_sweep, trial_id, status, ran_by in zip(*columns):
+    columns = (attempts.column(c).to_pylist() for c in ("sweep", "trial_id", "status", "executor", "config_json"))
+    for in_sweep, trial_id, status, ran_by, config_json in zip(*columns):
         if in_sweep == sweep and (executor is None or ran_by in (None, executor)):
-            statuses.setdefault(trial_id, set()).add(status)
+            statuses.setdefault(measured_trial_id(trial_id, config_json), set()).add(status)
     return statuses
+
+
+def measured_trial_id(trial_id: str, config_json: str | None) -> str:
+    """The id of the trial a stored row measured. Ids leave train.loss out while it is chunked or auto (so that
+    the trials before it kept theirs), but the rows from before train.loss ran the full loss: such a row (its
+    config has no loss) answers for the full loss's id, so a resume never takes it for a chunked trial."""
+    if not config_json or '"loss":' in config_json:  # a key named loss: a row that says which loss ran
+        return trial_id
+    repeat = trial_id.rpartition("-")[2]
+    try:
+        return f"{config_id(measured_trial_config(config_json))}-{repeat}"
+    except ValueError:  # a row older than the fields it would need: its id is all it says
+        return trial_id
 
 
 def ok_trial_ids(store: str | Path, sweep: str) -> set[str]:

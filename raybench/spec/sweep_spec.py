@@ -7,6 +7,8 @@ that need the expanded grid live in planning.plan.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_serializer
@@ -364,6 +366,13 @@ class TrialConfig(Section):
         if data.get("stack") == StackSpec().model_dump(mode="json"):
             data.pop("stack")
         return data
+
+
+def config_id(config: TrialConfig) -> str:
+    """Stable content hash of a resolved trial config: same config, same id, on every run and machine."""
+    dumped = config.model_dump(mode="json", context={"trial_id": True})  # fields added since, at their defaults, left out
+    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 class SweepSpec(Section):

@@ -106,3 +106,20 @@ def test_rows_outside_the_schema_are_refused(tmp_path):
     with pytest.raises(ValueError, match="outside the schema"):
         store.write_row(tmp_path, {**rows_for(n=1)[0], "made_up_metric": 1})
     assert not tmp_path.joinpath("sweep=s").exists() or not store.result_files(tmp_path)
+
+
+def test_a_row_from_before_train_loss_is_not_taken_for_todays_chunked_trial(tmp_path):
+    """Ids leave train.loss out while it is chunked (or auto), so a row stored before train.loss existed carries
+    today's chunked trial's id, but it ran the full loss: a resume must run the chunked trial, and skips the
+    full-loss trial the row did measure. Rows that say their loss keep their id."""
+    chunked, full = (plan(parse_sweep({"name": "s", "model": {"preset": "tiny"}, "train": {"loss": loss}}))[0]
+                     for loss in ("chunked", "full"))
+    row = rows_for(n=1)[0]
+    old_config = json.loads(row["config_json"])
+    assert old_config["train"].pop("loss") == "chunked"  # what a row written before train.loss held: no loss
+    old = {**row, "trial_id": chunked.trial_id, "config_json": json.dumps(old_config)}
+    assert chunked.trial_id == row["trial_id"] != full.trial_id
+    store.write_row(tmp_path, old)
+    assert store.ok_trial_ids(tmp_path, "s") == {full.trial_id}
+    store.write_row(tmp_path, {**row, "ended_at": datetime(2026, 1, 2, tzinfo=timezone.utc)})  # says chunked
+    assert store.ok_trial_ids(tmp_path, "s") == {full.trial_id, chunked.trial_id}
