@@ -144,7 +144,7 @@ class _Dtypes:
 def _dtypes(train: TrainSpec) -> _Dtypes:
     if train.precision == "fp32":
         return _Dtypes(4, 4, False)
-    if train.strategy in ("fsdp2", "tp_fsdp2", "deepspeed"):  # weights themselves are 16-bit during compute
+    if train.parallelism.sixteen_bit_weights:  # weights themselves are 16-bit during compute
         return _Dtypes(2, 2, False)
     # ddp, tp: torch.autocast over fp32 weights. A LoRA base stored in 16 bits makes the residual stream 16-bit
     # (the embedding's output); PEFT still upcasts each adapter's input to fp32, which autocast casts down again.
@@ -309,7 +309,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     local = counts.projections / tp + counts.block_norms + root + adapters
     trainable = local if full else adapters
     # fp32 optimizer states of the whole model, scaled to this rank's TP-local share of the trainables
-    states = 4 * _optimizer_elements(train.optimizer, counts, shape, train, flat=train.strategy == "deepspeed")
+    states = 4 * _optimizer_elements(train.optimizer, counts, shape, train, flat=train.parallelism.zero)
     states *= trainable / (counts.total if full else counts.adapters or 1)
     block = (local - root - adapters) / shape.num_hidden_layers  # one block's share (TP-local)
     block_adapters = adapters / shape.num_hidden_layers
@@ -317,7 +317,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
 
     base = base_bytes(train)
     stored = base * (local - adapters) + 4 * adapters  # fp32 adapters on a LoRA base
-    if train.strategy in ("ddp", "tp"):
+    if not train.parallelism.sixteen_bit_weights:  # ddp, tp: whole fp32 weights
         weights = stored
         if train.finetune == "qlora":  # 4-bit projections; embeddings, norms and head stay fp32
             weights = NF4_BYTES_PER_PARAM * counts.projections + 4 * (local - counts.projections)
@@ -326,7 +326,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
             cast = (0 if train.finetune == "qlora" else counts.projections / tp) + head
             weights += 2 * ((cast if base == 4 else 0) + adapters)  # a 16-bit base needs no cast
         # DDP's reducer keeps its own bucket copy of every gradient (gradient_as_bucket_view is off)
-        grads = 4 * trainable * (2 if train.strategy == "ddp" else 1)
+        grads = 4 * trainable * (2 if train.parallelism.reducer else 1)
         return weights, grads, states, offloaded
 
     if train.fsdp2_sharded:

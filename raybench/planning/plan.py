@@ -93,13 +93,13 @@ def parallelism_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[s
     """Rules for strategy, tp_size, ZeRO offload: what the mesh and the engines can express."""
     train, workers = config.train, config.resources.workers
     problems = []
-    if train.strategy == "tp" and train.tp_size != workers:
+    if train.parallelism.tp_group_is_world and train.tp_size != workers:
         problems.append(("train.tp_size", f"strategy tp puts all {workers} ranks in one TP group: set "
                          f"train.tp_size: {workers} (or use tp_fsdp2 for TP groups smaller than the world)"))
-    elif train.strategy == "tp_fsdp2" and (train.tp_size < 2 or workers % train.tp_size):
+    elif train.tensor_parallel and train.fsdp2_sharded and (train.tp_size < 2 or workers % train.tp_size):
         problems.append(("train.tp_size", f"tp_fsdp2 needs a tp_size >= 2 that divides resources.workers "
                          f"({workers}); got {train.tp_size}"))
-    elif train.strategy == "deepspeed" and train.tp_size != 1:
+    elif train.parallelism.zero and train.tp_size != 1:
         problems.append(("train.tp_size", "tensor parallelism with deepspeed is not supported (ZeRO shards over "
                          "data-parallel ranks only); use strategy tp_fsdp2, or tp_size: 1"))
     elif not train.tensor_parallel and train.tp_size != 1:
@@ -111,7 +111,7 @@ def parallelism_problems(config: TrialConfig, shape: ModelShape) -> list[tuple[s
                 problems.append(("train.tp_size", f"tp_size {train.tp_size} must divide the model's {heads} "
                                  f"{what} (each rank holds whole heads)"))
     if train.offload != "none":
-        if train.strategy != "deepspeed":
+        if not train.parallelism.zero:
             problems.append(("train.offload", f"offload is a DeepSpeed ZeRO option; strategy is {train.strategy}"))
         if config.resources.gpus_per_worker == 0:
             problems.append(("train.offload", "offload moves ZeRO state from GPU to host memory and needs GPUs "
@@ -130,7 +130,7 @@ def _fp8_problems(train: TrainSpec, gpus: int) -> list[tuple[str, str]]:
     if gpus == 0:
         problems.append(("train.fp8", "FP8 matmuls need CUDA GPUs with FP8 tensor cores (H100, H200, B200, GB200, "
                          "L40S; resources.gpus_per_worker: 1); set train.fp8: off on CPU"))
-    if train.strategy not in ("ddp", "fsdp2"):
+    if not train.parallelism.fp8:
         problems.append(("train.fp8", f"FP8 linears are wired for ddp and fsdp2, not {train.strategy} (torchao's "
                          "tensor-parallel float8 styles and DeepSpeed's engine are not); use fsdp2, or "
                          "train.fp8: off"))
@@ -151,15 +151,15 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         if not train.grad_scaler:
             problems.append(("train.grad_scaler", "fp16 gradients underflow without loss scaling; set "
                              "train.grad_scaler: true, or use precision bf16"))
-        if train.strategy not in ("ddp", "deepspeed"):
+        if not train.parallelism.fp16_scaling:
             problems.append(("train.precision", f"fp16 loss scaling is wired for ddp (GradScaler) and deepspeed "
                              f"(its own scaler), not {train.strategy}; use bf16 with {train.strategy}"))
-    if train.compile and train.strategy == "deepspeed" and train.zero_stage == 3:
+    if train.compile and train.parallelism.zero and train.zero_stage == 3:
         problems.append(("train.compile", "DeepSpeed ZeRO-3 gathers and frees parameters in hooks on every "
                          "submodule, which split each compiled block apart and recompile for every module past "
                          "torch.compile's limit; compile with fsdp2 (the same sharding) or zero_stage 1/2, or set "
                          "train.compile: false"))
-    if train.optimizer == "adafactor" and train.strategy in ("fsdp2", "tp", "tp_fsdp2"):
+    if train.optimizer == "adafactor" and train.parallelism.dtensor_params:
         problems.append(("train.optimizer", f"torch's Adafactor updates its factored statistics in place, which "
                          f"DTensor parameters ({train.strategy}) reject; use adafactor with ddp or deepspeed, or "
                          "adamw/sgd"))
@@ -167,7 +167,7 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         if gpus == 0:
             problems.append(("train.finetune", "qlora needs CUDA (bitsandbytes 4-bit kernels; "
                              "resources.gpus_per_worker: 1); on CPU use finetune: lora"))
-        if train.strategy != "ddp":
+        if not train.parallelism.quantized_base:
             problems.append(("train.finetune", f"qlora runs with strategy ddp: 4-bit weights are not sharded by "
                              f"{train.strategy} here"))
     problems += _lora_base_problems(train)
@@ -175,7 +175,7 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         problems.append(("train.liger", "Liger kernels need CUDA (Triton; resources.gpus_per_worker: 1); "
                          "set train.liger: false on CPU"))
     problems += _fp8_problems(train, gpus)
-    if train.reduce_dtype == "bf16" and (train.strategy not in ("fsdp2", "tp_fsdp2") or train.precision != "bf16"):
+    if train.reduce_dtype == "bf16" and (not train.fsdp2_sharded or train.precision != "bf16"):
         problems.append(("train.reduce_dtype", f"bf16 gradient reduction is FSDP2's mixed precision: it needs "
                          f"strategy fsdp2 or tp_fsdp2 with precision bf16 (here {train.strategy}, "
                          f"{train.precision}); set train.reduce_dtype: fp32"))
@@ -219,7 +219,7 @@ def _lora_base_problems(train: TrainSpec) -> list[tuple[str, str]]:
     if base != "fp32" and base != precision:
         return [(field, f"base_dtype {base} differs from the compute dtype {precision}: every matmul would cast "
                  f"the whole base again; set train.lora.base_dtype: auto ({precision}) or fp32")]
-    if base == "fp32" and train.strategy == "deepspeed" and precision != "fp32":
+    if base == "fp32" and train.parallelism.zero and precision != "fp32":
         return [(field, f"base_dtype fp32 under deepspeed with precision {precision}: DeepSpeed casts the whole "
                  f"model to {precision} (keeping fp32 master copies of the adapters only), so an fp32 base cannot "
                  f"be kept; set train.lora.base_dtype: auto ({precision}), or use strategy ddp/fsdp2 for an fp32 "

@@ -19,7 +19,7 @@ from raybench.rehearse.fake_world import init_fake_world
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.policy import block_ops
 from raybench.rehearse.step_time import Layout, layout_of, link_busbw_gbps, predict_step_time
-from raybench.rehearse.trace import TRACEABLE_STRATEGIES, StepTrace, trace_step
+from raybench.rehearse.trace import StepTrace, trace_step
 from raybench.rehearse.traced_model import (
     COMPILE_NOTE,
     COMPILED_ACTIVATIONS_NOTE,
@@ -30,6 +30,7 @@ from raybench.rehearse.traced_model import (
 from raybench.runtime.strategies import RankContext
 from raybench.spec.presets import ModelShape
 from raybench.spec.sac import checkpointed_blocks
+from raybench.spec.strategies import FSDP2
 from raybench.spec.sweep_spec import TrialConfig
 
 
@@ -87,7 +88,7 @@ def _analytic(config: TrialConfig, analytic: Estimate | None, rank: int, why: st
 
 def why_not_traceable(config: TrialConfig) -> str | None:
     train = config.train
-    if train.strategy not in TRACEABLE_STRATEGIES:
+    if not train.parallelism.traced:
         return f"strategy {train.strategy} is not traced (it needs real storage or communication)"
     if train.finetune == "qlora":
         return "qlora is not traced (bitsandbytes quantizes real weights on CUDA)"
@@ -110,7 +111,7 @@ def zero_twin(config: TrialConfig) -> TrialConfig | None:
     gradients in bf16 (DeepSpeed's communication dtype is the model's). None where DeepSpeed does what FSDP2 does
     not: offload (the optimizer runs on the host) and qlora."""
     train = config.train
-    if train.strategy != "deepspeed" or train.offload != "none" or train.finetune == "qlora":
+    if not train.parallelism.zero or train.offload != "none" or train.finetune == "qlora":
         return None
     reduce_dtype = "bf16" if train.precision == "bf16" else "fp32"
     twin = train.model_copy(update={"strategy": "fsdp2", "reshard_after_forward": train.zero_stage == 3,
@@ -232,15 +233,16 @@ def step_config(config: TrialConfig) -> TrialConfig:
     once, so its traced step is the same at every world size from 2 (the world prices it afterwards:
     predict_step_time); a sweep's DDP world sizes share one trace. One rank runs DDP without all-reduces."""
     traced = traced_config(config)
-    if traced.train.strategy != "ddp" or traced.resources.workers < 2:
+    if not traced.train.parallelism.reducer or traced.resources.workers < 2:
         return traced
     return traced.model_copy(update={"resources": traced.resources.model_copy(update={"workers": 2})})
 
 
 def any_world(config: TrialConfig) -> TrialConfig:
     """The step a sweep's world sizes of an FSDP2 or TP x FSDP2 trial share (worlds.py): the traced step
-    (step_config) with the world its TP group alone. Trials alike but for their world size have the same."""
-    tp = config.train.tp_size if config.train.strategy == "tp_fsdp2" else 1
+    (step_config) with the world its TP group alone (tp_size: 1 under fsdp2). Trials alike but for their world
+    size have the same."""
+    tp = config.train.tp_size
     return step_config(config.model_copy(update={"resources": config.resources.model_copy(update={"workers": tp})}))
 
 
@@ -299,7 +301,7 @@ def _world_trace(config: TrialConfig, shape: ModelShape, rank: int, gpu: str | N
     out, a second world size traced is the second end."""
     if not config.train.fsdp2_sharded:
         return _trace(config, shape, rank, gpu, calibration, kinds), None
-    tp = config.train.tp_size if config.train.strategy == "tp_fsdp2" else 1
+    tp = config.train.tp_size
     world, dp = config.resources.workers, config.resources.workers // tp
     key = (config_id(any_world(config)), kinds, rank, gpu, calibration.source)
     ends = traces.setdefault(("world ends", *key), {})
@@ -392,4 +394,4 @@ def is_policy_base(config: TrialConfig) -> bool:
     """Whether an op-level policy (op_policy) starts from this trial's rehearsal: every decoder block
     checkpointed whole, under FSDP2, whose ranks run whole blocks (TP shards each block's operators)."""
     train = config.train
-    return train.strategy == "fsdp2" and train.ac_mode == "block" and Fraction(train.ac_ratio) == 1
+    return train.parallelism is FSDP2 and train.ac_mode == "block" and Fraction(train.ac_ratio) == 1

@@ -39,11 +39,6 @@ from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig
 
-# Strategies the fake process group can drive. DeepSpeed's engine needs real communication and storage at
-# initialize: it falls back to the analytic estimate, and says so.
-TRACEABLE_STRATEGIES = ("ddp", "fsdp2", "tp", "tp_fsdp2")
-
-
 @dataclass
 class StepTrace:
     """What one traced step did on this rank: memory at its peak, collectives, operator costs."""
@@ -180,7 +175,7 @@ def trace_step(config: TrialConfig, shape: ModelShape, ctx: RankContext, fake: b
         if record_events:
             tracker.record_events()
         if record_events and second_dp and train.fsdp2_sharded:
-            dp = ctx.world_size // (train.tp_size if train.strategy == "tp_fsdp2" else 1)
+            dp = ctx.world_size // train.tp_size  # FSDP2 shards over the TP groups (tp_size 1: the world)
             tracker.ledger = shards.ShardLedger(tracker, trainable, Fraction(dp, second_dp))
         marking = marking_propagation(tracker.propagation) if skip_propagation else contextlib.nullcontext()
         traced, times = traced_accumulation(train.grad_accum)
@@ -212,9 +207,9 @@ def _wrapped(model: nn.Module, train: TrainSpec, ctx: RankContext, mode, fake: b
         if not fake:  # real runs need real values for a finite loss; fake ones have none to give
             fill(model, ctx.device, source, info, whole)
 
-    with steady_state_ddp_buckets(model) if train.strategy == "ddp" else contextlib.nullcontext():
+    with steady_state_ddp_buckets(model) if train.parallelism.reducer else contextlib.nullcontext():
         trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
-    if train.strategy == "ddp" and fake:
+    if train.parallelism.reducer and fake:
         trainable.model.register_comm_hook(None, fake_allreduce_hook)
     return trainable
 
@@ -224,7 +219,7 @@ def _track_from_start(tracker, trainable: strategies.Trainable, train: TrainSpec
     already) and DDP's gradient buckets."""
     if not train.fsdp2_sharded:
         tracker.track_external(trainable.model, trainable.optimizer)
-    if train.strategy == "ddp":  # its reducer holds a bucket copy of every trainable gradient from construction
+    if train.parallelism.reducer:  # its reducer holds a bucket copy of every trainable gradient from construction
         tracker.count_from_start([b.buffer() for b in trainable.model.reducer._get_zeros_like_grad_buckets()])
 
 

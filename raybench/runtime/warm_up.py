@@ -53,7 +53,7 @@ def trial_modules(config: TrialConfig) -> list[str]:
     says how to install it)."""
     train = config.train
     model_type = model_shape(config).model_type
-    wanted = {"deepspeed": train.strategy == "deepspeed", "torch._inductor.compile_fx": train.compile,
+    wanted = {"deepspeed": train.parallelism.zero, "torch._inductor.compile_fx": train.compile,
               "liger_kernel.transformers": train.liger, "bitsandbytes": train.finetune == "qlora"}
     optional = [m for m, needed in wanted.items() if needed and importlib.util.find_spec(m.split(".")[0]) is not None]
     return [f"transformers.models.{model_type}.modeling_{model_type}", *optional]
@@ -64,7 +64,7 @@ def prepare_process(config: TrialConfig) -> None:
     model_build_s, wrap_s, compile_s and time_to_first_step_s mean the same in every executor, docs/metrics.md).
     `warm_up` then runs the trial's own path once on a miniature, once the process group exists."""
     use_gpu = config.resources.gpus_per_worker > 0
-    if config.train.strategy == "deepspeed" and not use_gpu:
+    if config.train.parallelism.zero and not use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerator at its first import
     for module in trial_modules(config):
         importlib.import_module(module)

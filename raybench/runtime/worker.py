@@ -79,7 +79,7 @@ def _exposed_comm(trainable, batches, train: TrainSpec, ctx: RankContext, record
     Only DDP can skip its reduction without changing the work or the memory of the step (FSDP2 would keep
     unsharded gradients, TP's collectives sit in the forward): other strategies record null.
     """
-    if train.strategy != "ddp" or ctx.world_size == 1:
+    if not train.parallelism.reducer or ctx.world_size == 1:
         return None
     synced = record.phase_times_s["backward"][train.warmup_steps:]
     local = bench.backward_without_sync(trainable, batches, train, ctx.device, LOCAL_STEPS)

@@ -145,7 +145,7 @@ class TrialPayload:
             env.setdefault(MALLOC_MMAP_THRESHOLD, str(MALLOC_MMAP_THRESHOLD_BYTES))
         if env.get(MALLOC_MMAP_THRESHOLD) == "":  # none: glibc would read "" as 0
             del env[MALLOC_MMAP_THRESHOLD]
-        if self.config.train.strategy == "deepspeed" and on_cpu:
+        if self.config.train.parallelism.zero and on_cpu:
             env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed picks its accelerator once, at its first import
         return env
 

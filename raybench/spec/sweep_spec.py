@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, model_serializer
 from raybench.spec import stacks
 from raybench.spec.presets import PRESETS
 from raybench.spec.section import Section
+from raybench.spec.strategies import STRATEGIES, Strategy
 from raybench.spec.sweep_settings import CacheSpec, EstimateSpec, PoolSpec, ProjectionSpec, SearchSpec
 from raybench.spec.values import ENV_PREFIXES, MALLOC_MMAP_THRESHOLD, Ratio, check_env, check_saved_ops
 
@@ -143,7 +144,7 @@ class LoraSpec(Section):
 
 
 class TrainSpec(Section):
-    strategy: Literal["ddp", "fsdp2", "deepspeed", "tp", "tp_fsdp2"] = Field("ddp", description=(
+    strategy: Literal[tuple(STRATEGIES)] = Field("ddp", description=(
         "How ranks share the model: ddp replicas; fsdp2 sharding; deepspeed ZeRO (train.zero_stage); tp tensor "
         "parallel over all ranks; tp_fsdp2 a 2D mesh, tp_size ranks per TP group and FSDP2 across groups."))
     tp_size: int = Field(1, ge=1, le=1024, description=(
@@ -246,15 +247,20 @@ class TrainSpec(Section):
         return self.precision if self.lora.base_dtype == "auto" else self.lora.base_dtype
 
     @property
+    def parallelism(self) -> Strategy:
+        """The strategy's facts (spec/strategies.py): what it shards, what it is wired for, whether it is traced."""
+        return STRATEGIES[self.strategy]
+
+    @property
     def tensor_parallel(self) -> bool:
         """Whether the strategy splits the blocks' projections over a TP group (tp, tp_fsdp2)."""
-        return self.strategy in ("tp", "tp_fsdp2")
+        return self.parallelism.tensor_parallel
 
     @property
     def fsdp2_sharded(self) -> bool:
         """Whether FSDP2 shards the parameters (fsdp2, tp_fsdp2). Its mixed-precision policy casts them to the
         compute dtype before each forward; ddp and tp keep fp32 weights and run forward under torch.autocast."""
-        return self.strategy in ("fsdp2", "tp_fsdp2")
+        return self.parallelism.fsdp2
 
     def tp_sequence_parallel(self, tied_embeddings: bool) -> bool:
         """Whether tensor parallelism runs torchtitan's whole layout rather than splitting the blocks'
@@ -270,7 +276,7 @@ class TrainSpec(Section):
             return "train.loss full"
         if self.liger:
             return "liger's fused linear cross-entropy"
-        if self.strategy == "deepspeed":
+        if self.parallelism.zero:
             return "deepspeed: ZeRO-3 gathers the head's weight only when the head itself runs"
         if self.precision == "fp16":
             return "fp16: gradients made in forward would underflow before loss scaling"

@@ -26,6 +26,7 @@ from raybench.spec.errors import Problem
 from raybench.spec.load import PLACEHOLDER
 from raybench.spec.stacks import kind
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
+from raybench.spec.strategies import FSDP2
 
 TORCHTITAN = kind("torchtitan")
 # The torchtitan keys raybench sets on every trial's command line (refused in stack.overrides): the field that sets
@@ -108,7 +109,7 @@ def _train_problems(config: TrialConfig) -> list[Problem]:
     """Mapped fields whose value has no torchtitan equivalent."""
     train = config.train
     found = []
-    if train.strategy != "fsdp2":
+    if train.parallelism is not FSDP2:
         found.append(Problem("train.strategy", train.strategy, "torchtitan's trainer shards with FSDP2: set "
                              "train.strategy: fsdp2 (the row's strategy column)"))
     if train.finetune != "full":

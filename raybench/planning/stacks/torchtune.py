@@ -22,6 +22,7 @@ from raybench.spec.errors import Problem
 from raybench.spec.load import PLACEHOLDER
 from raybench.spec.stacks import kind
 from raybench.spec.sweep_spec import DataSpec, LoraSpec, TrialConfig
+from raybench.spec.strategies import FSDP2
 
 # torchtune 0.6.1's recipes (`tune ls`), each with the train.finetune it is; None: a recipe raybench does not
 # time (single device, preference and distillation losses, inference): its loop is not the SFT loop the launcher
@@ -127,7 +128,7 @@ def _train_problems(config: TrialConfig) -> list[Problem]:
     """Mapped fields whose value has no torchtune equivalent."""
     train = config.train
     found = []
-    if train.strategy != "fsdp2":
+    if train.parallelism is not FSDP2:
         found.append(Problem("train.strategy", train.strategy, "torchtune's distributed recipes shard with FSDP2: "
                              "set train.strategy: fsdp2 (the row's strategy column)"))
     if train.precision == "fp16":

@@ -61,7 +61,7 @@ def convert(model: nn.Module, train: TrainSpec, emulate: bool = False) -> nn.Mod
     except ImportError:
         raise ImportError("train.fp8 needs torchao on every worker: pip install 'raybench[gpu]'") from None
     config = Float8LinearConfig.from_recipe_name(train.fp8)
-    all_gather_fp8 = train.fp8 == "tensorwise" and train.strategy == "fsdp2" and train.finetune == "full"
+    all_gather_fp8 = train.fp8 == "tensorwise" and train.fsdp2_sharded and train.finetune == "full"
     config = dataclasses.replace(config, enable_fsdp_float8_all_gather=all_gather_fp8, emulate=emulate)
     lora = train.finetune == "lora"
     return convert_to_float8_training(model, config=config,
