@@ -50,15 +50,16 @@ class Bands:
     at_scale: Band  # added at reach 1 (tensor peak: the reserved peak's, the corpus publishes no tensor peak)
 
 
-# docs/results/prediction-bands-2026-11-29.md (bench/prediction_intervals.py on bench/rehearse_validate.py's and
-# bench/rehearse_public.py's output, 2026-11-29, with the frozen base's reserve). "traced": a traced rehearsal.
+# docs/results/prediction-bands-2026-12-07.md (bench/prediction_intervals.py on bench/rehearse_validate.py's and
+# bench/rehearse_public.py's output, 2026-12-07: ZeRO traced from its FSDP2 twin, DeepCompile's rows in the corpus).
+# "traced": a traced rehearsal.
 # "analytic": the analytic estimate (what an untraced trial is predicted by: `raybench rehearse`'s fallback, the
 # plan without a rehearsal).
 BANDS = {
-    "traced": Bands(rows=Band(step_time=0.149, tensor_peak=0.026, reserved_peak=0.108),
-                    at_scale=Band(step_time=0.01, tensor_peak=0.564, reserved_peak=0.564)),
+    "traced": Bands(rows=Band(step_time=0.27, tensor_peak=0.042, reserved_peak=0.107),
+                    at_scale=Band(step_time=0.403, tensor_peak=0.565, reserved_peak=0.565)),
     "analytic": Bands(rows=Band(step_time=0.632, tensor_peak=0.251, reserved_peak=0.091),
-                      at_scale=Band(step_time=0.096, tensor_peak=0.273, reserved_peak=0.273)),
+                      at_scale=Band(step_time=0.116, tensor_peak=0.273, reserved_peak=0.273)),
 }
 
 
