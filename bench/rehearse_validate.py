@@ -110,7 +110,7 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
         analytic = estimate(config, trial.shape, list(trial.ac_blocks), gpu)
         r = rehearsal.rehearse(config, trial.shape, gpu, analytic=analytic, traces=traces, calibration=priced)
         calibration.save_rehearsal(store, trial.config_id, r.as_dict())
-        reserved = None if r.peak_gib is None else r.peak_gib * priced.for_finetune(config.train.finetune).reserve
+        reserved = None if r.peak_gib is None else r.peak_gib * priced.for_finetune(config.train.tuning).reserve
         lines.append({
             "set": validation_split.FITTING if fitted_on else validation_split.HELDOUT,
             "fitted": ", ".join(fitted_on) or "-", "trial_id": stored_id,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raybench.spec import metrics
+from raybench.spec.finetunes import LORA
 from raybench.spec.hardware import peak_tflops
 from raybench.spec.presets import ModelShape
 from raybench.spec.schema import GIB
@@ -60,7 +61,7 @@ def _has_bias(shape: ModelShape, name: str) -> bool:
 
 def lora_targets(train: TrainSpec) -> tuple[str, ...]:
     """Projections that get adapters (PEFT's all-linear: every projection of a block, not the output head)."""
-    if train.finetune == "full":
+    if train.tuning.trains_base:
         return ()
     targets = LORA_TARGET_MODULES[train.lora.targets]
     return PROJECTIONS if targets == "all-linear" else tuple(targets)
@@ -113,7 +114,7 @@ def _optimizer_elements(name: str, counts: ParamCounts, shape: ModelShape, train
     vector per matrix, a full vector per 1-D parameter; DeepSpeed hands the optimizer flat 1-D partitions, so
     there it keeps a full vector (flat=True).
     """
-    trainable = counts.total if train.finetune == "full" else counts.adapters
+    trainable = counts.total if train.tuning.trains_base else counts.adapters
     if name.startswith("adamw"):
         return 2 * trainable
     if name == "sgd":
@@ -121,7 +122,7 @@ def _optimizer_elements(name: str, counts: ParamCounts, shape: ModelShape, train
     if flat:
         return trainable
     proj, layers, r = projection_shapes(shape), shape.num_hidden_layers, train.lora.rank
-    if train.finetune != "full":  # A is (r, in), B is (out, r)
+    if not train.tuning.trains_base:  # A is (r, in), B is (out, r)
         return layers * sum(r + i + o + r for n, (i, o) in proj.items() if n in lora_targets(train))
     matrices = layers * sum(i + o + (o if _has_bias(shape, n) else 0) for n, (i, o) in proj.items())
     embeddings = (shape.vocab_size + shape.hidden_size) * (1 if shape.tie_word_embeddings else 2)
@@ -170,7 +171,7 @@ def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, 
     a gradient.
     """
     d = _dtypes(train)
-    full, targets = train.finetune == "full", lora_targets(train)
+    full, targets = train.tuning.trains_base, lora_targets(train)
     proj = projection_shapes(shape)
     h, inter, heads = shape.hidden_size, shape.intermediate_size, shape.num_attention_heads
     q_dim, kv_dim = proj["q_proj"][1], proj["k_proj"][1]
@@ -181,7 +182,7 @@ def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, 
     # Under autocast each linear that keeps its input keeps its own 16-bit cast of it, and PEFT's adapters cast
     # theirs to fp32 first. With dropout, raybench's adapters cast inside what backward recomputes
     # (techniques/lora.py) and keep their input as it comes: one tensor, shared (QLoRA's keep PEFT's path).
-    copies = d.autocast and not (train.finetune == "lora" and train.lora.dropout > 0)
+    copies = d.autocast and not (train.tuning is LORA and train.lora.dropout > 0)
 
     norms = inputs = 0.0
     for consumers in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
@@ -236,7 +237,7 @@ def activation_bytes_per_token(shape: ModelShape, train: TrainSpec, ac_blocks: l
     if train.ac_mode == "op":
         kept += _op_mode_kept_bytes(shape, train) / tp
     blocks = (shape.num_hidden_layers - checkpointed) * block + checkpointed * kept + (block if checkpointed else 0)
-    full, h = train.finetune == "full", shape.hidden_size
+    full, h = train.tuning.trains_base, shape.hidden_size
     if train.liger:
         # Fused linear cross-entropy computes the head's gradients chunk by chunk during forward: no logits and
         # no head input are kept, only the gradient of the head's input (compute dtype).
@@ -299,7 +300,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     train, world = config.train, config.resources.workers
     tp = train.tp_size
     dp = world // tp
-    full = train.finetune == "full"
+    full = train.tuning.trains_base
     low = 4 if train.precision == "fp32" else 2  # 16-bit compute bytes
     # TP splits the block projections (and their LoRA adapters half-way, tp_local_adapters) and, in torchtitan's
     # layout, the embedding and head; norms are replicated over the TP group.
@@ -319,11 +320,11 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     stored = base * (local - adapters) + 4 * adapters  # fp32 adapters on a LoRA base
     if not train.parallelism.sixteen_bit_weights:  # ddp, tp: whole fp32 weights
         weights = stored
-        if train.finetune == "qlora":  # 4-bit projections; embeddings, norms and head stay fp32
+        if train.tuning.quantized_base:  # 4-bit projections; embeddings, norms and head stay fp32
             weights = NF4_BYTES_PER_PARAM * counts.projections + 4 * (local - counts.projections)
         if _dtypes(train).autocast:  # autocast's 16-bit weight casts live until backward has used them
             head = shape.vocab_size * shape.hidden_size / vocab
-            cast = (0 if train.finetune == "qlora" else counts.projections / tp) + head
+            cast = (0 if train.tuning.quantized_base else counts.projections / tp) + head
             weights += 2 * ((cast if base == 4 else 0) + adapters)  # a 16-bit base needs no cast
         # DDP's reducer keeps its own bucket copy of every gradient (gradient_as_bucket_view is off)
         grads = 4 * trainable * (2 if train.parallelism.reducer else 1)
@@ -359,7 +360,7 @@ def _flops_per_step(config: TrialConfig, shape: ModelShape, counts: ParamCounts,
     """Per rank: model FLOPs (metrics.flops_per_token) plus the forward passes that checkpointing repeats."""
     train, world = config.train, config.resources.workers
     layers, s, h = shape.num_hidden_layers, train.seq_len, shape.hidden_size
-    full = train.finetune == "full"
+    full = train.tuning.trains_base
     matmul = metrics.matmul_params(counts.total, shape.vocab_size, h, shape.tie_word_embeddings)
     per_token = metrics.flops_per_token(matmul, counts.total if full else counts.adapters, full, layers, s, h)
     if train.ac_mode == "op":  # the policy recomputes k, o and up (every second matmul), never attention
@@ -385,7 +386,7 @@ def estimate(config: TrialConfig, shape: ModelShape, ac_blocks: list[int] | tupl
     peak = peak_tflops(gpu, train.precision) if device == "cuda" else None
     return Estimate(
         device=device, params_total=counts.total,
-        params_trainable=counts.total if train.finetune == "full" else counts.adapters,
+        params_trainable=counts.total if train.tuning.trains_base else counts.adapters,
         params_gib=weights / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,
         activations_gib=activations / GIB,
         other_gib=CUDA_OVERHEAD_GIB if device == "cuda" else HOST_BASELINE_GIB,

@@ -13,6 +13,7 @@ from raybench.planning import calibration, estimate, loss_choice, stacks, tokeni
 from raybench.planning.assessment import Assessment, assess
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem
+from raybench.spec.finetunes import LORA
 from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
@@ -134,7 +135,7 @@ def _fp8_problems(train: TrainSpec, gpus: int) -> list[tuple[str, str]]:
         problems.append(("train.fp8", f"FP8 linears are wired for ddp and fsdp2, not {train.strategy} (torchao's "
                          "tensor-parallel float8 styles and DeepSpeed's engine are not); use fsdp2, or "
                          "train.fp8: off"))
-    if train.finetune == "qlora":
+    if train.tuning.quantized_base:
         problems.append(("train.fp8", "qlora's base is 4-bit already; FP8 applies to full and lora: use "
                          "finetune lora, or train.fp8: off"))
     if train.precision != "bf16":
@@ -163,7 +164,7 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         problems.append(("train.optimizer", f"torch's Adafactor updates its factored statistics in place, which "
                          f"DTensor parameters ({train.strategy}) reject; use adafactor with ddp or deepspeed, or "
                          "adamw/sgd"))
-    if train.finetune == "qlora":
+    if train.tuning.quantized_base:
         if gpus == 0:
             problems.append(("train.finetune", "qlora needs CUDA (bitsandbytes 4-bit kernels; "
                              "resources.gpus_per_worker: 1); on CPU use finetune: lora"))
@@ -208,10 +209,10 @@ def _lora_base_problems(train: TrainSpec) -> list[tuple[str, str]]:
     if base == "auto":
         return []
     field = "train.lora.base_dtype"
-    if train.finetune == "qlora":
+    if train.tuning.quantized_base:
         return [(field, f"base_dtype {base}: qlora's base is 4-bit NF4, with no dtype to choose; remove "
                  "train.lora.base_dtype (or set auto), or use finetune: lora")]
-    if train.finetune != "lora":
+    if train.tuning is not LORA:
         return []
     if base != "fp32" and precision == "fp32":
         return [(field, f"base_dtype {base} under precision fp32 would compute with rounded weights in fp32; "

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from raybench.results.profiles import CPU_KEY
+from raybench.spec.finetunes import Finetune
 
 # Achieved fraction of the per-operator roofline (peak FLOP/s and memory bandwidth) on an H100 SXM, the median
 # of roofline / measured step time over the 10 eager rows of the committed 1B sAC sweep
@@ -25,7 +26,6 @@ ALLOCATOR_RESERVE = 1.16
 # (docs/results/gpu-2026-11-28-h200/gpu-speed-1gpu.parquet): median 1.058 (range 1.02-1.06); checked on the H100's
 # held-out LoRA and QLoRA rows (docs/results/reserve-frozen-base-2026-11-29.md).
 ALLOCATOR_RESERVE_FROZEN_BASE = 1.06
-FROZEN_BASE = ("lora", "qlora")
 # torch.compile (not traced: compiled trials trace eager) fuses the elementwise, reduction and copy operators
 # of each compiled decoder block into generated kernels; how many bytes those move, against the eager
 # operators', inductor itself counts on one block (compiled_block_traffic). A byte its kernels move costs this
@@ -59,9 +59,10 @@ class Calibration:
     def profiled(self) -> bool:
         return self.source != SHIPPED
 
-    def for_finetune(self, finetune: str) -> Calibration:
-        """This calibration with the reserve of a trial of `finetune`: a frozen base's where LoRA or QLoRA."""
-        return dataclasses.replace(self, reserve=self.frozen_base_reserve) if finetune in FROZEN_BASE else self
+    def for_finetune(self, tuning: Finetune) -> Calibration:
+        """This calibration with the reserve of a trial that trains as `tuning` does (train.tuning): a frozen
+        base's where it trains adapters (LoRA, QLoRA)."""
+        return dataclasses.replace(self, reserve=self.frozen_base_reserve) if tuning.adapters else self
 
     @classmethod
     def from_profile(cls, profile: dict) -> Calibration:

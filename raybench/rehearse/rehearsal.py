@@ -90,7 +90,7 @@ def why_not_traceable(config: TrialConfig) -> str | None:
     train = config.train
     if not train.parallelism.traced:
         return f"strategy {train.strategy} is not traced (it needs real storage or communication)"
-    if train.finetune == "qlora":
+    if train.tuning.quantized_base:
         return "qlora is not traced (bitsandbytes quantizes real weights on CUDA)"
     return None
 
@@ -111,7 +111,7 @@ def zero_twin(config: TrialConfig) -> TrialConfig | None:
     gradients in bf16 (DeepSpeed's communication dtype is the model's). None where DeepSpeed does what FSDP2 does
     not: offload (the optimizer runs on the host) and qlora."""
     train = config.train
-    if not train.parallelism.zero or train.offload != "none" or train.finetune == "qlora":
+    if not train.parallelism.zero or train.offload != "none" or train.tuning.quantized_base:
         return None
     reduce_dtype = "bf16" if train.precision == "bf16" else "fp32"
     twin = train.model_copy(update={"strategy": "fsdp2", "reshard_after_forward": train.zero_stage == 3,
@@ -157,7 +157,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     collectives' bandwidth and latency; None: the GPU's NVLink domain, one NIC per GPU.
     """
     world = config.resources.workers
-    calibration = calibration.for_finetune(config.train.finetune)  # stored with the rehearsal, as priced
+    calibration = calibration.for_finetune(config.train.tuning)  # stored with the rehearsal, as priced
     why_not = why_not_traceable(config)
     if why_not:
         twin = zero_twin(config)

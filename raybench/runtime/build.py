@@ -191,7 +191,7 @@ def build_and_wrap(payload: TrialPayload, ctx: RankContext, shape: ModelShape | 
     model, source, weights_info = build_meta(payload.config.model, train.seed,
                                              local_copy=payload.caches.weights_local_copy,
                                              cache_gib=payload.weights_cache_gib, shape=shape)
-    if train.finetune == "qlora":  # bitsandbytes quantizes real weights: the (ddp-only) base is whole first
+    if train.tuning.quantized_base:  # bitsandbytes quantizes real weights: the (ddp-only) base is whole first
         fill(model, ctx.device, source, weights_info, whole=True)
         torch.manual_seed(train.seed)  # PEFT's adapter init then draws the same numbers on every rank
     model = prepare_model(model, train)
@@ -200,7 +200,7 @@ def build_and_wrap(payload: TrialPayload, ctx: RankContext, shape: ModelShape | 
     materialize_s = []
 
     def materialize(whole: bool) -> None:
-        if train.finetune != "qlora":
+        if not train.tuning.quantized_base:
             t_fill = time.perf_counter()
             fill(model, ctx.device, source, weights_info, whole)
             materialize_s.append(time.perf_counter() - t_fill)

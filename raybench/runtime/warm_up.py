@@ -54,7 +54,7 @@ def trial_modules(config: TrialConfig) -> list[str]:
     train = config.train
     model_type = model_shape(config).model_type
     wanted = {"deepspeed": train.parallelism.zero, "torch._inductor.compile_fx": train.compile,
-              "liger_kernel.transformers": train.liger, "bitsandbytes": train.finetune == "qlora"}
+              "liger_kernel.transformers": train.liger, "bitsandbytes": train.tuning.quantized_base}
     optional = [m for m, needed in wanted.items() if needed and importlib.util.find_spec(m.split(".")[0]) is not None]
     return [f"transformers.models.{model_type}.modeling_{model_type}", *optional]
 

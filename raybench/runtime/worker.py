@@ -164,7 +164,7 @@ def _trial_facts(payload: TrialPayload, ctx: RankContext, shape: ModelShape, bui
     train = payload.config.train
     flops_tok = metrics.flops_per_token(
         metrics.matmul_params(built.params_total, shape.vocab_size, shape.hidden_size, shape.tie_word_embeddings),
-        built.params_trainable, train.finetune == "full", shape.num_hidden_layers, train.seq_len, shape.hidden_size,
+        built.params_trainable, train.tuning.trains_base, shape.num_hidden_layers, train.seq_len, shape.hidden_size,
     )
     return TrialFacts(
         train=train, world_size=ctx.world_size, dp_size=trained.dp_size, params_total=built.params_total,
@@ -172,7 +172,7 @@ def _trial_facts(payload: TrialPayload, ctx: RankContext, shape: ModelShape, bui
         peak_tflops=peak_tflops(hardware["gpu_name"], train.precision), comm_exposed_p50_s=trained.comm_exposed_p50_s,
         worker_wall_s=time.perf_counter() - t_start, process_trial_index=payload.process_trial_index,
         compiled=trained.compiled, **built.weights_info,
-        fp8=fp8.columns(built.fp8_linears, train.finetune == "full", flops_tok) if fp8.wanted(train) else {},
+        fp8=fp8.columns(built.fp8_linears, train.tuning.trains_base, flops_tok) if fp8.wanted(train) else {},
         profile=trained.profile)
 
 

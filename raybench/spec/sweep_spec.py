@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, model_serializer
 from raybench.spec import stacks
 from raybench.spec.presets import PRESETS
 from raybench.spec.section import Section
+from raybench.spec.finetunes import FINETUNES, LORA, Finetune
 from raybench.spec.strategies import STRATEGIES, Strategy
 from raybench.spec.sweep_settings import CacheSpec, EstimateSpec, PoolSpec, ProjectionSpec, SearchSpec
 from raybench.spec.values import ENV_PREFIXES, MALLOC_MMAP_THRESHOLD, Ratio, check_env, check_saved_ops
@@ -162,7 +163,7 @@ class TrainSpec(Section):
         "Compute dtype (bf16/fp16: autocast, FSDP2 policy or DeepSpeed's own; fp16 needs grad_scaler)."))
     grad_scaler: bool = Field(True, description=(
         "fp16 only: dynamic loss scaling (torch GradScaler with ddp, DeepSpeed's own scaler with deepspeed)."))
-    finetune: Literal["full", "lora", "qlora"] = Field("full", description=(
+    finetune: Literal[tuple(FINETUNES)] = Field("full", description=(
         "Train every weight, LoRA adapters only, or LoRA on a 4-bit bitsandbytes base (qlora: CUDA only)."))
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA settings (used when finetune=lora/qlora).")
     ac_ratio: Ratio = Field("0", description="Fraction of decoder blocks activation-checkpointed, e.g. '1/2'.")
@@ -242,9 +243,14 @@ class TrainSpec(Section):
         """The dtype of a LoRA trial's frozen base weights: lora.base_dtype, auto resolved to the compute dtype
         (train.precision); None unless finetune is lora (a full fine-tune trains fp32 weights, QLoRA's base is
         4-bit)."""
-        if self.finetune != "lora":
+        if self.tuning is not LORA:
             return None
         return self.precision if self.lora.base_dtype == "auto" else self.lora.base_dtype
+
+    @property
+    def tuning(self) -> Finetune:
+        """What the trial trains (spec/finetunes.py): every weight, adapters, adapters over a 4-bit base."""
+        return FINETUNES[self.finetune]
 
     @property
     def parallelism(self) -> Strategy:

@@ -72,7 +72,7 @@ def _unmapped_fields(train: TrainSpec, kind: str, mapped: dict[str, tuple[str, .
                  "it takes none of raybench's train fields")
         found.append(Problem(f"train.{name}", value, f"stack {kind} does not take raybench's train.{name}; {fix} "
                              f"({takes}; docs/stacks/{kind}.md)"))
-    if train.finetune == "full" and train.lora != defaults.lora:
+    if train.tuning.trains_base and train.lora != defaults.lora:
         found.append(Problem("train.lora", train.lora.model_dump(), f"stack {kind} does not take raybench's "
                              "LoRA settings; configure adapters in the stack itself"))
     return found

@@ -112,7 +112,7 @@ def _train_problems(config: TrialConfig) -> list[Problem]:
     if train.parallelism is not FSDP2:
         found.append(Problem("train.strategy", train.strategy, "torchtitan's trainer shards with FSDP2: set "
                              "train.strategy: fsdp2 (the row's strategy column)"))
-    if train.finetune != "full":
+    if not train.tuning.trains_base:
         found.append(Problem("train.finetune", train.finetune, "torchtitan's trainer trains every weight (its LoRA "
                              "is a model converter of the config function): set train.finetune: full"))
     if train.precision not in PRECISIONS:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raybench.spec.errors import Problem
+from raybench.spec.finetunes import LORA
 from raybench.spec.load import PLACEHOLDER
 from raybench.spec.stacks import kind
 from raybench.spec.sweep_spec import DataSpec, LoraSpec, TrialConfig
@@ -137,11 +138,11 @@ def _train_problems(config: TrialConfig) -> list[Problem]:
     if train.ac_ratio not in ("0", "1"):
         found.append(Problem("train.ac_ratio", train.ac_ratio, "torchtune checkpoints every decoder block or none "
                              "(enable_activation_checkpointing): use '0' or '1'"))
-    if train.finetune == "lora" and train.lora.targets != LoraSpec().targets:
+    if train.tuning is LORA and train.lora.targets != LoraSpec().targets:
         found.append(Problem("train.lora.targets", train.lora.targets, "torchtune's config picks the adapted "
                              "layers: set model.lora_attn_modules, model.apply_lora_to_mlp and "
                              "model.apply_lora_to_output (in the file or stack.overrides) and leave targets out"))
-    if train.finetune == "lora" and train.lora.base_dtype not in ("auto", train.precision):
+    if train.tuning is LORA and train.lora.base_dtype not in ("auto", train.precision):
         found.append(Problem("train.lora.base_dtype", train.lora.base_dtype, "torchtune keeps the frozen base in "
                              "its dtype (train.precision); leave base_dtype at auto"))
     return found

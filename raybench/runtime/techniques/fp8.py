@@ -24,6 +24,7 @@ import re
 import torch
 from torch import nn
 
+from raybench.spec.finetunes import LORA
 from raybench.spec.sweep_spec import TrainSpec
 
 TILE = 16  # FP8 GEMMs need both dimensions of the weight to be multiples of this
@@ -61,9 +62,9 @@ def convert(model: nn.Module, train: TrainSpec, emulate: bool = False) -> nn.Mod
     except ImportError:
         raise ImportError("train.fp8 needs torchao on every worker: pip install 'raybench[gpu]'") from None
     config = Float8LinearConfig.from_recipe_name(train.fp8)
-    all_gather_fp8 = train.fp8 == "tensorwise" and train.fsdp2_sharded and train.finetune == "full"
+    all_gather_fp8 = train.fp8 == "tensorwise" and train.fsdp2_sharded and train.tuning.trains_base
     config = dataclasses.replace(config, enable_fsdp_float8_all_gather=all_gather_fp8, emulate=emulate)
-    lora = train.finetune == "lora"
+    lora = train.tuning is LORA
     return convert_to_float8_training(model, config=config,
                                       module_filter_fn=lambda module, fqn: eligible(module, fqn, lora))
 

@@ -23,7 +23,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def wanted(train: TrainSpec) -> bool:
-    return train.finetune in ("lora", "qlora")
+    return train.tuning.adapters
 
 
 def apply(model: nn.Module, train: TrainSpec) -> nn.Module:

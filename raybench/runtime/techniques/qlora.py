@@ -17,7 +17,7 @@ COMPUTE_DTYPE = torch.bfloat16  # 4-bit weights are dequantized to this for each
 
 
 def wanted(train: TrainSpec) -> bool:
-    return train.finetune == "qlora"
+    return train.tuning.quantized_base
 
 
 def apply(model: nn.Module, train: TrainSpec) -> nn.Module:
