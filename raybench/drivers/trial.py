@@ -25,7 +25,7 @@ from raybench.spec.metrics import projection as metrics_projection
 from raybench.spec.payload import TrialPayload
 from raybench.spec.redact import ANSI_ESCAPE, without_secrets
 from raybench.spec.schema import DataTaken, RankResult
-from raybench.spec.stacks import RAYBENCH
+from raybench.spec.stacks import kind
 from raybench.spec.tokenized_data import CUT_LABEL_NOTE_FRAC
 
 # interrupted: the sweep was stopped (SIGTERM at the end of an allocation, scancel, Ctrl-C) while the trial ran;
@@ -154,7 +154,7 @@ def _data_taken(payload: TrialPayload, result: RankResult | None) -> DataTaken |
     a stack trained on the data only where its entry took it from raybench)."""
     if result is not None:
         return result.data_taken
-    return "rows" if payload.config.stack.kind == RAYBENCH else None
+    return "rows" if kind(payload.config.stack.kind).own_loop else None
 
 
 def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,

@@ -17,7 +17,7 @@ from raybench.spec.finetunes import LORA
 from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
-from raybench.spec.stacks import RAYBENCH
+from raybench.spec import stacks as stacks_spec
 from raybench.spec.sweep_spec import SweepSpec, TrainSpec, TrialConfig, config_id
 from raybench.spec.validate import data_layout_problems
 
@@ -317,7 +317,8 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
             problems += _vocabulary_problems(config, shape, vocabulary_checked)
         problems += _stack_problems(config, stack_checked)
         blocks = tuple(checkpointed_blocks(Fraction(config.train.ac_ratio), shape.num_hidden_layers))
-        if not reasons and config.stack.kind == RAYBENCH:  # a user's stack computes its own loss
+        own_loop = stacks_spec.kind(config.stack.kind).own_loop
+        if not reasons and own_loop:  # a user's stack computes its own loss
             config = loss_choice.chosen(config, shape, blocks, spec.estimate, evidence,
                                         lambda c: rehearsed.get(config_id(c)))
         cid = config_id(config)
@@ -336,7 +337,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
         judged = None
         # An invalid combination has no meaningful estimate (its mesh may not even exist), and the estimate models
         # raybench's own loop, not a user's stack.
-        if not reasons and config.stack.kind == RAYBENCH:
+        if not reasons and own_loop:
             raw_est = estimate.estimate(config, shape, blocks, spec.estimate.gpu)
             judged, skip = assess(raw_est, spec.estimate, factors.get(calibration.key_of(config)), rehearsed.get(cid),
                                  config.resources.workers)

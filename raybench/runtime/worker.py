@@ -38,7 +38,7 @@ from raybench.spec.hardware import peak_tflops  # noqa: E402
 from raybench.spec.payload import TrialPayload  # noqa: E402
 from raybench.spec.presets import ModelShape, model_shape  # noqa: E402
 from raybench.spec.schema import GIB, RankResult  # noqa: E402
-from raybench.spec.stacks import RAYBENCH  # noqa: E402
+from raybench.spec.stacks import kind  # noqa: E402
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig  # noqa: E402
 
 # Steps without gradient reduction after the timed window (whose steps reduce), for the exposed communication.
@@ -48,7 +48,7 @@ def run(payload: TrialPayload) -> RankResult | None:
 
     Running out of memory re-raises with the memory in use at that moment, so the oom row says how much.
     """
-    if payload.config.stack.kind != RAYBENCH:  # the user's own stack, measured by the probe
+    if not kind(payload.config.stack.kind).own_loop:  # the user's own stack, measured by the probe
         return stacks.run(payload)
     held_gib = rank_memory.held_from_earlier_trials_gib()
     warm_up.prepare_process(payload.config)

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from raybench.spec import stacks
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.sweep_spec import HF_ONLY_FIELDS, JSON_LAYOUT_FIELDS, DataSpec, ModelSpec, SweepSpec
@@ -40,7 +41,7 @@ def _check_model_and_data(model: ModelSpec, data: DataSpec, stack_kind: str) -> 
     if model.path is not None:
         # A command stack's command loads the model itself, in its own format; raybench reads only config.json
         # (the row's parameter count and FLOPs).
-        problems += check_model_dir(model.path, model.allow_pickle, weights=stack_kind != "command")
+        problems += check_model_dir(model.path, model.allow_pickle, weights=stacks.kind(stack_kind).needs_weights)
     return problems + _check_data(data, model.path)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raybench.spec.stacks import RAYBENCH
+from raybench.spec.stacks import kind
 from raybench.spec.sweep_settings import CacheSpec, PoolSpec, ProjectionSpec
 from raybench.spec.sweep_spec import TrialConfig
 from raybench.spec.tokenized_data import TokenizedData
@@ -133,7 +133,7 @@ class TrialPayload:
         """The part of worker_env that must be in place when a worker process starts (libraries read it once)."""
         env = dict(self.config.train.env)
         on_cpu = self.config.resources.gpus_per_worker == 0
-        if on_cpu and self.config.stack.kind == RAYBENCH:
+        if on_cpu and kind(self.config.stack.kind).own_loop:
             # A CPU trial's memory figure is its peak RSS. glibc raises its mmap threshold each time a large block
             # is freed, after which large tensors come from heap arenas it keeps resident: the peak then depends
             # on the process's allocation history (ranks of one trial differed by 0.1 GiB, a warm actor from a

@@ -37,6 +37,12 @@ class StackKind:
     own_python: bool = False
     # A warm pool's actors can run it: raybench's own loop only (a user's stack needs fresh processes per trial).
     warm_pool: bool = False
+    # raybench's own loop: its loss is raybench's to choose (train.loss auto), the estimate and the rehearsal
+    # model it, its rows come from its ranks, and its CPU ranks get raybench's allocator settings.
+    own_loop: bool = False
+    # The model directory must hold safetensors weights; a command line that loads the model itself, in its own
+    # format, needs only config.json (the row's parameter count and FLOPs).
+    needs_weights: bool = True
     # raybench's train field -> the stack's own keys it sets (exact: the same quantity, the same units).
     mapped: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # raybench's train field the stack does not take -> the stack's own setting to use instead (named when the
@@ -187,10 +193,10 @@ _COMMAND = StackKind(
     mapped={name: (f"{{{name}}}",) for name in _COMMAND_PLACEHOLDERS},
     # A train field the command does not use: the fix is to use its placeholder.
     own_keys={name: f"use {{{name}}} in stack.command" for name in _COMMAND_PLACEHOLDERS},
-    planning="raybench.planning.stacks.command")
+    needs_weights=False, planning="raybench.planning.stacks.command")
 
 _RAYBENCH = StackKind(name=RAYBENCH, summary="raybench's own training loop", in_process=True, tokenized_data=True,
-                      warm_pool=True)
+                      warm_pool=True, own_loop=True)
 
 # Every kind, in the order stack.kind's description and refusals list them.
 KINDS: dict[str, StackKind] = {k.name: k for k in (_RAYBENCH, _HF, _LIGHTNING, _TORCHTUNE, _TORCHTITAN, _COMMAND)}
