@@ -17,6 +17,7 @@ from raybench.spec.finetunes import LORA
 from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
+from raybench.spec import options
 from raybench.spec import stacks as stacks_spec
 from raybench.spec.sweep_spec import SweepSpec, TrainSpec, TrialConfig, config_id
 from raybench.spec.validate import data_layout_problems
@@ -176,6 +177,7 @@ def technique_problems(config: TrialConfig) -> list[tuple[str, str]]:
         problems.append(("train.liger", "Liger kernels need CUDA (Triton; resources.gpus_per_worker: 1); "
                          "set train.liger: false on CPU"))
     problems += _fp8_problems(train, gpus)
+    problems += options.option_problems(train, gpus)
     if train.reduce_dtype == "bf16" and (not train.fsdp2_sharded or train.precision != "bf16"):
         problems.append(("train.reduce_dtype", f"bf16 gradient reduction is FSDP2's mixed precision: it needs "
                          f"strategy fsdp2 or tp_fsdp2 with precision bf16 (here {train.strategy}, "

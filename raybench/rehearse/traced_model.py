@@ -76,7 +76,10 @@ class _Fp8Traced:
     apply = staticmethod(fp8.convert)
 
 
-TRACED_TECHNIQUES = tuple(_Fp8Traced if technique is fp8 else technique for technique in TECHNIQUES)
+# A technique whose module says TRACED = False changes nothing a fake-tensor trace can see (what it does happens
+# on a real device), and the rehearsal prices it from the step as traced without it (rehearsal.py).
+TRACED_TECHNIQUES = tuple(_Fp8Traced if technique is fp8 else technique for technique in TECHNIQUES
+                          if getattr(technique, "TRACED", True))
 
 
 def build_traced(config: TrialConfig, train: TrainSpec,

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from raybench.spec import schema
+from raybench.spec import options, schema
 from raybench.spec.sweep_spec import TrialConfig, config_id
 
 SCHEMA_VERSION = 1
@@ -342,10 +342,11 @@ def statuses_by_trial(attempts: pa.Table, sweep: str, executor: str | None = Non
 
 
 def measured_trial_id(trial_id: str, config_json: str | None) -> str:
-    """The id of the trial a stored row measured. Ids leave train.loss out while it is chunked or auto (so that
-    the trials before it kept theirs), but the rows from before train.loss ran the full loss: such a row (its
-    config has no loss) answers for the full loss's id, so a resume never takes it for a chunked trial."""
-    if not config_json or '"loss":' in config_json:  # a key named loss: a row that says which loss ran
+    """The id of the trial a stored row measured. Ids leave an option out at the values the trials before it ran
+    with (spec/options.py), but a row from before an option whose `before` is not one of them (train.loss: the
+    full loss, where ids leave out chunked) ran something else than its id now stands for: it answers for the id
+    of what it ran, so a resume never takes it for today's trial."""
+    if not config_json or not options.ran_other_than_its_id(config_json):
         return trial_id
     repeat = trial_id.rpartition("-")[2]
     try:
@@ -367,11 +368,10 @@ def measured_trial_config(config_json: str) -> TrialConfig:
 
     Rows from before train.lora.base_dtype existed do not hold it. Their LoRA base was fp32 under ddp, fsdp2 and
     tp, and under deepspeed the compute dtype (DeepSpeed casts the whole model: auto). Read as written, such a
-    row would default to auto and stand for a 16-bit base it never had. Likewise rows from before train.loss
-    ran transformers' loss over the whole logits (full), where the default is now chunked."""
+    row would default to auto and stand for a 16-bit base it never had. Likewise a row from before any option of
+    spec/options.py ran that option's `before` (train.loss: full, where the default is now auto)."""
     config = json.loads(config_json)
-    train = config.setdefault("train", {})
-    train.setdefault("loss", "full")
+    train = options.with_older_values(config.setdefault("train", {}))
     if train.get("finetune") == "lora" and train.get("strategy", "ddp") != "deepspeed":
         train.setdefault("lora", {}).setdefault("base_dtype", "fp32")
     return TrialConfig.model_validate(config)

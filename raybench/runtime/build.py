@@ -15,6 +15,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import importlib  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -29,6 +30,7 @@ from raybench.runtime.model import count_params, with_layers  # noqa: E402
 from raybench.runtime.strategies import RankContext  # noqa: E402
 from raybench.runtime.techniques import (  # noqa: E402
     activation_checkpointing, chunked_loss, compile, fp8, liger, lora, qlora)
+from raybench.spec import options  # noqa: E402
 from raybench.spec.load import check_model_dir  # noqa: E402
 from raybench.spec.payload import TrialPayload  # noqa: E402
 from raybench.spec.presets import PRESETS, ModelShape  # noqa: E402
@@ -159,7 +161,10 @@ def _pickled_state(spec: ModelSpec, path: str) -> dict:
 # recomputation itself (not under TP, where torch 2.13 cannot: compile.compiled_region). Sharding/wrapping (the
 # strategy) comes last, in build_and_wrap, because it must see the final modules and parameters: anything swapped in
 # later would escape sharding and gradient reduction.
-TECHNIQUES = (liger, chunked_loss, qlora, lora, fp8, activation_checkpointing, compile)
+# An option with a technique of its own (spec/options.py) places it in this order itself (`after`).
+_ORDER = (liger, chunked_loss, qlora, lora, fp8, activation_checkpointing, compile)
+TECHNIQUES = tuple(importlib.import_module(f"raybench.runtime.techniques.{name}")
+                   for name in options.placed_techniques([t.__name__.rpartition(".")[2] for t in _ORDER]))
 
 
 def prepare_model(model: nn.Module, train: TrainSpec, techniques: tuple = TECHNIQUES) -> nn.Module:

@@ -119,6 +119,20 @@ GPUS: tuple[Gpu, ...] = (
 )
 
 
+# The host link one GPU copies to and from host memory over, GB/s per direction, nominal (the bus's data sheet):
+# PCIe Gen5 x16 for Hopper and Blackwell boards, Gen4 x16 for the A100, NVLink-C2C to the Grace CPU for the GB200.
+# First match of the GPU's name wins (as find_gpu's rows); None: unknown.
+HOST_LINK_GB_PER_S = (("GB200", 450.0), ("B200", 64.0), ("H200", 64.0), ("H100", 64.0), ("A100", 32.0),
+                      ("MI300X", 64.0), ("L40S", 32.0))
+
+
+def host_link_gb_per_s(gpu_name: str | None) -> float | None:
+    """GB/s one GPU copies to or from host memory at, per direction, nominal; None when unknown."""
+    lowered = (gpu_name or "").lower()
+    return next((gbps for fragment, gbps in HOST_LINK_GB_PER_S if fragment.lower() in lowered), None) \
+        if gpu_name else None
+
+
 def find_gpu(name: str | None) -> Gpu | None:
     """The table's row for a GPU named like 'H100 SXM' or 'NVIDIA A100-SXM4-80GB'; None when none matches."""
     if not name:

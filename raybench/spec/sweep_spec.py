@@ -17,6 +17,7 @@ from raybench.spec import stacks
 from raybench.spec.presets import PRESETS
 from raybench.spec.section import Section
 from raybench.spec.finetunes import FINETUNES, LORA, Finetune
+from raybench.spec.options import OPTIONS, without_id_defaults
 from raybench.spec.strategies import STRATEGIES, Strategy
 from raybench.spec.sweep_settings import CacheSpec, EstimateSpec, PoolSpec, ProjectionSpec, SearchSpec
 from raybench.spec.values import ENV_PREFIXES, MALLOC_MMAP_THRESHOLD, Ratio, check_env, check_saved_ops
@@ -219,22 +220,11 @@ class TrainSpec(Section):
 
     @model_serializer(mode="wrap")
     def _dump_for_trial_ids(self, handler, info) -> dict:
-        # Trial ids hash the dumped config (plan.config_id): ac_saved_ops came after ids were issued, so it is
-        # left out while unset and every earlier trial keeps its id (stored rows, resumes).
+        # Trial ids hash the dumped config (config_id): the options added after ids were issued are left out at
+        # the values the earlier trials ran with (spec/options.py), so every earlier trial keeps its id.
         data = handler(self)
-        if self.ac_saved_ops is None:
-            data.pop("ac_saved_ops", None)
-        if self.fp8 == "off":  # likewise for fp8, off
-            data.pop("fp8", None)
-        if self.profile_steps == 0:  # and for profile_steps, 0
-            data.pop("profile_steps", None)
-        if self.reduce_dtype == "fp32":  # and for reduce_dtype, fp32
-            data.pop("reduce_dtype", None)
-        # train.loss came after ids were issued, with a default (chunked) that gives the loss of the rows before it
-        # to fp32 rounding: an id leaves it out while chunked, and a stored row's config says which loss ran. The
-        # plan resolves auto (planning/loss_choice.py); where it stays (a user's stack), it stands for no choice.
-        if self.loss in ("chunked", "auto") and (info.context or {}).get("trial_id"):
-            data.pop("loss", None)
+        without_id_defaults(data, {o.name: getattr(self, o.name) for o in OPTIONS},
+                            bool((info.context or {}).get("trial_id")))
         _dump_lora_base_dtype(data.get("lora"), self.lora_base_dtype)
         return data
 
