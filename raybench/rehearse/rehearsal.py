@@ -14,8 +14,8 @@ import torch.distributed as dist
 from raybench.planning.estimate import Estimate
 from raybench.planning.plan import config_id
 from raybench.rehearse import depth, worlds
-from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block_traffic
-from raybench.rehearse.fake_world import init_fake_world
+from raybench.rehearse.compiled import block_and_inputs, compiled_block_saving_gib, compiled_block_traffic
+from raybench.rehearse.fake_world import fake_mode, init_fake_world
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.policy import block_ops
 from raybench.rehearse.step_time import Layout, layout_of, link_busbw_gbps, predict_step_time
@@ -28,7 +28,10 @@ from raybench.rehearse.traced_model import (
     traced_train,
 )
 from raybench.runtime.strategies import RankContext
+from raybench.runtime.techniques import activation_offload
+from raybench.spec.hardware import host_link_gb_per_s
 from raybench.spec.presets import ModelShape
+from raybench.spec.schema import GIB
 from raybench.spec.sac import checkpointed_blocks
 from raybench.spec.strategies import FSDP2
 from raybench.spec.sweep_spec import TrialConfig
@@ -201,6 +204,11 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
     if config.train.compile and on_gpu:
         traffic, why_not = _compiled_traffic(config, shape, traces)
         notes += [why_not] if why_not else []
+    copies_s = 0.0
+    if config.train.offload_activations and on_gpu:
+        offloaded_gib, copies_s, note = _offloaded(config, shape, gpu, traces)
+        memory["activations"] -= offloaded_gib
+        notes = [*notes, note]
     peak_gib = sum(memory.values())
     source = busbw_source if busbw_gbps else "links"
     layout = (layout or layout_of(gpu)) if on_gpu else None
@@ -213,9 +221,10 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         "traced", notes, rank, world, memory_gib=memory, peak_gib=peak_gib,
         reserved_gib=peak_gib * (calibration.reserve if on_gpu else 1.0),
         resident_gib=trace.resident_gib, comm_bytes=trace.comm_bytes, comm_calls=trace.comm_calls, flops=trace.flops,
-        compute_s=timing.compute_s if has_time else None, comm_s=timing.comm_s if busbw else None,
+        compute_s=timing.compute_s + copies_s if has_time else None, comm_s=timing.comm_s if busbw else None,
         exposed_comm_s=timing.exposed_comm_s if has_time and busbw else None,
-        step_time_s=timing.step_time_s if has_time else None, busbw_gbps=busbw, busbw_source=timing.busbw_source,
+        step_time_s=timing.step_time_s + copies_s if has_time else None, busbw_gbps=busbw,
+        busbw_source=timing.busbw_source,
         overlap=timing.overlap, roofline_s=trace.roofline_s if has_time else None,
         block_memory_bound_s=trace.block_memory_bound_s if has_time else None, compiled_traffic=traffic,
         trace_s=time.perf_counter() - t0,
@@ -371,6 +380,44 @@ def _compiled_saving_gib(config: TrialConfig, shape: ModelShape, rank: int, trac
             return traces[key]
         saving_gib += blocks * traces[key]
     return saving_gib
+
+
+def _offloaded(config: TrialConfig, shape: ModelShape, gpu: str | None, traces: dict) -> tuple[float, float, str]:
+    """What activation offloading (train.offload_activations) takes off the GPU at the step's peak, in GiB, the
+    seconds its copies add to a step, and the row's note. Each block not checkpointed sends what its forward saves
+    (activation_offload.offloads: parameters and small tensors stay) to host memory; at the peak, as backward
+    begins, all of it is there but the last block's, which backward brings back first. The copies run on the
+    compute stream: out and back, at the GPU's host link, for every micro-batch."""
+    layers = shape.num_hidden_layers
+    blocks = layers - len(checkpointed_blocks(Fraction(config.train.ac_ratio), layers))
+    key = ("offloaded block", config_id(traced_config(config.model_copy(update={"train": config.train.model_copy(
+        update={"ac_ratio": "0", "grad_accum": 1})}))))
+    if key not in traces:
+        traces[key] = _offloaded_block_bytes(config, shape) / GIB
+    host_gib = blocks * traces[key]
+    link = host_link_gb_per_s(gpu)
+    copies_s = 2 * host_gib * GIB / (link * 1e9) * config.train.grad_accum if link else 0.0
+    priced = f"{copies_s * 1e3:.0f} ms of copies a step at {link:g} GB/s" if link else "copies unpriced (host link " \
+        "unknown)"
+    note = f"activations offloaded: {host_gib:.2f} GiB from {blocks} blocks to pinned host memory, {priced}"
+    return max(blocks - 1, 0) * traces[key], copies_s, note
+
+
+def _offloaded_block_bytes(config: TrialConfig, shape: ModelShape) -> int:
+    """Bytes one decoder block's forward sends to host memory under activation offloading: what autograd saves
+    that activation_offload.offloads, each storage once, counted on fake tensors in the strategy's arrangement."""
+    offloaded: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if activation_offload.offloads(t):
+            offloaded[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return t
+
+    mode = fake_mode()
+    block = block_and_inputs(config, shape, mode)
+    with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block.forward(block.module)
+    return sum(offloaded.values())
 
 
 def _compiled_traffic(config: TrialConfig, shape: ModelShape, traces: dict) -> tuple[float | None, str | None]:

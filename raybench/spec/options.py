@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 
@@ -40,6 +41,28 @@ class Option:
         return self.before not in self.id_default
 
 
+def _offload_rules(train, gpus: int) -> list[tuple[str, str]]:
+    """Where activation offloading cannot run, or would move nothing."""
+    if not train.offload_activations:
+        return []
+    field, problems = "train.offload_activations", []
+    if gpus == 0:
+        problems.append((field, "activation offloading moves saved tensors from GPU to host memory: on CPU they are "
+                         "there already; set train.offload_activations: false, or resources.gpus_per_worker: 1"))
+    if train.compile:
+        problems.append((field, "torch.compile traces a block's forward hooks into its graph, where offloading's "
+                         "saved-tensor hooks must run eagerly; set train.compile: false, or offload_activations: "
+                         "false"))
+    if train.tensor_parallel:
+        problems.append((field, f"offloading copies plain tensors; {train.strategy} saves DTensors: use ddp, fsdp2 "
+                         "or deepspeed, or train.offload_activations: false"))
+    if Fraction(train.ac_ratio) == 1 and train.ac_mode == "block":
+        problems.append((field, "every block is checkpointed whole (ac_ratio 1): its checkpoint keeps its input "
+                         "itself, so nothing would be offloaded; lower train.ac_ratio, or set "
+                         "train.offload_activations: false"))
+    return problems
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("ac_saved_ops", id_default=(None,), before=None),
     Option("fp8", id_default=("off",), before="off"),
@@ -48,6 +71,8 @@ OPTIONS: tuple[Option, ...] = (
     # chunked (and auto, which the plan resolves) gives the loss of the rows before it to fp32 rounding, so ids
     # leave it out; but those rows ran transformers' loss over the whole logits, with its memory and time.
     Option("loss", id_default=("chunked", "auto"), before="full", ids_only=True),
+    Option("offload_activations", id_default=(False,), before=False, technique="activation_offload",
+           after="compile", rules=_offload_rules),
 )
 
 

@@ -176,6 +176,10 @@ class TrainSpec(Section):
         "ac_mode op: the operator outputs each checkpointed block keeps, the rest recomputed, as `raybench best "
         "--predict` prints an op-level policy: a name keeps every call (mm, sdpa for attention), name#k the k-th "
         "call from 0 in the block's forward (mul#2); null: torchtitan's policy."))
+    offload_activations: bool = Field(False, description=(
+        "Keep what each decoder block saves for backward in pinned host memory until backward needs it (CUDA "
+        "only; blocks not checkpointed; not with compile or tensor parallelism): GPU memory for host-link copies "
+        "on the compute stream."))
     compile: bool = Field(False, description=(
         "torch.compile each decoder block (not with DeepSpeed ZeRO-3, whose per-module hooks split it)."))
     compile_cache_dir: str | None = Field(None, description=(

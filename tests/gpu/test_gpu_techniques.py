@@ -1,5 +1,5 @@
 """GPU-only techniques train on CUDA: QLoRA (bitsandbytes 4-bit), Liger kernels, FP8 linears (torchao), ZeRO offload,
-fp16 + GradScaler, FlashAttention-2, compiled and checkpointed TP. Skipped without CUDA (the CPU errors are covered in
+fp16 + GradScaler, FlashAttention-2, compiled and checkpointed TP, activation offloading. Skipped without CUDA (the CPU errors are covered in
 tests/unit/test_strategy_rules.py)."""
 
 from __future__ import annotations
@@ -126,3 +126,13 @@ def test_tensor_parallel_compiled_and_checkpointed(data):
     workers = min(2, torch.cuda.device_count())
     assert_learns(run_gpu_trial(data, {"strategy": "tp", "tp_size": workers, "compile": True, "ac_ratio": "1"},
                                 workers=workers))
+
+
+def test_activation_offload_trains_in_less_memory(data):
+    """train.offload_activations: what the blocks save waits in pinned host memory, so the peak is lower and the
+    step trains the same (tests/unit/test_activation_offload.py has its rules and rehearsal)."""
+    long = {"strategy": "fsdp2", "seq_len": 1024, "micro_batch": 8}
+    kept, offloaded = (run_gpu_trial(data, {**long, "offload_activations": o}) for o in (False, True))
+    assert_learns(offloaded)
+    assert offloaded.peak_alloc_gib < kept.peak_alloc_gib
+    assert offloaded.loss_first == pytest.approx(kept.loss_first, rel=1e-3)
