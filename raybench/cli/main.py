@@ -182,10 +182,8 @@ def _best(args) -> int:
             print(f"raybench best --predict: {args.source} is not a sweep file; --predict needs the sweep YAML "
                   "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
             return EXIT_BAD_INPUT
-        spec = load_sweep(args.source)
-        if args.gpu:  # the GPU whose memory the rehearsals must fit in (estimate.gpu), as `rehearse --gpu`
-            spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
-        return _best_predicted(args, spec)
+        # The GPU whose memory the rehearsals must fit in (estimate.gpu), as `rehearse --gpu`.
+        return _best_predicted(args, cli_rehearse.for_gpu(load_sweep(args.source), args.gpu, "raybench best"))
 
     store_path, sweep = resolve_source(args.source, args.sweep)
     if args.store:  # a sweep run with `run SWEEP --store DIR` has its rows there
@@ -211,6 +209,15 @@ def _best_predicted(args, spec) -> int:
 
     axis = args.axis or "train.ac_ratio"
     found = prediction.predict(spec, args.source, args.store or spec.store, axis)
+    # A rehearsal stored before rehearsals kept their GPU (None) is taken for the sweep's own GPU, unless --gpu asks
+    # for another.
+    other = {cid: gpu for cid, gpu in found.priced_for_other_gpu.items() if gpu is not None or args.gpu}
+    if other:
+        gpus = ", ".join(sorted({gpu or "a GPU not recorded" for gpu in other.values()}))
+        print(f"raybench best --predict: {len(other)} of {args.source}'s rehearsals were priced for {gpus}, not "
+              f"{spec.estimate.gpu}: run `raybench rehearse {args.source} --gpu '{spec.estimate.gpu}'` first",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.json:
         for result in found.results:
             print(json.dumps({**result, "priced_with": found.priced_with}, sort_keys=True, default=str))

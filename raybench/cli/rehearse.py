@@ -11,6 +11,7 @@ import sys
 from raybench.planning.plan import matching, plan
 from raybench.reports.tables import rehearsal_report
 from raybench.spec.errors import ConfigError, Problem
+from raybench.spec.hardware import gpu_labels, known_gpu
 from raybench.spec.load import load_sweep
 
 EXIT_OK, EXIT_NOT_ALL_REHEARSED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -37,6 +38,16 @@ def add_parser(sub) -> None:
     p.set_defaults(func=_rehearse)
 
 
+def for_gpu(spec, gpu: str | None, command: str):
+    """The sweep with estimate.gpu set to a command's --gpu; a GPU the hardware table lacks is bad input, named with
+    the ones it has (as `validate` names a sweep's unknown estimate.gpu)."""
+    if not gpu:
+        return spec
+    if not known_gpu(gpu):
+        raise ConfigError(command, [Problem("--gpu", gpu, f"unknown GPU; use one of {', '.join(gpu_labels())}")])
+    return spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": gpu})})
+
+
 def _rehearse(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError("raybench rehearse", [Problem(
@@ -44,9 +55,8 @@ def _rehearse(args) -> int:
                                  "leave --jobs out for one per CPU this process may use)")])
     from raybench.rehearse.workers import WorkersLost, default_jobs, rehearse_sweep
 
-    spec = load_sweep(args.sweep)
-    if args.gpu:  # the plan judges fits (and train.loss auto) on this GPU's memory, as `best --predict --gpu` does
-        spec = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"gpu": args.gpu})})
+    # The plan judges fits (and train.loss auto) on this GPU's memory, as `best --predict --gpu` does.
+    spec = for_gpu(load_sweep(args.sweep), args.gpu, "raybench rehearse")
     store_path = args.store or spec.store
     trials = plan(spec, source=args.sweep, store_path=store_path)
     if args.trial is not None:

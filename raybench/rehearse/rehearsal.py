@@ -73,6 +73,7 @@ class Rehearsal:
     comm_algorithms: dict[str, str] | None = None  # per collective, the algorithm NCCL's model runs it with
     layout: dict | None = None  # GPUs and NICs per node the collectives were priced on
     timeline: list | None = None  # StepTrace.timeline, kept where op_policy may start from this trial (block_ops)
+    gpu: str | None = None  # the GPU it was priced for (`best --predict --gpu` refuses another's); None on CPU
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -233,7 +234,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         host_s=timing.host_s if has_time else None, comm_latency_s=timing.comm_latency_s if busbw else None,
         comm_algorithms=timing.comm_algorithms if busbw else None,
         layout=dataclasses.asdict(layout) if layout else None,
-        timeline=trace.timeline if has_time and trace.block_ops else None)
+        timeline=trace.timeline if has_time and trace.block_ops else None, gpu=gpu if on_gpu else None)
 
 
 def step_config(config: TrialConfig) -> TrialConfig:

@@ -15,6 +15,7 @@ from raybench.rehearse import choice, flips
 from raybench.rehearse.fitted import Calibration
 from raybench.rehearse.trials import device_calibration
 from raybench.reports.report import render
+from raybench.spec.hardware import find_gpu
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class Prediction:
     results: list[dict]  # choice.predicted_best's, one per group
     priced_with: list[str]  # the calibrations that priced the stored rehearsals
     stale: str | None  # a warning when the store's calibration of the GPU changed since, else None
+    # Rehearsed GPU trials priced for another GPU than the sweep's (`--gpu`): config id -> the GPU they were priced
+    # for (None: stored before rehearsals kept their GPU). Their figures would answer for the wrong GPU.
+    priced_for_other_gpu: dict[str, str | None]
 
 
 def predict(spec, source: str, store_path: str, axis: str) -> Prediction:
@@ -38,7 +42,12 @@ def predict(spec, source: str, store_path: str, axis: str) -> Prediction:
     if latest and used and latest not in used:
         stale = (f"the store's calibration for {gpu} is now {latest}: `raybench rehearse {source}` prices the "
                  "rehearsals with it")
-    return Prediction(results, used, stale)
+    asked = find_gpu(gpu)
+    other = {t.config_id: stored[t.config_id].get("gpu") for t in trials
+             if asked and t.config.resources.gpus_per_worker > 0
+             and stored.get(t.config_id, {}).get("method") == "traced"
+             and find_gpu(stored[t.config_id].get("gpu")) is not asked}
+    return Prediction(results, used, stale, other)
 
 
 def prediction_text(found: Prediction, axis: str) -> str:

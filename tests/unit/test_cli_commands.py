@@ -119,11 +119,23 @@ def test_rehearse_one_trial_then_best_predict(tmp_path, capsys):
     assert trials[0].config_id in capsys.readouterr().out
     assert set(calibration.rehearsals(store_path)) == {t.config_id for t in trials}
 
-    # The device memory the rehearsals must fit in is the GPU's: 10% of it is kept as the margin.
+    # Trial 1 was priced for an H200: the H100's prediction would answer with its figures, so it is refused.
+    assert main(["best", sweep, "--predict", "--gpu", "H100 SXM"]) == 2
+    err = capsys.readouterr().err
+    assert "1 of" in err and "priced for H200, not H100 SXM" in err and "--gpu 'H100 SXM'` first" in err
+    # Rehearsed for the GPU asked, each prediction fits the rehearsals in its memory: 10% of it kept as the margin.
     for gpu, memory_gib in (("H100 SXM", 79.6474609375), ("A100 40GB", 39.5859375)):
+        assert main(["rehearse", sweep, "--gpu", gpu]) == 0
+        capsys.readouterr()
         assert main(["best", sweep, "--predict", "--gpu", gpu]) == 0
         out = capsys.readouterr().out
         assert "best ac_ratio" in out and f" {0.9 * memory_gib:.1f} " in out
+    assert main(["best", sweep, "--predict", "--gpu", "H100 SXM"]) == 2  # the store's rehearsals are the A100's now
+    assert "2 of" in capsys.readouterr().err
+    for command in (["best", sweep, "--predict"], ["rehearse", sweep]):
+        assert main([*command, "--gpu", "Foo 9000"]) == 2
+        err = capsys.readouterr().err
+        assert "--gpu" in err and "Foo 9000" in err and "unknown GPU; use one of" in err and "H100 SXM" in err
 
 
 def test_report_table_and_files(gpu_store, tmp_path, capsys):
