@@ -42,6 +42,11 @@ def report(args) -> int:
         return write_report(args)
     from raybench.reports.report import results_table
 
+    if not Path(args.store).is_dir():  # "No results" would say a store was read and held none
+        what = "a file, not a store" if Path(args.store).exists() else "no such directory"
+        raise ConfigError("raybench report", [Problem("STORE", args.store, f"{what}; give the directory a sweep wrote "
+                                                      "its rows to (a sweep file's `store:`, ./raybench-results by "
+                                                      "default)")])
     print(results_table(_read(args.store, args.sweep, args.all_attempts)))
     return 0
 

@@ -138,6 +138,17 @@ def test_rehearse_one_trial_then_best_predict(tmp_path, capsys):
         assert "--gpu" in err and "Foo 9000" in err and "unknown GPU; use one of" in err and "H100 SXM" in err
 
 
+def test_report_of_no_store_is_bad_input_and_an_empty_one_has_no_results(tmp_path, capsys):
+    """A missing directory or a sweep file given as the store exits 2 saying so, not "No results" and 0."""
+    sweep = write_sweep(tmp_path / "s.yaml")
+    for store, words in ((str(tmp_path / "nope"), "no such directory"), (sweep, "a file, not a store")):
+        assert main(["report", store]) == 2
+        err = capsys.readouterr().err
+        assert store in err and words in err
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 0
+
+
 def test_report_table_and_files(gpu_store, tmp_path, capsys):
     """The Markdown report (with its PNG figures); test_report_plots.py writes the HTML and PNG-only reports."""
     assert main(["report", str(gpu_store), "--sweep", SWEEP]) == 0
