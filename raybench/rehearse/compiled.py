@@ -102,9 +102,10 @@ def block_and_inputs(config: TrialConfig, shape: ModelShape, mode, mesh: DeviceM
     return _Block(block, hidden, kwargs, autocast)
 
 
-def _saved_bytes(run, params: nn.Module, mode, kept_by_policy: dict[int, int] | None = None) -> int:
+def _saved_bytes(run, params: nn.Module, mode, kept_by_policy: dict[int, int] | None = None,
+                 counted: Callable[[torch.Tensor], bool] = lambda t: True) -> int:
     """Bytes autograd keeps for backward on this rank while `run()` runs its forward (`params`' own storage
-    excluded).
+    excluded; with `counted`, only the saved tensors it accepts).
 
     A compiled graph saves what its partitioner chose through its autograd function (`save_for_backward`),
     which the same hooks see, so eager and compiled are counted alike; a DTensor counts its local shard (a
@@ -115,7 +116,8 @@ def _saved_bytes(run, params: nn.Module, mode, kept_by_policy: dict[int, int] | 
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        saved[_storage_key(t)] = _storage_bytes(t)
+        if counted(t):
+            saved[_storage_key(t)] = _storage_bytes(t)
         return t
 
     with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -188,6 +190,16 @@ def _scheduled_bytes(graph: torch.fx.GraphModule, inputs: list, is_backward: boo
             lowering._update_scheduler()
             return sum(node.get_read_write_buffers_sizes() for node in lowering.scheduler.nodes
                        if not isinstance(node, (ExternKernelSchedulerNode, NopKernelSchedulerNode)))
+
+
+def offloaded_block_bytes(config: TrialConfig, shape: ModelShape, offloads: Callable[[torch.Tensor], bool]) -> int:
+    """Bytes one decoder block's forward would send to host memory under activation offloading: what autograd saves
+    that `offloads` takes (activation_offload.offloads), each storage once, on fake tensors in the strategy's
+    arrangement."""
+    mode = fake_mode()
+    block = block_and_inputs(config, shape, mode)
+    with liger_rope(config, shape):
+        return _saved_bytes(lambda: block.forward(block.module), block.module, mode, counted=offloads)
 
 
 def compiled_block_traffic(config: TrialConfig, shape: ModelShape) -> float:

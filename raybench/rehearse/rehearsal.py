@@ -14,8 +14,8 @@ import torch.distributed as dist
 from raybench.planning.estimate import Estimate
 from raybench.planning.plan import config_id
 from raybench.rehearse import depth, worlds
-from raybench.rehearse.compiled import block_and_inputs, compiled_block_saving_gib, compiled_block_traffic
-from raybench.rehearse.fake_world import fake_mode, init_fake_world
+from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block_traffic, offloaded_block_bytes
+from raybench.rehearse.fake_world import init_fake_world
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.policy import block_ops
 from raybench.rehearse.step_time import Layout, layout_of, link_busbw_gbps, predict_step_time
@@ -394,7 +394,7 @@ def _offloaded(config: TrialConfig, shape: ModelShape, gpu: str | None, traces: 
     key = ("offloaded block", config_id(traced_config(config.model_copy(update={"train": config.train.model_copy(
         update={"ac_ratio": "0", "grad_accum": 1})}))))
     if key not in traces:
-        traces[key] = _offloaded_block_bytes(config, shape) / GIB
+        traces[key] = offloaded_block_bytes(config, shape, activation_offload.offloads) / GIB
     host_gib = blocks * traces[key]
     link = host_link_gb_per_s(gpu)
     copies_s = 2 * host_gib * GIB / (link * 1e9) * config.train.grad_accum if link else 0.0
@@ -402,23 +402,6 @@ def _offloaded(config: TrialConfig, shape: ModelShape, gpu: str | None, traces: 
         "unknown)"
     note = f"activations offloaded: {host_gib:.2f} GiB from {blocks} blocks to pinned host memory, {priced}"
     return max(blocks - 1, 0) * traces[key], copies_s, note
-
-
-def _offloaded_block_bytes(config: TrialConfig, shape: ModelShape) -> int:
-    """Bytes one decoder block's forward sends to host memory under activation offloading: what autograd saves
-    that activation_offload.offloads, each storage once, counted on fake tensors in the strategy's arrangement."""
-    offloaded: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if activation_offload.offloads(t):
-            offloaded[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
-        return t
-
-    mode = fake_mode()
-    block = block_and_inputs(config, shape, mode)
-    with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block.forward(block.module)
-    return sum(offloaded.values())
 
 
 def _compiled_traffic(config: TrialConfig, shape: ModelShape, traces: dict) -> tuple[float | None, str | None]:

@@ -128,9 +128,9 @@ HOST_LINK_GB_PER_S = (("GB200", 450.0), ("B200", 64.0), ("H200", 64.0), ("H100",
 
 def host_link_gb_per_s(gpu_name: str | None) -> float | None:
     """GB/s one GPU copies to or from host memory at, per direction, nominal; None when unknown."""
-    lowered = (gpu_name or "").lower()
-    return next((gbps for fragment, gbps in HOST_LINK_GB_PER_S if fragment.lower() in lowered), None) \
-        if gpu_name else None
+    if not gpu_name:
+        return None
+    return next((gbps for fragment, gbps in HOST_LINK_GB_PER_S if fragment.lower() in gpu_name.lower()), None)
 
 
 def find_gpu(name: str | None) -> Gpu | None:

@@ -22,7 +22,7 @@ from raybench.spec.errors import ConfigError
 from raybench.spec.hardware import host_link_gb_per_s
 from raybench.spec.load import parse_sweep
 from raybench.spec.schema import GIB
-from raybench.spec.sweep_spec import TrainSpec, config_id
+from raybench.spec.sweep_spec import TrainSpec
 from tests.rehearse_cases import tiny_trial
 
 # Saved tensors of at least activation_offload.MIN_BYTES: the tiny model's at a long sequence.
@@ -105,7 +105,7 @@ def test_the_rehearsal_moves_what_each_block_saves_to_the_host_and_prices_the_co
                        for o in (False, True))
     base = rehearsal.rehearse(kept.config, kept.shape, "H100 SXM")
     moved = rehearsal.rehearse(offloaded.config, offloaded.shape, "H100 SXM")
-    block = rehearsal._offloaded_block_bytes(offloaded.config, offloaded.shape)
+    block = compiled.offloaded_block_bytes(offloaded.config, offloaded.shape, activation_offload.offloads)
     blocks = offloaded.shape.num_hidden_layers
     # An independent count of what the block keeps (compiled.py, storages apart from parameters) bounds it.
     assert 0 < block <= compiled._block_kept_bytes(kept.config, kept.shape, False, False)
@@ -124,4 +124,4 @@ def test_a_block_counted_for_offloading_holds_no_hooks_of_its_own():
     trial = tiny_trial(2, gpus=1, strategy="fsdp2", **LONG, offload_activations=True)
     mode = fake_mode()
     block = compiled.block_and_inputs(trial.config, trial.shape, mode)
-    assert not block.module._forward_pre_hooks and config_id(trial.config)
+    assert not block.module._forward_pre_hooks
