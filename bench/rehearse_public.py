@@ -139,7 +139,7 @@ def _errors(rows: list[dict], key: str) -> dict:
 
 # The entries whose predictions are pinned (bench/public_pinned.json; tests/unit/test_public_pinned.py re-predicts
 # them in the default suite): eager and compiled FSDP2 under op-level AC, 128 ranks on 16 nodes, TP x FSDP2 on two
-# nodes, pure TP, a LoRA 70B, block AC every other layer on A100s, and ZeRO-3 and its FSDP twin row at 70B.
+# nodes, pure TP, a LoRA 70B, block AC every other layer on A100s, and ZeRO-3 at 70B on 32 GPUs.
 PINNED = ("torchtitan-h100-8gpu-llama31-8b-fsdp", "torchtitan-h100-8gpu-llama31-8b-fsdp-compile",
           "torchtitan-h100-128gpu-llama31-8b-fsdp-compile", "kempnerforge-h200-13b-8gpu-fsdp-tp-tp4",
           "kempnerforge-h200-7b-2gpu-tp", "torchtune-a100-8gpu-llama31-70b-lora", "torchtitan-a100-llama2-13b-sel-layer",
