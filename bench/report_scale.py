@@ -64,7 +64,7 @@ def timed(fn):
 
 
 def read_rows(path: Path):
-    return frames.latest_per_system(store.read_results(path, latest=False))
+    return store.read_results(path)
 
 
 def main() -> None:

@@ -55,7 +55,7 @@ def _plan(args) -> int:
             print(json.dumps({**t.payload.to_dict(), "status": t.status, "reasons": list(t.reasons)}, sort_keys=True))
     else:
         print(plan_table(trials))
-        print(f"\n{len(trials)} trials, sweep '{spec.name}', executor {spec.executor}")
+        print(f"\n{len(trials)} trials, sweep '{spec.name}', executor {spec.executor_text}")
     return EXIT_OK
 
 

@@ -18,12 +18,10 @@ _TRACKER_OPTIONS = {"tracking_uri": "mlflow", "experiment": "mlflow", "dir": "wa
 
 
 def _read(store: str, sweep: str | None, all_attempts: bool):
-    """Stored rows: every attempt, or the latest attempt of each trial on each system."""
+    """Stored rows: every attempt, or the store's measurements (the latest attempt of each: store.MEASUREMENT_SQL)."""
     from raybench.drivers.api import read_results
-    from raybench.reports import frames
 
-    rows = read_results(store, sweep, latest=False)
-    return rows if all_attempts else frames.latest_per_system(rows).reset_index(drop=True)
+    return read_results(store, sweep, latest=not all_attempts)
 
 
 def _rows(command: str, store: str, sweep: str | None, all_attempts: bool = False):
@@ -47,7 +45,11 @@ def report(args) -> int:
         raise ConfigError("raybench report", [Problem("STORE", args.store, f"{what}; give the directory a sweep wrote "
                                                       "its rows to (a sweep file's `store:`, ./raybench-results by "
                                                       "default)")])
-    print(results_table(_read(args.store, args.sweep, args.all_attempts)))
+    from raybench.results import store
+
+    attempts = store.read_table(args.store, args.sweep, latest=False)
+    rows = attempts if args.all_attempts else store.latest_per_trial(attempts)
+    print(results_table(rows.to_pandas(), replaced=len(attempts) - len(rows)))
     return 0
 
 

@@ -56,7 +56,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
         ran = sweep.run_search(spec, trials, attempts, store_path=store_path, address=address, rerun=rerun,
                                progress=progress, verbose=verbose).ran
     else:
-        stored = {} if rerun else store.statuses_by_trial(attempts, spec.name, spec.executor)
+        stored = {} if rerun else store.statuses_by_trial(attempts, spec.name, spec.runs_with)
         ran = _run_grid(spec, trials, stored, store_path, address, progress, verbose)
     results = store.read_table_since(attempts, listed, store_path, spec.name)  # before compaction merges new files
     compact_if_many_files(store_path, spec.name, progress)
@@ -158,7 +158,7 @@ def _run_grid(spec: SweepSpec, trials: list[PlannedTrial], stored: dict[str, set
                                       or (t.status == "skipped" and t.trial_id in stored))]
     sweep.write_unrun(unrun, spec.name, store_path)
     if todo:
-        sweep.run_planned(todo, spec.name, store_path, spec.executor, address=address, progress=progress,
+        sweep.run_planned(todo, spec.name, store_path, spec.runs_with, address=address, progress=progress,
                           verbose=verbose)
     return todo
 

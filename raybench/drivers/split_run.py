@@ -77,7 +77,7 @@ def supervise(command: list[str], spec: SweepSpec, store_path: str, source: str,
     progress = SweepProgress.from_journal(journal)
     running = {trial_id for trial_id, status in journal["states"].items() if status in ("running", "interrupted")}
     trials = [t for t in plan(spec, source=source) if t.trial_id in running]
-    cut = write_interrupted_rows(trials, spec.name, store_path, spec.executor, listed, why)
+    cut = write_interrupted_rows(trials, spec.name, store_path, spec.runs_with, listed, why)
     progress.trials_interrupted(cut, finished_ok=running - cut)
     return EXIT_INTERRUPTED, (why, progress.tally())
 

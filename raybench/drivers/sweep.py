@@ -353,7 +353,7 @@ def run_search(spec: SweepSpec, trials: list[PlannedTrial], attempts: pa.Table, 
     """Search the sweep's grid with spec.search; rows land in the store like a grid sweep's. `trials` is
     plan(spec, keep_invalid=True): invalid points included; `attempts` every stored attempt, already read."""
     objectives = spec.search.objectives()
-    stored = {} if rerun else stored_rows(attempts, spec.name, [m for m, _ in objectives], spec.executor)
+    stored = {} if rerun else stored_rows(attempts, spec.name, [m for m, _ in objectives], spec.runs_with)
     space = SearchSpace(spec, trials)
     searcher = PlannedSearch(
         space, objectives, make_sampler(spec.search.algo, spec.search.seed, len(space.points)),
@@ -365,7 +365,7 @@ def run_search(spec: SweepSpec, trials: list[PlannedTrial], attempts: pa.Table, 
         if searcher.suggest("stored") != FINISHED:
             raise AssertionError("a search whose every runnable trial is stored proposed a trial to run")
     else:
-        run_planned(runnable, spec.name, store_path, spec.executor, address=address, progress=progress,
+        run_planned(runnable, spec.name, store_path, spec.runs_with, address=address, progress=progress,
                     verbose=verbose, search=searcher, max_in_flight=spec.search.max_concurrent)
     progress(searcher.summary())
     return SearchResult(searcher.dispatched, searcher)

@@ -1,5 +1,5 @@
 """Calibrate the memory estimate with measured peaks: per model x strategy x device type, the median of
-measured / estimated over the store's ok rows (every sweep in the store, latest attempt per trial).
+measured / estimated over the store's ok rows (every sweep in the store, the latest attempt of each measurement).
 
 A row's `est_peak_error` is measured / raw estimate - 1, so the ratio is 1 + est_peak_error. Rows stored before
 the estimate existed have no error and do not count.
@@ -50,7 +50,7 @@ def factors(store_path: str | Path | None) -> dict[Key, tuple[float, int]]:
 
 
 def factors_of(table: pa.Table) -> dict[Key, tuple[float, int]]:
-    """`factors` over rows already read: the latest attempt of each trial, of every sweep."""
+    """`factors` over rows already read: the latest attempt of each measurement, of every sweep."""
     columns = ("status", "model_preset", "model_path", "train_strategy", "device_type", "est_peak_error")
     rows = zip(*(table.column(c).to_pylist() for c in columns))
     ratios: dict[Key, list[float]] = {}

@@ -14,7 +14,6 @@ from raybench.results import store
 from raybench.reports.frames import (
     config_label,
     device_label,
-    latest_per_system,
     model_label,
     peak_memory_gib,
     ratio_value,
@@ -41,9 +40,8 @@ def resolve_source(source: str, sweep: str | None) -> tuple[str, str | None]:
 
 
 def read_rows(store_path: str, sweep: str | None = None) -> pd.DataFrame:
-    """The latest attempt of each trial on each system and GPU type: the same sweep run on two GPU types gives
-    the same trial ids, and each GPU type keeps its rows (best is per GPU type)."""
-    return latest_per_system(store.read_results(store_path, sweep, latest=False), per_device=True)
+    """The store's measurements (store.MEASUREMENT_SQL): every sweep's, system's and GPU type's, repeats kept."""
+    return store.read_results(store_path, sweep)
 
 
 def axis_column(axis: str, columns: list[str]) -> str | None:

@@ -177,9 +177,8 @@ def compare(df: pd.DataFrame, systems: list[str] | None = None, match: str = "co
             source: str = "store") -> Comparison:
     """Matching ok configurations of the given systems side by side (repeats averaged).
 
-    `df` may hold every attempt (`read_results(latest=False)`): the latest one per trial and system is used.
+    `df` holds the store's measurements (`read_results`): repeats of a configuration are averaged.
     """
-    df = frames.latest_per_system(df)
     systems = resolve_systems(df, systems, source)
     rows = frames.labelled(frames.ok_rows(df))
     rows = rows[rows["system_label"].isin(systems)].assign(match_key=_match_key(rows, match))

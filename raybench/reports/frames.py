@@ -109,21 +109,6 @@ def labelled(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def latest_per_system(df: pd.DataFrame, per_device: bool = False) -> pd.DataFrame:
-    """The latest attempt of each trial on each system (from all attempts, `read_results(latest=False)`), and on
-    each GPU type too with per_device (one host name can front two GPU types, as cloud machines named `vm` do).
-
-    The same sweep run at two sites gives the same trial ids; in one store, the store's own "latest attempt per
-    trial" would let one site's rows hide the other's. A re-run on the same system still replaces its earlier try.
-    """
-    if len(df) == 0:
-        return df
-    keyed = df.assign(_system=system_label(df), _device=device_label(df) if per_device else "")
-    keyed = keyed.sort_values("ended_at", na_position="first", kind="stable")
-    latest = keyed.drop_duplicates(["_system", "_device", "trial_id"], keep="last")
-    return latest.drop(columns=["_system", "_device"]).sort_index()
-
-
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"]
 

@@ -20,12 +20,38 @@ def cell(value, spec: str = "") -> str:
     return format(value, spec)
 
 
-def results_table(df) -> str:
-    """Stored rows (a DataFrame from read_results) as a table, one line per trial."""
+def results_table(df, replaced: int = 0) -> str:
+    """Stored rows (a DataFrame from read_results) as a table, one line per measurement, then the configurations
+    measured more than once (repeats_lines) and how many earlier attempts the table leaves out (`replaced`)."""
     if len(df) == 0:
         return "no results"
     headers, rows, note = results_rows(df)
-    return render(headers, rows) + (f"\n({note})" if note else "")
+    notes = [note] if note else []
+    if replaced:
+        notes.append(f"{replaced} earlier attempt(s) not shown: each replaced by a later attempt of the same trial in "
+                     "the same sweep on the same system and GPU type; --all-attempts shows them")
+    repeats = repeats_lines(df)
+    text = render(headers, rows) + "".join(f"\n({n})" for n in notes)
+    return text + ("\n\nrepeats (one configuration measured more than once):\n" + "\n".join(repeats) if repeats
+                   else "")
+
+
+def repeats_lines(df) -> list[str]:
+    """One line per configuration measured more than once on one system and GPU type (by several sweeps, or a
+    sweep's `repeats`): its ok runs' throughput as mean ± 95% CI and n, the sweeps that measured it."""
+    from raybench.reports import frames
+    from raybench.spec.stats import format_ci, mean_ci95
+
+    ok = frames.labelled(frames.ok_rows(df)).dropna(subset=["tok_per_s_per_device"])
+    lines = []
+    for _, group in ok.groupby(["system_label", "device_label", "config_id"], sort=True):
+        if len(group) < 2:
+            continue
+        mean, n, half = mean_ci95(group["tok_per_s_per_device"].astype(float).tolist())
+        sweeps = ", ".join(sorted(group["sweep"].unique()))
+        lines.append(f"  {group['config_label'].iloc[0]} on {group['system_label'].iloc[0]} "
+                     f"({group['device_label'].iloc[0]}): tok/s {format_ci(mean, n, half)}, sweeps {sweeps}")
+    return lines
 
 
 def results_rows(df) -> tuple[list[str], list[list[str]], str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from raybench.reports import compare, frames, plots
-from raybench.reports.report import results_rows
+from raybench.reports.report import repeats_lines, results_rows
 
 DEFAULT_OUT = {"md": "raybench-report.md", "html": "raybench-report.html", "png": "raybench-report"}
 
@@ -64,6 +64,9 @@ def markdown(df: pd.DataFrame, title: str, figures: dict[str, str]) -> str:
     headers, rows, note = results_rows(df)
     lines = [f"# {heading}", "", counts, "", "## Results", "", _md_table(headers, rows)]
     lines += ["", f"*{note}*"] if note else []
+    repeats = repeats_lines(df)
+    lines += ["", "## Repeats (one configuration measured more than once)", "", *(f"-{r[1:]}" for r in repeats)] \
+        if repeats else []
     comparison = _comparison(df)
     if comparison is not None:
         lines += ["", f"## Systems: {' vs '.join(comparison.systems)}", ""]
@@ -90,6 +93,10 @@ def html_page(df: pd.DataFrame, title: str, pngs: dict[str, bytes]) -> str:
     parts = [f"<h1>{html.escape(heading)}</h1>", f"<p>{html.escape(counts)}</p>", "<h2>Results</h2>",
              _html_table(headers, rows)]
     parts += [f"<p><em>{html.escape(note)}</em></p>"] if note else []
+    repeats = repeats_lines(df)
+    if repeats:
+        parts += ["<h2>Repeats (one configuration measured more than once)</h2>",
+                  "<ul>" + "".join(f"<li>{html.escape(line.strip())}</li>" for line in repeats) + "</ul>"]
     comparison = _comparison(df)
     if comparison is not None:
         parts.append(f"<h2>Systems: {html.escape(' vs '.join(comparison.systems))}</h2>")

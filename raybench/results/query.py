@@ -1,7 +1,8 @@
 """SQL over the result store through DuckDB: `raybench query STORE "SQL"`.
 
 Views (columns: docs/schema.md; examples: docs/query.md):
-- `trials`: the latest attempt of each trial id, the same rows as `store.read_table` / `read_results`;
+- `trials`: the latest attempt of each measurement (a trial id in a sweep, on a system and GPU type), the same
+  rows as `store.read_table` / `read_results`;
 - `attempts`: every attempt once (`read_results(latest=False)`).
 Both have every column of this raybench's schema in its type (null where a file predates a column), plus any
 column written by a newer raybench, after them. DuckDB reads only the columns and files a query needs, straight
@@ -72,7 +73,7 @@ def connect(store_path: str | Path, sweep: str | None = None) -> duckdb.DuckDBPy
                 "qualify row_number() over (partition by attempt_id) = 1")
     # Same order as store.latest_per_trial: the greatest ended_at (unknown is oldest), then attempt_id.
     con.execute("create temp view trials as select * from _rows qualify row_number() over "
-                "(partition by sweep, trial_id order by ended_at desc nulls last, attempt_id desc) = 1")
+                f"(partition by {store.MEASUREMENT_SQL} order by ended_at desc nulls last, attempt_id desc) = 1")
     return con
 
 

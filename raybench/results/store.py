@@ -2,8 +2,8 @@
 
 Layout: STORE/sweep=NAME/TRIALID__STAMP.parquet. A file appears whole or not at all (temp file in the same
 directory, fsync, rename), so readers never see partial rows and a killed writer leaves only a dot-file that
-readers skip. Re-running a trial adds a new attempt file; `read_results` returns the latest attempt per
-trial id unless asked for all of them.
+readers skip. Re-running a trial adds a new attempt file; `read_results` returns the latest attempt of each
+measurement (a trial id in a sweep on a system and GPU type: MEASUREMENT_SQL) unless asked for all of them.
 
 Bulk imports (`write_rows`) write `batch-STAMP.parquet` files, compaction `compacted-STAMP.parquet` files.
 Every row carries a unique `attempt_id` (a one-row file's stem; files from before that column get
@@ -207,7 +207,7 @@ def trial_id_of(path: Path) -> str | None:
 
 def read_table(store: str | Path, sweep: str | None = None, latest: bool = True) -> pa.Table:
     """All rows as one Arrow table under the current schema (older files gain null columns), one row per
-    attempt_id; with `latest`, only the latest attempt of each trial id."""
+    attempt_id; with `latest`, only the latest attempt of each measurement (MEASUREMENT_SQL)."""
     tables = _read_all(store, sweep)
     if not tables:
         return SCHEMA.empty_table()
@@ -302,16 +302,34 @@ def unique_attempts(table: pa.Table) -> pa.Table:
     return table.take(pc.take(first, pc.sort_indices(first)))  # in their original order
 
 
+# One measurement: the latest attempt of a trial id in its sweep, on its system (the `system` label, else the host)
+# and its GPU type. Every view of the store keeps these (read_results, `raybench query`'s `trials` view, report,
+# best, compare): a retry or a re-run replaces the attempt before it; the same configuration stored by two sweeps,
+# or measured on two systems or two GPU types, is two measurements (repeats of one configuration), never one
+# hiding the other. Trial ids do not name the hardware: the same sweep run at two sites gives the same ids.
+MEASUREMENT_SQL = ("sweep, coalesce(system, hostname, 'unknown'), coalesce(gpu_name, 'cpu'), trial_id")
+
+
+def measurement_keys(table: pa.Table) -> pa.Array:
+    """Each row's measurement (MEASUREMENT_SQL) as one string."""
+    def filled(name: str, fallback: str) -> pa.ChunkedArray:
+        return pc.fill_null(table.column(name).cast(pa.string()), fallback)
+
+    system = pc.coalesce(table.column("system").cast(pa.string()), table.column("hostname").cast(pa.string()),
+                         pa.scalar("unknown"))
+    parts = [table.column("sweep"), system, filled("gpu_name", "cpu"), table.column("trial_id")]
+    return pc.binary_join_element_wise(*parts, "\x1f")
+
+
 def latest_per_trial(table: pa.Table) -> pa.Table:
-    """The latest attempt of each trial of each sweep: greatest ended_at (unknown counts as oldest), then
-    attempt_id. Keyed by sweep too: two sweeps (say one per GPU type) may measure the same configuration."""
+    """The latest attempt of each measurement (MEASUREMENT_SQL): greatest ended_at (unknown counts as oldest),
+    then attempt_id."""
     if len(table) == 0:
         return table
     # Sort the key columns only, then take the kept rows once (sorting the whole table moved every
     # column twice). An unknown end sorts first (null placement per sort key needs pyarrow >= 25).
     ended = pc.fill_null(table.column("ended_at"), pa.scalar(0, table.schema.field("ended_at").type))
-    trial = pc.binary_join_element_wise(table.column("sweep"), table.column("trial_id"), "/")
-    keys = pa.table({"trial": trial, "attempt_id": table.column("attempt_id"), "ended": ended})
+    keys = pa.table({"trial": measurement_keys(table), "attempt_id": table.column("attempt_id"), "ended": ended})
     order = pc.sort_indices(keys, sort_keys=[("trial", "ascending"), ("ended", "ascending"),
                                              ("attempt_id", "ascending")])
     ids = pc.take(keys.column("trial"), order).combine_chunks()
@@ -320,7 +338,7 @@ def latest_per_trial(table: pa.Table) -> pa.Table:
 
 
 def read_results(store: str | Path = DEFAULT_STORE, sweep: str | None = None, latest: bool = True):
-    """Result rows as a pandas DataFrame (latest attempt per trial of each sweep unless latest=False)."""
+    """Result rows as a pandas DataFrame (the latest attempt of each measurement unless latest=False)."""
     return read_table(store, sweep, latest).to_pandas()
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_serializer
 
 from raybench.spec import stacks
+from raybench.spec.axes import axis_assignments
 from raybench.spec.presets import PRESETS
 from raybench.spec.section import Section
 from raybench.spec.finetunes import FINETUNES, LORA, Finetune
@@ -396,10 +397,11 @@ class SweepSpec(Section):
     exclude: list[dict[str, Any]] = Field(default_factory=list, description=(
         "Grid points to drop (partial match): each rule maps axis keys to one of that axis's values, e.g. "
         "[{train.strategy: ddp, train.micro_batch: 8}]."))
-    executor: Literal["train", "pool", "torchrun"] = Field("train", description=(
-        "How a trial's ranks are started: 'train' (new Ray Train workers per trial, any cluster), 'pool' (warm "
-        "Ray actors reused across trials and sweeps: milliseconds per trial instead of seconds) or 'torchrun' "
-        "(a torchrun per trial on the node of its Ray Tune driver; single-node)."))
+    executor: Literal["auto", "train", "pool", "torchrun"] = Field("auto", description=(
+        "How a trial's ranks are started: 'auto' (the default: 'pool' when every trial runs raybench's own "
+        "loop, else 'train'), 'train' (new Ray Train workers per trial, any cluster), 'pool' (warm Ray actors "
+        "reused across trials and sweeps: milliseconds per trial instead of seconds; warm rows equal fresh ones) "
+        "or 'torchrun' (a torchrun per trial on the node of its Ray Tune driver; single-node)."))
     pool: PoolSpec = Field(default_factory=PoolSpec, description="Warm pool settings (executor: pool).")
     caches: CacheSpec = Field(default_factory=CacheSpec, description="Node-local weights and compile caches.")
     store: str = Field("./raybench-results", description="Result store directory (relative to the cwd).")
@@ -408,6 +410,34 @@ class SweepSpec(Section):
     projection: ProjectionSpec = Field(default_factory=ProjectionSpec, description="Full-run cost projection.")
     estimate: EstimateSpec = Field(default_factory=EstimateSpec, description=(
         "Memory/step-time estimate and pruning of trials that would not fit."))
+
+    def stack_kinds(self) -> set[str]:
+        """Every stack.kind a trial of the sweep runs: the base's and any an axis sets."""
+        kinds = {self.stack.kind}
+        for key, values in self.axes.items():
+            for value in values if isinstance(values, list) else []:
+                assigned = axis_assignments(key, value) if "." in key or isinstance(value, dict) else {}
+                kinds.add(assigned.get("stack.kind", self.stack.kind))
+        return kinds
+
+    @property
+    def runs_with(self) -> str:
+        """The executor the trials run with: `executor`, or for auto the warm pool (no start-up per trial) unless
+        a trial's stack needs fresh processes per trial (the registry's warm_pool), then Ray Train's."""
+        if self.executor != "auto":
+            return self.executor
+        fresh = [k for k in self.stack_kinds() if not (k in stacks.KINDS and stacks.kind(k).warm_pool)]
+        return "train" if fresh else "pool"
+
+    @property
+    def executor_text(self) -> str:
+        """runs_with as `raybench plan` says it: for auto, with why."""
+        if self.executor != "auto":
+            return self.executor
+        if self.runs_with == "pool":
+            return ("pool (auto: every trial runs raybench's own loop, on warm actors reused across trials; "
+                    "executor: train starts fresh Ray Train workers per trial)")
+        return "train (auto: a trial's stack needs fresh processes per trial)"
 
     def base_trial(self) -> dict:
         """The trial fields before any axis is applied, as plain data."""

@@ -217,13 +217,8 @@ def _check_pool_stacks(spec: SweepSpec) -> list[Problem]:
     processes per trial."""
     if spec.executor != "pool":
         return []
-    kinds = {spec.stack.kind}
-    for key, values in spec.axes.items():
-        for value in values if isinstance(values, list) else []:
-            assigned = axis_assignments(key, value) if "." in key or isinstance(value, dict) else {}
-            kinds.add(assigned.get("stack.kind", stacks.RAYBENCH))
     # A kind that is not the registry's is refused on its own (_check_axes); here it is not one the pool runs either.
-    others = sorted(k for k in kinds if not (k in stacks.KINDS and stacks.kind(k).warm_pool))
+    others = sorted(k for k in spec.stack_kinds() if not (k in stacks.KINDS and stacks.kind(k).warm_pool))
     if not others:
         return []
     return [Problem("executor", "pool", f"the warm pool runs raybench's own loop only, not stack.kind "

@@ -67,7 +67,8 @@ NODE_LOSS_POINTS = {"point": [{"resources.workers": 2, "train.micro_batch": 1},
 def _sweep(path: Path, axes: dict, steps: int = 4) -> Path:
     """The smoke sweep's tiny ddp trial, each worker filling a node; `axes` decide the trials (grid order)."""
     spec = yaml.safe_load((REPO / "sweeps" / "smoke-cpu.yaml").read_text())
-    spec.update(name=SWEEP, axes=axes)
+    # Ray Train's workers, whose loss with their node this file checks (the warm pool's: test_pool.py).
+    spec.update(name=SWEEP, axes=axes, executor="train")
     spec["train"].update(strategy="ddp", steps=steps, warmup_steps=1, seq_len=32)
     spec["resources"]["cpus_per_worker"] = os.cpu_count()
     spec["resources"]["timeout_s"] = 600  # a trial that waited for a lost node would show as a 10-minute wait

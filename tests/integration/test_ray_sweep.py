@@ -31,7 +31,7 @@ def test_smoke_sweep_all_ok(smoke_run):
     rows = read_results(str(store_path), "smoke-cpu")
     assert len(rows) == 4 and set(rows.status) == {"ok"}
     assert set(rows.train_strategy) == {"ddp", "fsdp2"}
-    assert set(rows.executor) == {"train"} and set(rows.world_size) == {2}
+    assert set(rows.executor) == {"pool"} and set(rows.world_size) == {2}  # executor auto: the warm pool
     by_ratio = {r.train_ac_ratio: list(r.ac_blocks) for r in rows.itertuples()}
     assert by_ratio == {"0": [], "1/2": [0, 2]}
     # Same seed, same data, same math: DDP and FSDP2 start from the same loss.

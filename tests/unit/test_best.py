@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 
 import pytest
@@ -14,6 +15,7 @@ from raybench.results import store
 from raybench.reports.best import best_configs, best_per_axis_value, front_report, read_rows
 from raybench.spec.load import parse_sweep
 from raybench.spec.schema import RankResult
+from raybench.spec.stats import format_ci, mean_ci95
 
 # One sweep per system (a trial id names a configuration, not the machine it ran on).
 GPUS = {"sac-h100": ("NVIDIA H100 80GB HBM3", 1000.0), "sac-a100": ("NVIDIA A100-SXM4-40GB", 400.0)}
@@ -149,3 +151,30 @@ def test_the_closing_report_names_trials_whose_overflow_cut_labels():
     assert "a: data.overflow truncate at seq_len 256 cut 27 samples, 9000 tokens, 16.6% of the label tokens" in text
     assert "b: data.overflow drop" in text and "c:" not in text
     assert cut_report(rows.iloc[2:]) is None and cut_report(rows.drop(columns="label_tokens_cut_frac")) is None
+
+
+def test_two_sweeps_of_one_configuration_count_alike_in_query_report_and_best(tmp_path, capsys):
+    """One rule for every view (store.MEASUREMENT_SQL): the same configuration stored by two sweeps is two
+    measurements, repeats of one configuration, in `query`'s trials view, `report` and `best` alike; a retry in one
+    sweep replaces its failed attempt, and `report` says that it left that attempt out."""
+    (trial,) = plan(parse_sweep({"name": "first", "model": {"preset": "tiny"}}))
+    payload, train = trial.payload, trial.payload.config.train.model_dump()
+    start = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    gpu = {"gpu_name": "NVIDIA H100 80GB HBM3", "device_type": "cuda"}
+    store.write_row(tmp_path, build_row(payload, "first", "error", "killed", RankResult.from_columns(gpu),
+                                        started_at=start, ended_at=start))
+    for minutes, (sweep, speed) in enumerate((("first", 2063.0), ("second", 2648.0)), start=1):
+        metrics = {**gpu_metrics(speed, train, 1), **gpu}
+        ended = start + timedelta(minutes=minutes)
+        store.write_row(tmp_path, build_row(payload, sweep, "ok", "", RankResult.from_columns(metrics),
+                                            started_at=ended, ended_at=ended))
+    assert cli.main(["query", str(tmp_path), "select count(*) as n from trials", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "2"
+    assert cli.main(["report", str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    assert sum(line.startswith(("first ", "second ")) for line in report.splitlines()) == 2
+    assert "1 earlier attempt(s) not shown" in report
+    speeds = [gpu_metrics(speed, train, 1)["tok_per_s_per_device"] for speed in (2063.0, 2648.0)]
+    assert f"tok/s {format_ci(*mean_ci95(speeds))}, sweeps first, second" in report
+    best = best_configs(read_rows(str(tmp_path))).set_index("group").loc["H100 80GB HBM3"]
+    assert best.n == 2 and best["mean"] == pytest.approx(sum(speeds) / 2)

@@ -100,10 +100,13 @@ def test_match_by_axes_when_config_ids_differ(rows):
 
 
 def test_same_trial_ids_from_two_sites_do_not_hide_each_other(tmp_path, capsys):
-    # One sweep file run at both sites, rows copied into one store: the store's latest attempt per trial id
-    # alone would keep one site per trial; compare keeps the latest attempt per trial and system.
+    # One sweep file run at both sites, rows copied into one store: a measurement is a trial id in a sweep on a
+    # system (store.MEASUREMENT_SQL), so the store keeps each site's rows, and the `trials` view counts them alike.
     plant_gpu_store(tmp_path, ids_per_system=False)
-    assert store.read_results(tmp_path).system.nunique() == 1
+    rows = store.read_results(tmp_path)
+    assert rows.system.nunique() == 2
+    assert main(["query", str(tmp_path), "select count(*) as n from trials", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == str(len(rows))
     assert main(["compare", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["systems"] == ["della", "snellius"] and len(out["configurations"]) == 8

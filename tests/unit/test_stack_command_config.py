@@ -93,3 +93,18 @@ def test_the_last_error_line_of_the_command_is_the_message():
     text = command_executor._failure_text(["python", "-m", "torch.distributed.run"], 1, output)
     assert text.endswith("\nValueError: bad batch shape 7")
     assert "python -m torch.distributed.run exited with status 1" in text
+
+
+def test_the_default_executor_is_the_warm_pool_unless_a_stack_needs_fresh_processes(tmp_path, capsys):
+    """executor: auto (the default) runs raybench's own loop on the warm pool; a sweep any of whose trials runs a
+    user's stack (here on an axis) gets Ray Train's fresh workers. `plan` says which, and why."""
+    from raybench.cli.main import main
+
+    own = write_sweep(tmp_path / "own.yaml", "name: own\nmodel: {preset: tiny}\n")
+    mixed = write_sweep(tmp_path / "mixed.yaml", _sweep().replace("executor: train\n", "").replace(
+        "stack:\n  kind: command\n", "axes: {stack.kind: [raybench, command]}\nstack:\n  kind: raybench\n"))
+    assert load_sweep(own).executor == "auto" and load_sweep(own).runs_with == "pool"
+    assert load_sweep(mixed).runs_with == "train"
+    assert load_sweep(write_sweep(tmp_path / "set.yaml", _sweep())).runs_with == "train"  # as set
+    assert main(["plan", str(own)]) == 0
+    assert "executor pool (auto: every trial runs raybench's own loop" in capsys.readouterr().out
