@@ -37,11 +37,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from raybench.planning import calibration
 from raybench.planning.estimate import estimate
 from raybench.planning.plan import config_id, plan
 from raybench.rehearse import fitted, rehearsal
 from raybench.rehearse.choice import predicted_best
+from raybench.results import rehearsals
 from raybench.results.store import measured_trial_config
 from raybench.spec.load import load_sweep
 from raybench.spec.sweep_spec import TrialConfig
@@ -109,7 +109,7 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
         config = measured_trial_config(row.config_json)
         analytic = estimate(config, trial.shape, list(trial.ac_blocks), gpu)
         r = rehearsal.rehearse(config, trial.shape, gpu, analytic=analytic, traces=traces, calibration=priced)
-        calibration.save_rehearsal(store, trial.config_id, r.as_dict())
+        rehearsals.save_rehearsal(store, trial.config_id, r.as_dict())
         reserved = None if r.peak_gib is None else r.peak_gib * priced.for_finetune(config.train.tuning).reserve
         lines.append({
             "set": validation_split.FITTING if fitted_on else validation_split.HELDOUT,
@@ -159,7 +159,7 @@ def best_ratios(name: str, store: Path, parquet: Path, gpu: str) -> list[dict]:
     trials = plan(sweep_for_gpu(name, gpu), store_path=store)
     by_id = {t.trial_id: t for t in trials}
     out = []
-    for result in predicted_best(trials, rehearsals=calibration.rehearsals(store)):
+    for result in predicted_best(trials, rehearsals=rehearsals.rehearsals(store)):
         ids = [t.trial_id for t in trials if all(str(t.axis_values.get(k)) == v for k, v in result["group"].items())]
         rows = measured.loc[[i for i in ids if i in measured.index]]
         best_row = rows.loc[rows.tok_per_s_per_device.idxmax()] if len(rows) else None

@@ -24,13 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raybench.drivers import executors
 from raybench.drivers.executors import train
 from raybench.drivers.progress import SweepProgress, as_progress, peak_gib
-from raybench.drivers.ray_cluster import (DRIVER_RESOURCE, Terminated, ray_cluster, terminate_on_sigterm,
-                                          use_token_auth)
+from raybench.drivers.ray_cluster import DRIVER_RESOURCE, Terminated, ray_cluster, terminate_on_sigterm, use_token_auth
 from raybench.drivers.search import ANSWERED, FINISHED, PlannedSearch, SearchSpace, make_sampler, stored_rows
 from raybench.drivers.trial import build_row, run_trial, summary
 from raybench.planning.plan import PlannedTrial
@@ -264,7 +262,7 @@ def write_interrupted_rows(trials: list[PlannedTrial], sweep: str, store_path: s
     cut = set()
     for t in trials:
         new = [path for path in store.trial_row_files(store_path, sweep, t.trial_id) if path not in listed]
-        attempts = sorted(((pq.read_table(path, columns=["ended_at", "status"]).to_pylist()[0], path) for path in new),
+        attempts = sorted(((store.row_status(path), path) for path in new),
                           key=lambda attempt: attempt[0]["ended_at"])
         statuses = [row["status"] for row, _ in attempts]
         if "ok" in statuses:
@@ -286,7 +284,7 @@ def _drop_failures_built_after(store_path: str, sweep: str, trial_id: str, liste
     for path in store.trial_row_files(store_path, sweep, trial_id):
         if path in listed:
             continue
-        row = pq.read_table(path, columns=["ended_at", "status"]).to_pylist()[0]
+        row = store.row_status(path)
         if row["status"] not in ("ok", "interrupted") and row["ended_at"] > stop_at:
             path.unlink(missing_ok=True)
 

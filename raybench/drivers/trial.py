@@ -14,8 +14,6 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from raybench.drivers.nodes import NodeLost
 from raybench.planning import assessment
 from raybench.results import store
@@ -190,7 +188,7 @@ def stopped_while_running(store_path: str, sweep: str, trial_id: str, started_at
     (SIGTERM at the end of an allocation) while it ran. Its failure row, built later, would be the trial's latest
     row and hide that the stop, not the trial, ended it."""
     for path in store.trial_row_files(store_path, sweep, trial_id):
-        stored = pq.read_table(path, columns=["status", "ended_at"]).to_pylist()[0]
+        stored = store.row_status(path)
         if stored["status"] == "interrupted" and stored["ended_at"] >= started_at:
             return True
     return False

@@ -7,7 +7,6 @@ the estimate existed have no error and do not count.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from raybench.results import store
+from raybench.results.rehearsals import rehearsals
 from raybench.spec.hardware import find_gpu
 from raybench.spec.sweep_spec import TrialConfig
 
@@ -58,31 +58,6 @@ def factors_of(table: pa.Table) -> dict[Key, tuple[float, int]]:
         if status == "ok" and error is not None and device:
             ratios.setdefault((preset or path or "", strategy, device), []).append(1 + error)
     return {k: (statistics.median(v), len(v)) for k, v in ratios.items()}
-
-
-# Rehearsals (`raybench rehearse`) are kept beside the store's rows, one JSON file per trial config.
-REHEARSALS_DIR = "rehearsals"
-
-
-def rehearsal_path(store_path: str | Path, config_id: str) -> Path:
-    return Path(store_path) / REHEARSALS_DIR / f"{config_id}.json"
-
-
-def rehearsals(store_path: str | Path | None) -> dict[str, dict]:
-    """{config_id: rehearsal} of every rehearsal stored in the store (see raybench/rehearse/)."""
-    if store_path is None or not (Path(store_path) / REHEARSALS_DIR).is_dir():
-        return {}
-    return {p.stem: json.loads(p.read_text()) for p in sorted((Path(store_path) / REHEARSALS_DIR).glob("*.json"))
-            if not p.name.startswith(".")}
-
-
-def save_rehearsal(store_path: str | Path, config_id: str, rehearsal: dict) -> Path:
-    path = rehearsal_path(store_path, config_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(rehearsal, sort_keys=True))
-    tmp.replace(path)
-    return path
 
 
 def probe_busbw_gbps(store_path: str | Path | None, world_size: int, gpu: str | None) -> float | None:

@@ -10,6 +10,7 @@ from raybench.planning import calibration, uncertainty
 from raybench.planning.plan import config_id
 from raybench.rehearse import rehearsal, step_time
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
+from raybench.results import rehearsals
 from raybench.results.profiles import load_profile
 
 
@@ -48,7 +49,7 @@ def rehearse_trials(spec, trials: list, store_path: str, gpu: str | None = None,
         result = rehearsal.rehearse(t.config, t.shape, trial_gpu, trial_busbw, source, analytic=t.assessment.analytic,
                                     calibration=priced[device], traces=traced, extrapolate_depth=not full_depth,
                                     layout=layout).as_dict()
-        calibration.save_rehearsal(store_path, t.config_id, result)
+        rehearsals.save_rehearsal(store_path, t.config_id, result)
         yield {"index": t.index, "trial_id": t.trial_id, "config_id": t.config_id, "axis_values": t.axis_values,
                "gpu": trial_gpu, **result,
                "intervals": uncertainty.rehearsal_intervals(result, t.assessment.analytic.params_total)}

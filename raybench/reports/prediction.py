@@ -9,12 +9,13 @@ from pathlib import Path
 
 import yaml
 
-from raybench.planning import calibration, uncertainty
+from raybench.planning import uncertainty
 from raybench.planning.plan import plan
 from raybench.rehearse import choice, flips
 from raybench.rehearse.fitted import Calibration
 from raybench.rehearse.trials import device_calibration
 from raybench.reports.report import render
+from raybench.results import rehearsals
 from raybench.spec.hardware import find_gpu
 
 
@@ -31,7 +32,7 @@ class Prediction:
 def predict(spec, source: str, store_path: str, axis: str) -> Prediction:
     """The predicted best `axis` value per group from the sweep's stored rehearsals (`raybench rehearse`)."""
     trials = plan(spec, source=source, store_path=store_path)
-    stored = calibration.rehearsals(store_path)
+    stored = rehearsals.rehearsals(store_path)
     results = choice.predicted_best(trials, axis, stored)
     # The rehearsals were priced when `rehearse` ran, with the profile the store held for their GPU then.
     used = sorted({Calibration.of(stored[t.config_id]).source for t in trials

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from raybench.planning import calibration, estimate, uncertainty
+from raybench.planning import estimate, uncertainty
 from raybench.planning.plan import PlannedTrial
 from raybench.rehearse.fitted import Calibration
 from raybench.reports.report import cell, render
+from raybench.results.rehearsals import REHEARSALS_DIR
 
 
 def plan_table(trials: list[PlannedTrial]) -> str:
@@ -74,7 +75,7 @@ def rehearsal_table(rows: list[dict]) -> str:
 def rehearsal_report(rows: list[dict], store_path: str, sweep_file: str) -> str:
     """`raybench rehearse`'s table, where the rehearsals are stored, and the calibrations that priced them."""
     text = (rehearsal_table(rows) + f"\n\n{len(rows)} configuration(s) rehearsed; stored in {store_path}/"
-            f"{calibration.REHEARSALS_DIR} (`raybench estimate {sweep_file}` fits them by their rehearsal)")
+            f"{REHEARSALS_DIR} (`raybench estimate {sweep_file}` fits them by their rehearsal)")
     used = _priced_with(rows)
     return text + ("\npriced with: " + "; ".join(used) if used else "")
 

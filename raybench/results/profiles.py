@@ -4,10 +4,10 @@ read them)."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from raybench.results.store import read_document, write_document
 from raybench.spec.hardware import find_gpu
 
 CALIBRATION_DIR = "calibration"
@@ -30,12 +30,7 @@ def profile_path(store_path: str | Path, device: str | None) -> Path:
 
 def save_profile(store_path: str | Path, profile: dict) -> Path:
     """Write a profile (atomically, replacing the device type's earlier one); its fingerprint's key names it."""
-    path = profile_path(store_path, profile["fingerprint"]["key"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(profile, indent=1, sort_keys=True))
-    tmp.replace(path)
-    return path
+    return write_document(profile_path(store_path, profile["fingerprint"]["key"]), profile, indent=1)
 
 
 def load_profile(store_path: str | Path | None, device: str | None) -> dict | None:
@@ -43,4 +38,4 @@ def load_profile(store_path: str | Path | None, device: str | None) -> dict | No
     if store_path is None:
         return None
     path = profile_path(store_path, device)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_document(path) if path.is_file() else None

@@ -250,6 +250,25 @@ def read_table_since(attempts: pa.Table, listed: set[Path], store: str | Path, s
     return latest_per_trial(unique_attempts(conform_all([earlier, *added])))
 
 
+def row_status(path: Path) -> dict:
+    """The status and ended_at of a one-row file (trial_row_files), read without the rest of the row."""
+    with pq.ParquetFile(path) as f:
+        return f.read(columns=["status", "ended_at"]).to_pylist()[0]
+
+
+def write_document(path: Path, document: dict, indent: int | None = None) -> Path:
+    """Atomically write one of the store's JSON documents (a rehearsal, a device profile), replacing the earlier."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(document, indent=indent, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def read_document(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
 def read_file(path: Path) -> pa.Table:
     """One committed file's rows, each with its attempt_id (`STEM#ROW` for files from before that column)."""
     # ParquetFile.read skips the dataset discovery that pq.read_table does per call (~2x faster per file).

@@ -20,9 +20,8 @@ from planted_rows import SWEEP, plant_cpu_store, plant_gpu_store
 
 from raybench.cli.main import main
 from raybench.drivers.trial import build_row
-from raybench.planning import calibration
 from raybench.planning.plan import plan
-from raybench.results import store
+from raybench.results import rehearsals, store
 from raybench.spec.load import load_sweep
 from raybench.spec.payload import TrialPayload
 from raybench.spec.schema import RankResult
@@ -113,11 +112,11 @@ def test_rehearse_one_trial_then_best_predict(tmp_path, capsys):
     assert (row["trial_id"], row["config_id"], row["gpu"]) == (trials[1].trial_id, trials[1].config_id, "H200")
     assert (row["method"], row["busbw_gbps"], row["busbw_source"]) == ("traced", 45.0, "set")
     store_path = tmp_path / "sweep-store"
-    assert set(calibration.rehearsals(store_path)) == {trials[1].config_id}
+    assert set(rehearsals.rehearsals(store_path)) == {trials[1].config_id}
 
     assert main(["rehearse", sweep, "--trial", "0"]) == 0  # by plan index; a table
     assert trials[0].config_id in capsys.readouterr().out
-    assert set(calibration.rehearsals(store_path)) == {t.config_id for t in trials}
+    assert set(rehearsals.rehearsals(store_path)) == {t.config_id for t in trials}
 
     # Trial 1 was priced for an H200: the H100's prediction would answer with its figures, so it is refused.
     assert main(["best", sweep, "--predict", "--gpu", "H100 SXM"]) == 2

@@ -8,8 +8,8 @@ import json
 from rehearse_cases import TINY_TRAIN
 
 from raybench.cli.main import main
-from raybench.planning import calibration
 from raybench.planning.plan import plan
+from raybench.results import rehearsals
 from raybench.spec.load import parse_sweep
 
 # The 1B full fine-tune of docs/results/gpu-2026-11-28-h200.md (where the full loss ran 1.077x the chunked one at
@@ -54,7 +54,7 @@ def test_a_stored_rehearsal_of_the_full_loss_that_does_not_fit_turns_auto_chunke
     sweep = with_(ONE_B, "estimate", gpu="H200")
     full = planned(sweep)
     assert full.config.train.loss == "full"
-    calibration.save_rehearsal(tmp_path, full.config_id, {"method": "traced", "peak_gib": 150.0,
+    rehearsals.save_rehearsal(tmp_path, full.config_id, {"method": "traced", "peak_gib": 150.0,
                                                           "reserved_gib": 170.0})
     chunked = planned(sweep, store_path=tmp_path)
     assert chunked.config.train.loss == "chunked" and chunked.config_id != full.config_id

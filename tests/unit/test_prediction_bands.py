@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raybench.planning import calibration, uncertainty
+from raybench.planning import uncertainty
 from raybench.planning.plan import plan
 from raybench.rehearse.choice import predicted_best
+from raybench.results import rehearsals
 from raybench.spec.load import load_sweep, parse_sweep
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +95,7 @@ def test_best_predict_draws_its_intervals_with_the_bands_of_the_groups_scale(tmp
     spec_path.write_text(json.dumps(_sweep(tmp_path, "tiny", 8)))
     spec = load_sweep(spec_path)
     for t, step_s in zip(plan(spec), (0.10, 0.20)):
-        calibration.save_rehearsal(tmp_path / "store", t.config_id, {
+        rehearsals.save_rehearsal(tmp_path / "store", t.config_id, {
             "method": "traced", "world_size": 8, "peak_gib": 10.0, "reserved_gib": 11.6, "step_time_s": step_s,
             "compute_s": step_s})
     (result,) = predicted_best(plan(spec, store_path=spec.store))

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from raybench.cli.main import main
-from raybench.planning import calibration, uncertainty
+from raybench.planning import uncertainty
 from raybench.planning.plan import plan
 from raybench.rehearse import flips
 from raybench.rehearse.choice import predicted_best
+from raybench.results import rehearsals
 from raybench.spec.load import load_sweep
 
 TRAIN = {"steps": 20, "warmup_steps": 2, "seq_len": 64, "micro_batch": 2, "strategy": "fsdp2"}
@@ -22,18 +23,18 @@ TOKENS = 2 * 64  # per GPU and step
 TRACED = uncertainty.BANDS["traced"].rows  # the tiny model on one GPU is within the derivation rows' reach
 
 
-def planted(tmp_path, memory_gib: float, rehearsals: dict[str, tuple[float, float]]) -> str:
-    """A one-GPU sweep over the sAC ratios of `rehearsals` ({ratio: (reserved GiB, step s)}), each with a stored
+def planted(tmp_path, memory_gib: float, points: dict[str, tuple[float, float]]) -> str:
+    """A one-GPU sweep over the sAC ratios of `points` ({ratio: (reserved GiB, step s)}), each with a stored
     traced rehearsal of those figures; memory_gib with no margin is the limit (the CUDA context: 1 GiB)."""
     tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "sweep.yaml"
     path.write_text(json.dumps({
         "name": "planted", "model": {"preset": "tiny"}, "train": TRAIN, "resources": {"gpus_per_worker": 1},
         "estimate": {"gpu": "H100 SXM", "device_memory_gib": memory_gib, "margin_gib": 0},
-        "store": str(tmp_path / "store"), "axes": {"train.ac_ratio": list(rehearsals)}}))
+        "store": str(tmp_path / "store"), "axes": {"train.ac_ratio": list(points)}}))
     for t in plan(load_sweep(path)):
-        reserved, step_s = rehearsals[t.axis_values["train.ac_ratio"]]
-        calibration.save_rehearsal(tmp_path / "store", t.config_id, {
+        reserved, step_s = points[t.axis_values["train.ac_ratio"]]
+        rehearsals.save_rehearsal(tmp_path / "store", t.config_id, {
             "method": "traced", "peak_gib": reserved / 1.16, "reserved_gib": reserved, "step_time_s": step_s,
             "compute_s": step_s})
     return str(path)
@@ -112,7 +113,7 @@ def test_fields_that_vary_together_are_one_axis(tmp_path):
         "axes": {"parallelism": [{"train.strategy": "tp", "train.tp_size": 2}, {"train.strategy": "fsdp2"}]}}))
     spec = load_sweep(path)
     for t, step_s in zip(plan(spec), (0.5, 0.4)):
-        calibration.save_rehearsal(tmp_path / "store", t.config_id, {
+        rehearsals.save_rehearsal(tmp_path / "store", t.config_id, {
             "method": "traced", "peak_gib": 10.0, "reserved_gib": 11.6, "step_time_s": step_s, "compute_s": step_s})
     (result,) = predicted_best(plan(spec, store_path=spec.store), axis="train.strategy,train.tp_size")
     assert [v["value"] for v in result["values"]] == ["tp/2", "fsdp2/-"]

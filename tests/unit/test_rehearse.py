@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from raybench.cli.main import main
-from raybench.planning import calibration, estimate
+from raybench.planning import estimate
 from raybench.planning.plan import plan
 from raybench.rehearse import (
     compiled,
@@ -33,6 +33,7 @@ from raybench.rehearse import (
     traced_model,
 )
 from raybench.rehearse.choice import predicted_best
+from raybench.results import rehearsals
 from raybench.runtime import limits
 from raybench.runtime.strategies import RankContext
 from raybench.runtime.techniques import fp8
@@ -651,7 +652,7 @@ def test_best_predict_picks_the_fastest_ratio_that_fits(tmp_path, capsys):
     assert result["op_policy"] is None  # not asked for (no stored rehearsals given)
     # The op-level policy starts from ratio 1's rehearsal; with room to spare it keeps every block's outputs.
     (result,) = predicted_best(plan(load_sweep(sweep(80.0)), store_path=tmp_path / "store"),
-                               rehearsals=calibration.rehearsals(tmp_path / "store"))
+                               rehearsals=rehearsals.rehearsals(tmp_path / "store"))
     assert result["op_policy"]["policy"]["kept_fraction"] == 1.0
     assert main(["best", sweep(80.0), "--predict"]) == 0
     out = capsys.readouterr().out
@@ -675,7 +676,7 @@ def test_a_compiled_groups_op_policy_keeps_what_the_partitioner_keeps(tmp_path, 
     capsys.readouterr()
     trials = plan(load_sweep(path), store_path=tmp_path / "store")
     eager, fused = (r["op_policy"]["policy"] for r in
-                    predicted_best(trials, rehearsals=calibration.rehearsals(tmp_path / "store")))
+                    predicted_best(trials, rehearsals=rehearsals.rehearsals(tmp_path / "store")))
     assert eager["ac_saved_ops"] == fused["ac_saved_ops"]
     config = trials[1].config.model_copy(update={"train": trials[1].config.train.model_copy(
         update={"ac_mode": "op", "ac_saved_ops": eager["ac_saved_ops"]})})
