@@ -134,7 +134,10 @@ def best_report(rows: pd.DataFrame, *, by: str = "gpu_name", metric: str = "tok_
         raise ConfigError(source, problems)
     mode = mode or default_mode(metric)
     cap = f", peak memory <= {max_mem_gib:g} GiB per device" if max_mem_gib is not None else ""
-    title = f"best {metric} ({mode}) per {by} and model{cap}; mean ± 95% CI over repeats"
+    candidates = under_cap(summarize(rows, by, metric), max_mem_gib)
+    once = len(candidates) > 0 and bool((candidates["n"] == 1).all())
+    over = "one run per configuration (no interval)" if once else "mean ± 95% CI over repeats (n=1: one run)"
+    title = f"best {metric} ({mode}) per {by} and model{cap}; {over}"
     if column is None:
         table = best_configs(rows, by=by, metric=metric, mode=mode, max_mem_gib=max_mem_gib)
         lines = [[r.group, r.model, format_ci(r.mean, r.n, r.ci95, _spec(r.mean)), _gib(r.peak_gib), r.config]
@@ -159,7 +162,33 @@ def best_report(rows: pd.DataFrame, *, by: str = "gpu_name", metric: str = "tok_
             body += "\n\n" + "\n".join(winners)
     if len(table) == 0:
         return f"{title}\nno ok rows{' under the memory cap' if cap else ''}"
-    return f"{title}\n{body}"
+    unsettled = unsettled_lines(candidates, mode)
+    return f"{title}\n{body}" + ("\n\n" + "\n".join(unsettled) if unsettled else "")
+
+
+def unsettled_lines(candidates: pd.DataFrame, mode: str) -> list[str]:
+    """Per (group, model), a line where the best configuration is not settled against the runner-up: either ran
+    once (a single run can rank the other way on the next), or their 95% intervals overlap; and how to settle it."""
+    lines = []
+    for (group, model), part in candidates.groupby(["group", "model"], sort=True):
+        if len(part) < 2:
+            continue
+        best, runner = part.sort_values("mean", ascending=mode == "min", kind="stable").iloc[:2].itertuples()
+        if min(best.n, runner.n) == 1:
+            why = "one of the two ran once"
+        elif _overlap(best, runner):
+            why = "their 95% intervals overlap"
+        else:
+            continue
+        lines.append(f"{group} / {model}: not settled: the best ({best.config}, "
+                     f"{format_ci(best.mean, best.n, best.ci95, _spec(best.mean))}) against the runner-up "
+                     f"({runner.config}, {format_ci(runner.mean, runner.n, runner.ci95, _spec(runner.mean))}): "
+                     f"{why}; run the sweep again with `repeats: 3` (its stored runs count as the first)")
+    return lines
+
+
+def _overlap(a, b) -> bool:
+    return a.mean - a.ci95 <= b.mean + b.ci95 and b.mean - b.ci95 <= a.mean + a.ci95
 
 
 def _value_order(value: str) -> tuple:

@@ -39,9 +39,9 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, int, float | None]:
 
 
 def format_ci(mean: float, n: int, half: float | None, spec: str = ",.0f") -> str:
-    """'1,234 ± 56 (n=3)', or '1,234 (n=1)' when there is no interval."""
+    """'1,234 ± 56 (n=3)', or '1,234 (1 run)' when there is no interval."""
     if half is None:
-        return f"{format(mean, spec)} (n={n})"
+        return f"{format(mean, spec)} ({n} run{'s' if n != 1 else ''})"
     return f"{format(mean, spec)} ± {format(half, spec)} (n={n})"
 
 

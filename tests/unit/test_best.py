@@ -178,3 +178,22 @@ def test_two_sweeps_of_one_configuration_count_alike_in_query_report_and_best(tm
     assert f"tok/s {format_ci(*mean_ci95(speeds))}, sweeps first, second" in report
     best = best_configs(read_rows(str(tmp_path))).set_index("group").loc["H100 80GB HBM3"]
     assert best.n == 2 and best["mean"] == pytest.approx(sum(speeds) / 2)
+
+
+def test_one_run_is_shown_as_one_run_and_an_unsettled_ranking_says_so(store_dir, tmp_path, capsys):
+    """n = 1 is one run, not a mean with a missing interval; where the best and the runner-up ran once or their
+    intervals overlap, `best` says the ranking is not settled and how to settle it."""
+    assert cli.main(["best", str(store_dir), "--sweep", "sac-h100"]) == 0
+    repeated = capsys.readouterr().out
+    assert "mean ± 95% CI over repeats" in repeated.splitlines()[0]
+    # 2,000 ± 254 against ac_ratio 1/2's 1,800 ± 229 (repeats 1% apart, two each): the intervals overlap.
+    assert "H100 80GB HBM3 / tiny: not settled" in repeated and "their 95% intervals overlap" in repeated
+    (trial, other) = plan(parse_sweep({"name": "once", "model": {"preset": "tiny"},
+                                       "axes": {"train.micro_batch": [1, 2]}}))
+    for t, speed in ((trial, 1006.0), (other, 1280.0)):
+        metrics = {"tok_per_s_per_device": speed, "peak_rss_gib": 1.0, "device_type": "cpu"}
+        store.write_row(tmp_path, build_row(t.payload, "once", "ok", "", RankResult.from_columns(metrics)))
+    assert cli.main(["best", str(tmp_path)]) == 0
+    once = capsys.readouterr().out
+    assert "one run per configuration (no interval)" in once.splitlines()[0]
+    assert "1,280 (1 run)" in once and "one of the two ran once; run the sweep again with `repeats: 3`" in once

@@ -27,7 +27,7 @@ def test_mean_ci95_by_hand():
     assert mean_ci95([5.0]) == (5.0, 1, None)
     assert mean_ci95([3.0, 3.0]) == (3.0, 2, 0.0)
     assert format_ci(12.0, 3, half, ".1f") == "12.0 ± 5.0 (n=3)"
-    assert format_ci(1234.0, 1, None) == "1,234 (n=1)"
+    assert format_ci(1234.0, 1, None) == "1,234 (1 run)"
 
 
 def test_repeat_summary_groups_ok_rows_per_config():
