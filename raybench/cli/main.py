@@ -21,13 +21,12 @@ from raybench.cli import results as cli_results
 from raybench.cli import store as cli_store
 from raybench.drivers import requeue, slurm
 from raybench.drivers.slurm import SlurmError, SlurmOptions
-from raybench.planning.plan import matching, plan
+from raybench.planning.plan import load_checked, matching, plan
 from raybench.reports.report import results_table
 from raybench.reports.tables import estimate_summary, estimate_table, plan_table
 from raybench.results.store import StoreWriteError
 from raybench.runtime import cuda_snapshot
 from raybench.spec.errors import ConfigError, Problem
-from raybench.spec.load import load_sweep
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # SIGTERM / Ctrl-C: stored rows are kept; the same command resumes the sweep
@@ -40,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _validate(args) -> int:
-    spec = load_sweep(args.sweep)
+    spec = load_checked(args.sweep)
 
     trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep)
     print(f"{args.sweep}: ok ({len(trials)} trials)")
@@ -48,7 +47,7 @@ def _validate(args) -> int:
 
 
 def _plan(args) -> int:
-    spec = load_sweep(args.sweep)
+    spec = load_checked(args.sweep)
     trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=args.store or spec.store)
     if args.json:
         for t in trials:
@@ -60,7 +59,7 @@ def _plan(args) -> int:
 
 
 def _estimate(args) -> int:
-    spec = load_sweep(args.sweep)
+    spec = load_checked(args.sweep)
     store_path = args.store or spec.store
     trials = plan(spec, keep_invalid=args.keep_invalid, source=args.sweep, store_path=store_path)
     if args.json:
@@ -100,7 +99,7 @@ def _run(args) -> int:
     from raybench.drivers.api import run_sweep
     from raybench.reports.best import run_report
 
-    spec = load_sweep(args.sweep)
+    spec = load_checked(args.sweep)
     address = args.address
     if args.cluster:  # before anything imports ray: the cluster's token must be in the environment first
         address = slurm.connect(args.cluster)
@@ -146,7 +145,7 @@ def _trial(args) -> int:
     from raybench.drivers.api import read_results, tokenize_once
     from raybench.drivers.trial import run_trial
 
-    spec = load_sweep(args.sweep)
+    spec = load_checked(args.sweep)
     trials = plan(spec, source=args.sweep, store_path=args.store or spec.store)
     chosen = matching(trials, args.id)
     if not chosen:
@@ -183,7 +182,7 @@ def _best(args) -> int:
                   "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
             return EXIT_BAD_INPUT
         # The GPU whose memory the rehearsals must fit in (estimate.gpu), as `rehearse --gpu`.
-        return _best_predicted(args, cli_rehearse.for_gpu(load_sweep(args.source), args.gpu, "raybench best"))
+        return _best_predicted(args, cli_rehearse.for_gpu(load_checked(args.source), args.gpu, "raybench best"))
 
     store_path, sweep = resolve_source(args.source, args.sweep)
     if args.store:  # a sweep run with `run SWEEP --store DIR` has its rows there

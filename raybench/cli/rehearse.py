@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import sys
 
-from raybench.planning.plan import matching, plan
+from raybench.planning.plan import load_checked, matching, plan
 from raybench.reports.tables import rehearsal_report
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.hardware import gpu_labels, known_gpu
-from raybench.spec.load import load_sweep
 
 EXIT_OK, EXIT_NOT_ALL_REHEARSED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -56,7 +55,7 @@ def _rehearse(args) -> int:
     from raybench.rehearse.workers import WorkersLost, default_jobs, rehearse_sweep
 
     # The plan judges fits (and train.loss auto) on this GPU's memory, as `best --predict --gpu` does.
-    spec = for_gpu(load_sweep(args.sweep), args.gpu, "raybench rehearse")
+    spec = for_gpu(load_checked(args.sweep), args.gpu, "raybench rehearse")
     store_path = args.store or spec.store
     trials = plan(spec, source=args.sweep, store_path=store_path)
     if args.trial is not None:

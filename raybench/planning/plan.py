@@ -14,6 +14,7 @@ from raybench.planning.assessment import Assessment, assess
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.finetunes import LORA
+from raybench.spec.load import load_sweep
 from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
 from raybench.spec.sac import checkpointed_blocks
@@ -297,7 +298,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
     factors, rehearsed = evidence.factors, evidence.rehearsals
     base = spec.base_trial()
     shapes: dict[tuple, ModelShape] = {}
-    trials, problems = [], []
+    trials, problems, refused = [], [], []
     data_checked: dict[str, list[Problem]] = {}
     stack_checked: dict[str, list[Problem]] = {}
     vocabulary_checked: set[tuple] = set()
@@ -331,9 +332,7 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
             continue
         points[cid] = values
         if reasons and not keep_invalid:
-            where = _point(values)
-            problems += [Problem(f, where, f"{why}; drop this point with `exclude:`, or pass --keep-invalid "
-                                 "to record it as an invalid row") for f, why in reasons]
+            refused += [(f, why, values) for f, why in reasons]
             continue
         status, why_not = ("invalid", tuple(why for _, why in reasons)) if reasons else ("planned", ())
         judged = None
@@ -353,6 +352,50 @@ def plan(spec: SweepSpec, keep_invalid: bool = False, source: str = "<sweep>",
                 caches=spec.caches, assessment=carried)
             trials.append(PlannedTrial(index=len(trials), payload=payload, shape=shape, status=status,
                                        reasons=why_not, assessment=judged))
+    problems += _point_problems(refused, base, sum(1 for _ in _grid(spec)))
     if problems:
         raise ConfigError(source, problems)
     return trials
+
+
+def _point_problems(refused: list[tuple[str, str, dict]], base: dict, points: int) -> list[Problem]:
+    """The rules' refusals of grid points as problems: a refusal every point of the grid meets, word for word, is
+    the base config's mistake, reported once with the base value and the fix there; the others name their point."""
+    counts: dict[tuple[str, str], int] = {}
+    for field_, why, _ in refused:
+        counts[field_, why] = counts.get((field_, why), 0) + 1
+    problems, said = [], set()
+    for field_, why, values in refused:
+        if counts[field_, why] == points > 1 or not values:
+            if (field_, why) not in said:
+                said.add((field_, why))
+                problems.append(Problem(field_, _base_value(base, field_), f"{why}; at every grid point: fix it in "
+                                        f"the sweep's {field_.split('.')[0]} section"))
+            continue
+        problems.append(Problem(field_, _point(values), f"{why}; drop this point with `exclude:`, or pass "
+                                "--keep-invalid to record it as an invalid row"))
+    return problems
+
+
+def _base_value(base: dict, dotted: str) -> Any:
+    node: Any = base
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def load_checked(path: str | Path) -> SweepSpec:
+    """load_sweep, and where the file has problems, every one of them in one pass: the parse's, then the rules of
+    the grid the rest of the file makes (the sweep without the parts already refused, `ConfigError.rest`)."""
+    try:
+        return load_sweep(path)
+    except ConfigError as err:
+        if err.rest is None:
+            raise
+        try:
+            plan(err.rest, source=str(path))
+        except ConfigError as more:
+            raise ConfigError(err.source, err.problems + more.problems) from None
+        except Exception:  # noqa: BLE001 - the rest is a repaired sweep: its own failure must not hide the problems
+            pass
+        raise

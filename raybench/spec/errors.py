@@ -21,9 +21,12 @@ class Problem:
 class ConfigError(Exception):
     """Every problem found in a sweep, reported together."""
 
-    def __init__(self, source: str, problems: list[Problem]):
+    def __init__(self, source: str, problems: list[Problem], rest: Any = None):
         self.source = source
         self.problems = problems
+        # The sweep without the parts these problems name (a SweepSpec), for the checks that need a parsed sweep
+        # to go on (the plan's rules), so that one pass reports every problem; None where nothing parsed.
+        self.rest = rest
         super().__init__(self.report())
 
     def report(self) -> str:

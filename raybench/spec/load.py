@@ -3,6 +3,7 @@ one ConfigError lists every problem found."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -252,14 +253,48 @@ def parse_sweep(raw: Any, source: str = "<sweep>", base_dir: Path | None = None)
     if not isinstance(raw, dict):
         raise ConfigError(source, [Problem("<top>", type(raw).__name__, "a sweep is a YAML mapping of keys")])
     _resolve_paths(raw, base_dir or Path.cwd())
-    try:
-        spec = SweepSpec.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(source, problems_from_validation(err, SweepSpec)) from None
-    problems = sweep_problems(spec) + _check_paths(spec)
-    if problems:
+    problems, spec = [], None
+    for _ in range(MAX_REPAIRS):  # each round leaves out the keys pydantic refused, to find the others' problems
+        try:
+            spec = SweepSpec.model_validate(raw)
+            break
+        except ValidationError as err:
+            problems += problems_from_validation(err, SweepSpec)
+            raw = _without(raw, [tuple(e["loc"]) for e in err.errors()])
+    if spec is None:
         raise ConfigError(source, problems)
+    found = sweep_problems(spec) + _check_paths(spec)
+    problems += found
+    if problems:
+        raise ConfigError(source, problems, rest=_without_axes(spec, found))
     return spec
+
+
+MAX_REPAIRS = 3
+
+
+def _without(raw: dict, locs: list[tuple]) -> dict:
+    """A copy of `raw` without the key at each loc: the deepest mapping key along it (a list, or a union's branch
+    pydantic names in the loc, is left out whole); the field then takes its default."""
+    raw = copy.deepcopy(raw)
+    for loc in locs:
+        node, key = raw, None
+        for part in loc:
+            if not (isinstance(node, dict) and part in node):
+                break
+            parent, key, node = node, part, node[part]
+        if key is not None:
+            del parent[key]
+    return raw
+
+
+def _without_axes(spec: SweepSpec, problems: list[Problem]) -> SweepSpec:
+    """The sweep without the axes, exclude rules and search a problem names: what the plan's rules can still
+    check."""
+    bad = {p.field.removeprefix("axes.").split("[")[0] for p in problems if p.field.startswith("axes.")}
+    axes = {k: v for k, v in spec.axes.items() if k not in bad}
+    return spec.model_copy(update={"axes": axes, "exclude": [] if any(p.field.startswith("exclude") for p in problems)
+                                   else spec.exclude})
 
 
 class RepeatedKey(Exception):

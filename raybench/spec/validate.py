@@ -10,6 +10,7 @@ import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
 
 from raybench.spec import stacks
 from raybench.spec.axes import axis_assignments, copy_trial, set_path, split_path
@@ -52,8 +53,42 @@ def problems_from_validation(err: ValidationError, model: type[BaseModel], prefi
             problems.append(Problem(path, None, "required; add this key"))
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            problems.append(Problem(path, e.get("input"), msg))
+            expected = _expected(model, loc) if e["type"] in _TYPE_AND_RANGE_ERRORS else None
+            problems.append(Problem(path, e.get("input"), f"{msg}; {expected}" if expected else msg))
     return problems
+
+
+# pydantic's error types of a value of the wrong type or outside its range: their message names neither the
+# field's type with its bounds nor a value that works, so the problem adds both (_expected).
+_TYPE_AND_RANGE_ERRORS = {"int_parsing", "int_type", "int_from_float", "float_parsing", "float_type", "bool_parsing",
+                          "bool_type", "string_type", "greater_than", "greater_than_equal", "less_than",
+                          "less_than_equal", "list_type", "dict_type"}
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+               dict: "a mapping"}
+
+
+def _expected(model: type[BaseModel], loc: tuple) -> str | None:
+    """'expected an integer >= 1, e.g. 1 (the default)' for the field at loc, or None where loc is not a field."""
+    field = None
+    for part in loc:
+        if field is not None:  # a part below a field that is not a section (a list item, a union's branch)
+            return None
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model, field = ann, None
+    if field is None:
+        return None
+    base = typing.get_origin(field.annotation) or field.annotation
+    kind = _TYPE_NAMES.get(base)
+    if kind is None:
+        return None
+    bounds = [f"{symbol} {getattr(m, attr)}" for m in field.metadata
+              for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if hasattr(m, attr)]
+    example = "" if field.default in (None, PydanticUndefined) else f", e.g. {field.default!r} (the default)"
+    return f"expected {kind}{' ' + ' and '.join(bounds) if bounds else ''}{example}"
 
 
 def _section_path_ok(key: str) -> str | None:

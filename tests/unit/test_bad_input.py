@@ -156,3 +156,25 @@ def test_binary_and_odd_files_are_clear_errors(tmp_path):
 def test_yaml_is_loaded_safely():
     # The loader must never build Python objects from tags; yaml_python_tag in the corpus shows the error.
     assert yaml.safe_load("a: 1") == {"a": 1}
+
+
+def test_validate_lists_every_mistake_of_a_file_in_one_pass(tmp_path, capsys):
+    """A wrong type, a misspelt axis and a rule every grid point breaks: one `validate` names all three, the type
+    with what it expects, the base config's mistake once (not once per grid point) with its fix in the base."""
+    sweep = tmp_path / "three.yaml"
+    sweep.write_text("name: three\nmodel: {preset: tiny}\n"
+                     "train: {steps: 4, warmup_steps: 6, micro_batch: four}\nresources: {workers: 2}\n"
+                     "axes: {train.stratgy: [ddp, fsdp2], train.ac_ratio: ['0', '1']}\n")
+    assert cli.main(["validate", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err and "Traceback" not in err
+    assert "train.micro_batch = 'four'" in err and "expected an integer >= 1 and <= 4096, e.g. 1" in err
+    assert "did you mean 'train.strategy'?" in err
+    assert err.count("warmup_steps (6) must be below steps (4)") == 1
+    assert "at every grid point: fix it in the sweep's train section" in err
+    # A rule some grid points break is still named at each of them, with the exclude that drops it.
+    sweep.write_text("name: some\nmodel: {preset: tiny}\ntrain: {steps: 4}\nresources: {workers: 2}\n"
+                     "axes: {train.warmup_steps: [1, 6, 7]}\n")
+    assert cli.main(["validate", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "2 problem(s)" in err and err.count("drop this point with `exclude:`") == 2

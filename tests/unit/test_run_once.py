@@ -58,7 +58,7 @@ def test_a_run_loads_plans_and_reads_the_store_once_and_prints_what_a_new_read_w
     monkeypatch.setattr(api, "AUTO_COMPACT_FILES", 0)  # the run's new files are compacted before it returns
 
     calls = []
-    monkeypatch.setattr(cli, "load_sweep", counted(calls, "load_sweep", load_sweep))
+    monkeypatch.setattr(cli, "load_checked", counted(calls, "load_sweep", cli.load_checked))
     monkeypatch.setattr(api, "plan", counted(calls, "plan", plan))
     monkeypatch.setattr(store, "read_table", counted(calls, "read_table", store.read_table))
     assert cli.main(["run", str(path), "--store", str(root), "--quiet"]) == cli.EXIT_TRIALS_FAILED
