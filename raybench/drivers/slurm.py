@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raybench.drivers import nodes, requeue
+from raybench.drivers.ray_cluster import PORT_IN_USE
 from raybench.planning.plan import plan
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
@@ -334,8 +335,11 @@ def cluster_up(name: str, opts: SlurmOptions, ready_timeout: float = 900) -> dic
     deadline = time.monotonic() + ready_timeout
     while (address := _address(record)) is None:
         if job_state(job_id) is None:
-            raise SlurmError(f"cluster {name!r} (job {job_id}) ended before Ray came up; its log ends:\n"
-                             f"{log_tail(job_dir)}")
+            tail = log_tail(job_dir)
+            taken = [line for line in tail.splitlines() if line.startswith(PORT_IN_USE.split(" {")[0])]
+            if taken:  # bad input: nothing of the cluster is left running
+                raise SlurmError(f"cluster {name!r} (job {job_id}) did not start: {taken[0]}", 2)
+            raise SlurmError(f"cluster {name!r} (job {job_id}) ended before Ray came up; its log ends:\n{tail}")
         if time.monotonic() > deadline:
             raise SlurmError(f"cluster {name!r} (job {job_id}) is not up after {ready_timeout:.0f} s (still "
                              f"{job_state(job_id)}); see `raybench cluster status {name}`")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -154,3 +155,18 @@ def test_two_node_cluster_spreads_a_trial_over_both_nodes(tmp_path):
         assert job_processes(job_id) == []
     rows = read_results(str(store), "smoke-cpu")
     assert list(rows.status) == ["ok"] and list(rows.world_size) == [2]
+
+
+def test_a_taken_port_is_named_and_the_cluster_refused(slurm):
+    """`cluster up --port P` with P taken on the node: the node's pre-start check names the port and the fix, `up`
+    exits 2 with that line (not Ray's GCS traceback), and its job is over."""
+    options = _slurm_options()
+    port = int(options[options.index("--port") + 1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("", port))
+        taken.listen()
+        done = raybench_cli(slurm, "cluster", "up", "taken", *options)
+    assert done.returncode == 2
+    assert f"raybench: port {port} on " in done.stderr and "--port P" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert json.loads(raybench_cli(slurm, "cluster", "status", "taken", "--json").stdout)["state"] == "GONE"
