@@ -250,7 +250,8 @@ def _slurm_submit(args) -> int:
     # Requeued, the job is pending again between allocations: say so, so a long wait explains itself.
     code = slurm.sweep_exit_code(job_id, job_dir, on_state=(
         (lambda state: print(f"job {job_id}: {state}", flush=True)) if args.requeue else None))
-    print(f"job {job_id} finished: the sweep exited {code}; log: {sorted(job_dir.glob('slurm-*.out'))[-1]}")
+    print("\n".join([*slurm.sweep_report(job_dir), f"job {job_id} finished: the sweep exited {code}; log: "
+                                                   f"{sorted(job_dir.glob('slurm-*.out'))[-1]}"]))
     return code
 
 

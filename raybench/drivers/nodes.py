@@ -13,6 +13,8 @@ Ray is imported inside functions only (Ray fixes its auth mode when it is first 
 from __future__ import annotations
 
 import math
+import socket
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -145,3 +147,29 @@ def cluster_nodes(address: str) -> list[dict]:
         return [asdict(node) for node in current()]
     finally:
         ray.shutdown()
+
+
+# What a node's `ray start` line names when one of its ports is taken; `cluster up` reports this line alone.
+PORT_IN_USE = "raybench: port {ports} on {node} already in use"
+
+
+def ports_in_use(ports: list[int]) -> list[int]:
+    """The ports of `ports` something on this host already listens on (a bind to them fails)."""
+    taken = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # As Ray's servers bind: a port whose last connections linger in TIME_WAIT is free to them, a listener's not.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("", port))
+            except OSError:
+                taken.append(port)
+    return taken
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["check-ports"]:
+    # Before a node's `ray start` (cluster_yaml/raybench.sbatch.tmpl): a taken port would end in Ray's GCS traceback.
+    if taken := ports_in_use([int(p) for p in sys.argv[3:]]):
+        sys.exit(PORT_IN_USE.format(ports=", ".join(map(str, taken)), node=sys.argv[2]) +
+                 " (another Ray or service): give the cluster another port block, `raybench cluster up NAME --port P` "
+                 "(node i uses P+1000*i ... P+1000*i+999)")

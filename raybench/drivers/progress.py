@@ -77,20 +77,27 @@ def _number(value: float | None, spec: str) -> str:
     return "-" if value is None or math.isnan(value) else format(value, spec)
 
 
-def eta_s(done: int, total: int, elapsed_s: float) -> float | None:
-    """Remaining time at the average pace of the finished trials so far (None before the first one ends).
-    (Not rich's own estimate: that one looks at a recent window, which holds no finished trial for most of a
-    sweep whose trials take minutes.)"""
-    return None if done == 0 else elapsed_s / done * (total - done)
+def eta_s(states: list[TrialState], total: int, now_s: float) -> float | None:
+    """Remaining time (None before the first trial ends): each trial not started takes the finished trials' mean
+    duration, each running one that less what it has run, as many at once as run now. The sweep's elapsed time
+    over its finished trials would grow while a long trial runs; rich's own estimate looks at a recent window,
+    which holds no finished trial for most of a sweep whose trials take minutes."""
+    took = [s.ended_s - s.started_s for s in states if s.ended_s is not None]
+    if not took:
+        return None
+    mean_s = sum(took) / len(took)
+    ran = [now_s - s.started_s for s in states if s.ended_s is None]
+    left_s = sum(max(mean_s - r, 0.0) for r in ran) + mean_s * max(total - len(states), 0)
+    return left_s / max(len(ran), 1)
 
 
-def progress_line(states: list[TrialState], total: int, elapsed_s: float) -> Table:
+def progress_line(states: list[TrialState], total: int, elapsed_s: float, now_s: float) -> Table:
     """The bar and the counts, on one line; the counts are shortened with an ellipsis when the line is narrow."""
     finished = sum(s.status != "running" for s in states)
     ok = sum(s.status == "ok" for s in states)
     running = len(states) - finished
     counts = (f"{finished}/{total} trials  ok {ok}  failed {finished - ok}  running {running}  "
-              f"elapsed {duration(elapsed_s)}  ETA {duration(eta_s(finished, total, elapsed_s))}")
+              f"elapsed {duration(elapsed_s)}  ETA {duration(eta_s(states, total, now_s))}")
     line = Table.grid(padding=(0, 1))
     line.add_column(width=BAR_WIDTH, no_wrap=True)
     line.add_column(no_wrap=True, overflow="ellipsis")
@@ -120,7 +127,7 @@ def live_view(states: list[TrialState], total: int, elapsed_s: float, now_s: flo
     running = sorted((s for s in states if s.status == "running"), key=lambda s: s.started_s)
     recent = sorted((s for s in states if s.status != "running"), key=lambda s: s.ended_s, reverse=True)
     shown = (running + recent)[:max_rows]
-    bar = progress_line(states, total, elapsed_s)
+    bar = progress_line(states, total, elapsed_s, now_s)
     if not shown:
         return bar
     return Group(bar, Text(), trial_table(shown, len(running) + len(recent) - len(shown), now_s))

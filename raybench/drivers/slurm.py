@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from raybench.drivers import nodes, requeue
-from raybench.drivers.ray_cluster import PORT_IN_USE
 from raybench.planning.plan import plan
 from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.load import load_sweep
@@ -277,8 +276,19 @@ def sweep_exit_code(job_id: str, job_dir: Path, on_state: Callable[[str], None] 
     code_file = job_dir / "exit_code"
     code = int(code_file.read_text()) if code_file.is_file() else None
     if code is None:
-        raise SlurmError(f"job {job_id} ended before the sweep finished; its log ends:\n{log_tail(job_dir)}")
+        said = "".join(f"\n  {line}" for line in sweep_report(job_dir))
+        raise SlurmError(f"job {job_id} ended before the sweep finished{said}\nits log ends:\n{log_tail(job_dir)}")
     return code
+
+
+def sweep_report(job_dir: Path) -> list[str]:
+    """The lines of a one-shot job's log that say how its sweep went, in order: raybench's own (a node's step
+    ended, the time limit's warning, a requeue, a stop), SLURM's cancellation (its time limit), an interruption's
+    tally and the sweep's closing one."""
+    logs = sorted(job_dir.glob("slurm-*.out"))
+    lines = logs[-1].read_text(errors="replace").splitlines() if logs else []
+    return [line.strip() for line in lines if line.startswith(("raybench: ", "interrupted ("))
+            or " trial(s) run, " in line or "CANCELLED AT" in line]
 
 
 def _run_command(opts: SlurmOptions, sweep: Path, store: Path, extra: list[str]) -> str:
@@ -336,7 +346,7 @@ def cluster_up(name: str, opts: SlurmOptions, ready_timeout: float = 900) -> dic
     while (address := _address(record)) is None:
         if job_state(job_id) is None:
             tail = log_tail(job_dir)
-            taken = [line for line in tail.splitlines() if line.startswith(PORT_IN_USE.split(" {")[0])]
+            taken = [line for line in tail.splitlines() if line.startswith(nodes.PORT_IN_USE.split(" {")[0])]
             if taken:  # bad input: nothing of the cluster is left running
                 raise SlurmError(f"cluster {name!r} (job {job_id}) did not start: {taken[0]}", 2)
             raise SlurmError(f"cluster {name!r} (job {job_id}) ended before Ray came up; its log ends:\n{tail}")

@@ -14,7 +14,7 @@ from raybench.planning.plan import plan
 from raybench.rehearse import choice, flips
 from raybench.rehearse.fitted import Calibration
 from raybench.rehearse.trials import device_calibration
-from raybench.reports.report import render
+from raybench.reports.report import PEAKS_LEGEND, render
 from raybench.results import rehearsals
 from raybench.spec.hardware import find_gpu
 
@@ -73,8 +73,8 @@ def render_predicted_best(results: list[dict], axis: str = "train.ac_ratio") -> 
     if not results:
         return "no rehearsed trials: run `raybench rehearse SWEEP` first (it stores rehearsals in the sweep's store)"
     named = ",".join(field.split(".")[-1] for field in axis.split(","))
-    headers = ["group", f"best {named}", "pred tok/s/GPU", "peak GiB", "limit GiB", "every value: "
-               "peak GiB / fits / tok/s/GPU"]
+    headers = ["group", f"best {named}", "pred tok/s/GPU", "reserved+ctx GiB", "limit GiB", "every value: "
+               "reserved+ctx GiB / fits / tok/s/GPU"]
     rows = []
     for r in results:
         best = r["best"]
@@ -87,7 +87,7 @@ def render_predicted_best(results: list[dict], axis: str = "train.ac_ratio") -> 
         else:
             chosen = ["none fits", "-", "-"]
         rows.append([_group_name(r), *chosen, _limit(r), every])
-    text = render(headers, rows) + "\n\n" + _doubt_report(results)
+    text = render(headers, rows) + f"\n({PEAKS_LEGEND})\n\n" + _doubt_report(results)
     if any(r["op_policy"] is not None for r in results):
         text += "\n\n" + _op_policy_report(results)
     return text

@@ -8,6 +8,12 @@ import json
 import math
 
 
+# The three memory figures a trial gets, named alike in `estimate`, `rehearse` and `best --predict`.
+PEAKS_LEGEND = ("tensor peak: the most torch's tensors hold at once; reserved: that with the allocator's reserve "
+                "(torch's max_memory_reserved); reserved+ctx: reserved plus the CUDA context, what the device holds "
+                "and what is held to the limit; analytic: the estimate's sum of parts, before any rehearsal")
+
+
 def render(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731

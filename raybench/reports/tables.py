@@ -5,7 +5,7 @@ from __future__ import annotations
 from raybench.planning import estimate, uncertainty
 from raybench.planning.plan import PlannedTrial
 from raybench.rehearse.fitted import Calibration
-from raybench.reports.report import cell, render
+from raybench.reports.report import PEAKS_LEGEND, cell, render
 from raybench.results.rehearsals import REHEARSALS_DIR
 
 
@@ -25,7 +25,7 @@ def estimate_table(trials: list[PlannedTrial]) -> str:
     """One line per planned trial: axis values, the components, peak (raw and calibrated), fits, step guess."""
     axes = list(dict.fromkeys(k for t in trials for k in t.axis_values))
     headers = ["#", "trial_id", *(a.split(".")[-1] for a in axes), "world", "loss", "params", "grads", "optim", "activ",
-               "other", "peak GiB", "calib", "calibrated", "rehearsed", "limit", "fits", "step s (guess)",
+               "other", "analytic GiB", "calib", "calibrated", "rehearsed+ctx GiB", "limit", "fits", "step s (guess)",
                "step s (rehearsed)", "status"]
     rows = []
     for t in trials:
@@ -42,7 +42,7 @@ def estimate_table(trials: list[PlannedTrial]) -> str:
                      cell(a.calibration, ".2f"), cell(a.peak_calibrated_gib, ".2f"), cell(a.rehearsed_peak_gib, ".2f"),
                      cell(a.limit_gib, ".2f"), fits, cell(e.step_time_s, ".3g"), cell(a.rehearsed_step_time_s, ".3g"),
                      t.status])
-    return render(headers, rows)
+    return render(headers, rows) + f"\n({PEAKS_LEGEND})"
 
 
 def rehearsal_table(rows: list[dict]) -> str:
@@ -50,7 +50,7 @@ def rehearsal_table(rows: list[dict]) -> str:
     peaks and the step time with their intervals (planning/uncertainty.py)."""
     axes = list(dict.fromkeys(k for r in rows for k in r["axis_values"]))
     headers = ["#", "config_id", *(a.split(".")[-1] for a in axes), "world", "method", "params", "grads", "optim",
-               "activ", "temp", "peak GiB", "reserved", "comm GB", "busbw", "compute s", "exposed comm s", "step s",
+               "activ", "temp", "tensor peak GiB", "reserved GiB", "comm GB", "busbw", "compute s", "exposed comm s", "step s",
                "trace s", "notes"]
     lines = []
     for r in rows:
@@ -68,7 +68,7 @@ def rehearsal_table(rows: list[dict]) -> str:
                       uncertainty.with_interval(r["step_time_s"], iv["step_time_s"], ".3g"),
                       cell(r["trace_s"], ".0f"),
                       "; ".join(r["notes"]) or "-"])
-    return render(headers, lines)
+    return render(headers, lines) + f"\n({PEAKS_LEGEND})"
 
 
 

@@ -296,6 +296,8 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     first = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1, "1"))
     first_s = time.monotonic() - started
     assert first.returncode == 1 and "ended before the sweep finished" in first.stderr, first.stderr
+    said = first.stderr.split("its log ends:")[0]  # the sweep's own lines first, before the log's raw end
+    assert "DUE TO TIME LIMIT" in said, first.stderr
     log = _job_log(slurm2)
     assert "DUE TO TIME LIMIT" in log, log[-3000:]
     # Whether the stop was said before SLURM's SIGKILL, and by whom: the sweep's driver, or `raybench run` (its
@@ -313,6 +315,7 @@ def test_time_limit_expires_then_resubmission_completes(slurm2, tmp_path):
     held.unlink()  # released: the resubmitted job runs the held trial and the one never started, in seconds
     second = raybench_cli(slurm2, "slurm", "submit", str(sweep), "--store", str(store), "--wait", *_options(1))
     assert second.returncode == 0, second.stderr
+    assert "2 trial(s) run, 0 not ok" in second.stdout  # the sweep's own tally, above the finished line
     ok_rows = _resumed_exactly(store, attempts, ok["trial_id"])
     # Neither job left a process or its Ray's files behind, the one that ran out of time included.
     for done in (first, second):

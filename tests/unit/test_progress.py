@@ -46,8 +46,9 @@ def as_text(renderable, width: int = 120) -> list[str]:
 
 def test_live_view_bar_counts_eta_and_table():
     bar, blank, header, rule, *rows = as_text(live_view(states(), total=6, elapsed_s=90, now_s=100))
-    # 3 of 6 finished in 90 s: 30 s each, 3 to go -> ETA 90 s. The bar is half full.
-    assert bar.endswith("3/6 trials  ok 2  failed 1  running 2  elapsed 1m30s  ETA 1m30s")
+    # 3 of 6 finished, taking 44.7 s on average; d has outrun that, e has 35.7 s to go, 1 not started: 80.3 s of
+    # trials left, 2 at a time -> ETA 40 s. The bar is half full.
+    assert bar.endswith("3/6 trials  ok 2  failed 1  running 2  elapsed 1m30s  ETA 40s")
     assert bar.count("━") == 12
     assert blank == "" and header.split() == ["trial_id", "status", "time", "tok/s/device", "peak", "GiB", "axes"]
     assert set(rule) == {"─"}
@@ -72,7 +73,13 @@ def test_live_view_limits_rows_and_never_wraps():
 def test_durations_eta_and_peak():
     assert [duration(s) for s in (None, math.nan, 0.4, 59, 61, 3599, 3600, 7322)] == [
         "-", "-", "0s", "59s", "1m01s", "59m59s", "1h00m", "2h02m"]
-    assert eta_s(0, 10, 5.0) is None and eta_s(2, 10, 60.0) == 240.0
+    assert eta_s([], 10, 5.0) is None
+    # Two trials of 20 s and 40 s done (mean 30 s), one running for 10 s, 6 not started: 20 s + 6 x 30 s left.
+    done = [TrialState("a", "", 0.0, 20.0, "ok"), TrialState("b", "", 20.0, 60.0, "ok")]
+    assert eta_s([*done, TrialState("c", "", 60.0)], 9, 70.0) == 200.0
+    # The running trial going on brings the sweep's end no later, and once it outlasts the mean, no nearer either.
+    assert eta_s([*done, TrialState("c", "", 60.0)], 9, 80.0) == 190.0
+    assert eta_s([*done, TrialState("c", "", 60.0)], 9, 100.0) == 180.0
     assert peak_gib({"device_type": "cuda", "peak_reserved_gib": 70.0, "peak_rss_gib": 2.0}) == 70.0
     assert peak_gib({"device_type": "cpu", "peak_reserved_gib": None, "peak_rss_gib": 2.0}) == 2.0
     assert math.isnan(peak_gib({"status": "error"}))
