@@ -39,14 +39,33 @@ def model_label(df: pd.DataFrame) -> pd.Series:
     return df["model_preset"].fillna(from_path).fillna("?").astype(str)
 
 
-def _axes_text(axis_values_json, leave_out: tuple[str, ...]) -> str:
-    values = json.loads(axis_values_json) if isinstance(axis_values_json, str) else {}
-    return " ".join(f"{k.split('.')[-1]}={v}" for k, v in values.items() if k not in leave_out) or "base"
+def _flat(node: dict, prefix: str = "") -> dict[str, str]:
+    """A trial config as dotted field -> value text."""
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return out
 
 
 def config_label(df: pd.DataFrame, leave_out: tuple[str, ...] = ()) -> pd.Series:
-    """A short name for a row's configuration: its axis values (`micro_batch=4 ac_ratio=1/2`)."""
-    return df["axis_values_json"].map(lambda text: _axes_text(text, leave_out)).astype(str)
+    """A short name for a row's configuration: its axis values, then any other trial field whose value differs
+    among `df`'s rows (two sweeps' base configs), e.g. `micro_batch=4 ac_ratio=1/2`; rows of one configuration
+    share a label, and rows of two never do (a chart that groups by it groups by every field that varies)."""
+    axes = df["axis_values_json"].map(lambda text: json.loads(text) if isinstance(text, str) else {})
+    fields = df["config_json"].map(lambda text: _flat(json.loads(text)) if isinstance(text, str) else {})
+    named = {k for values in axes for k in values}
+    keys = sorted({k for f in fields for k in f} - named - set(leave_out))
+    varying = [k for k in keys if len({f.get(k) for f in fields}) > 1]
+
+    def label(values: dict, flat: dict) -> str:
+        parts = [f"{k.split('.')[-1]}={v}" for k, v in values.items() if k not in leave_out]
+        parts += [f"{k.split('.')[-1]}={flat.get(k, '-')}" for k in varying]
+        return " ".join(parts) or "base"
+
+    return pd.Series([label(v, f) for v, f in zip(axes, fields)], index=df.index, dtype=str)
 
 
 def _label_sort_key(label: str) -> tuple:

@@ -205,3 +205,21 @@ def test_large_grids_keep_the_fastest_configurations(tmp_path):
     assert {t.get_text() for t in fig.axes[0].get_yticklabels()} == {f"micro_batch={m}" for m in range(11, 51)}
     throughput = plots.throughput_by_system(df)
     assert len(throughput.axes[0].get_xticks()) == plots.MAX_CATEGORIES
+
+
+def test_two_sweeps_differing_in_their_base_draw_one_sac_line_each(tmp_path):
+    """Two sweeps over the same sAC ratios whose base configs differ (micro-batch 1 and 2): the configuration's
+    label names the field that differs, so each micro-batch is its own line, not one line zig-zagging between
+    them; a field alike in every row stays out of the label."""
+    for sweep, micro_batch in (("mb1", 1), ("mb2", 2)):
+        spec = parse_sweep({"name": sweep, "model": {"preset": "tiny"}, "train": {"micro_batch": micro_batch},
+                            "axes": {"train.ac_ratio": ["0", "1"]}})
+        for t in plan(spec):
+            speed = 100.0 * micro_batch * (1.2 if t.config.train.ac_ratio == "0" else 1.0)
+            metrics = {"tok_per_s_per_device": speed, "peak_rss_gib": 1.0 * micro_batch, "device_type": "cpu"}
+            store.write_row(tmp_path, build_row(t.payload, sweep, "ok", "", RankResult.from_columns(metrics)))
+    rows = store.read_results(tmp_path)
+    assert set(frames.config_label(rows)) == {f"ac_ratio={r} micro_batch={m}" for r in ("0", "1") for m in (1, 2)}
+    speed = plots.sac_tradeoff(rows).axes[0]
+    drawn = sorted(list(map(float, bars.lines[0].get_ydata())) for bars in speed.containers)  # errorbar's lines
+    assert drawn == [[120.0, 100.0], [240.0, 200.0]]  # each line falls from ratio 0 to ratio 1
