@@ -39,6 +39,21 @@ from raybench.spec.sweep_spec import ModelSpec, TrainSpec  # noqa: E402
 log = logging.getLogger(__name__)
 
 
+class _OptionalKernelNoise(logging.Filter):
+    """transformers imports torchao (its quantizers) when it builds a model: torchao then warns that its optional
+    C++ kernels built for another Python or GPU (mxfp8, cutlass sm90a) do not load, and torch that torchao's enums
+    need no registering. Neither is raybench's to act on (its FP8 runs on torch's scaled matmul), and on every
+    rehearsal they bury the table: dropped here, any other warning of those loggers kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("Failed to load ") or "is an Enum subclass and is now natively supported" in text)
+
+
+for _logger in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_logger).addFilter(_OptionalKernelNoise())
+
+
 @dataclass(frozen=True)
 class WeightsSource:
     """Where a meta-built model's values come from (see `raybench.runtime.materialize`)."""

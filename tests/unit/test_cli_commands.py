@@ -234,3 +234,17 @@ def test_run_quiet_on_a_stored_sweep_starts_nothing(tmp_path, capsys):
     assert "already stored" not in out  # --quiet: no progress lines, only the results
     assert out.strip().endswith(f"0 trial(s) run, 0 not ok; results in {elsewhere}")
     assert store.result_files(elsewhere) == files and not (tmp_path / "sweep-store").exists()
+
+
+def test_torchaos_optional_kernel_warnings_are_dropped_and_its_others_kept(caplog):
+    """transformers imports torchao when it builds a model; the kernels torchao built for another Python or GPU
+    failing to load is noise on every rehearsal (raybench.runtime.build drops it), any other torchao warning is
+    not."""
+    import logging
+
+    import raybench.runtime.build  # noqa: F401 - installs the filter
+
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: Could not load this library")
+        logging.getLogger("torchao").warning("something torchao means")
+    assert [r.getMessage() for r in caplog.records] == ["something torchao means"]
