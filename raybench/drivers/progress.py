@@ -37,7 +37,8 @@ BAR_WIDTH = 24
 VIEW_CHROME_LINES = 6
 STATUS_STYLES = {"running": "cyan", "ok": "green", "timeout": "yellow"}  # every other status is a failure
 FAILED_STYLE = "red"
-TABLE_COLUMNS = ("trial_id", "status", "time", "tok/s/device", "peak GiB", "axes")
+# The throughput column is named per GPU or per worker process (CPU trials) as the results table names it.
+TABLE_COLUMNS = ("trial_id", "status", "time", "tok/s/{per}", "peak GiB", "axes")
 
 
 @dataclass
@@ -105,14 +106,14 @@ def progress_line(states: list[TrialState], total: int, elapsed_s: float, now_s:
     return line
 
 
-def trial_table(shown: list[TrialState], hidden: int, now_s: float) -> Table:
-    table = Table(*TABLE_COLUMNS, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold",
+def trial_table(shown: list[TrialState], hidden: int, now_s: float, per: str = "device") -> Table:
+    table = Table(*(c.format(per=per) for c in TABLE_COLUMNS), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold",
                   caption=f"... {hidden} more" if hidden else None, caption_justify="left")
     # A wrapped row would push the view off the screen: the axes column gives up its width first (rich narrows
     # the columns that may wrap before the others), and its cells are cut short with an ellipsis, not wrapped.
     for column in table.columns[:-1]:
         column.no_wrap, column.overflow = True, "ellipsis"
-    for name in ("time", "tok/s/device", "peak GiB"):
+    for name in ("time", "tok/s/{per}", "peak GiB"):
         table.columns[TABLE_COLUMNS.index(name)].justify = "right"
     for s in shown:
         table.add_row(s.trial_id, Text(s.status, style=STATUS_STYLES.get(s.status, FAILED_STYLE)),
@@ -122,7 +123,7 @@ def trial_table(shown: list[TrialState], hidden: int, now_s: float) -> Table:
 
 
 def live_view(states: list[TrialState], total: int, elapsed_s: float, now_s: float,
-              max_rows: int = MAX_TABLE_ROWS) -> RenderableType:
+              max_rows: int = MAX_TABLE_ROWS, per: str = "device") -> RenderableType:
     """The live view: the progress line, then running trials (oldest first) and the latest finished ones."""
     running = sorted((s for s in states if s.status == "running"), key=lambda s: s.started_s)
     recent = sorted((s for s in states if s.status != "running"), key=lambda s: s.ended_s, reverse=True)
@@ -130,7 +131,7 @@ def live_view(states: list[TrialState], total: int, elapsed_s: float, now_s: flo
     bar = progress_line(states, total, elapsed_s, now_s)
     if not shown:
         return bar
-    return Group(bar, Text(), trial_table(shown, len(running) + len(recent) - len(shown), now_s))
+    return Group(bar, Text(), trial_table(shown, len(running) + len(recent) - len(shown), now_s, per))
 
 
 class SweepProgress:
@@ -145,6 +146,7 @@ class SweepProgress:
         # The real stream, not whatever sys.stdout is later: the live view redirects sys.stdout to itself.
         self.console = Console(file=self.stream, highlight=False)
         self.total = 0
+        self.per = "device"
         self.done = 0
         self.states: dict[str, TrialState] = {}
         self._t0 = time.monotonic()
@@ -197,9 +199,10 @@ class SweepProgress:
                            for trial_id, status in journal["states"].items()}
         return progress
 
-    def start(self, total: int, dashboard: str | None = None) -> None:
+    def start(self, total: int, dashboard: str | None = None, per: str = "device") -> None:
+        """`per`: what throughput is per, "GPU" or "worker" (CPU trials), as the results table says it."""
         with self._lock:
-            self.total, self._t0 = total, time.monotonic()
+            self.total, self._t0, self.per = total, time.monotonic(), per
             self._save_journal()
         if dashboard:
             self(f"Ray dashboard: {dashboard}")
@@ -278,7 +281,7 @@ class SweepProgress:
         with self._lock:
             now = time.monotonic()
             rows = 0 if self._closing else max(1, min(MAX_TABLE_ROWS, self.console.height - VIEW_CHROME_LINES))
-            return live_view(list(self.states.values()), self.total, now - self._t0, now, rows)
+            return live_view(list(self.states.values()), self.total, now - self._t0, now, rows, self.per)
 
 
 def as_progress(progress: SweepProgress | Callable[[str], None]) -> SweepProgress:

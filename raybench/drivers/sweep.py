@@ -126,7 +126,8 @@ def run_planned(trials: list[PlannedTrial], sweep: str, store_path: str, executo
 
             pool.release_idle()
         cluster = ray.cluster_resources()
-        reporter.start(total, dashboard)
+        reporter.start(total, dashboard, "GPU" if all(t.config.resources.gpus_per_worker > 0 for t in trials)
+                       else "worker")
         in_flight = min(max_concurrent(trials, cluster), max_in_flight or math.inf)
 
         stopper = store_error_stopper()

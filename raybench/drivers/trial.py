@@ -212,7 +212,8 @@ def summary(row: dict) -> str:
     axes = json.loads(row["axis_values_json"] or "{}")
     where = " ".join(f"{k.split('.')[-1]}={v}" for k, v in axes.items())
     if row["status"] == "ok":
-        line = (f"{row['trial_id']} ok  {where}  {row['tok_per_s_per_device']:.0f} tok/s/device  "
+        per = "GPU" if row.get("device_type") == "cuda" else "worker"  # as the results table names it
+        line = (f"{row['trial_id']} ok  {where}  {row['tok_per_s_per_device']:.0f} tok/s/{per}  "
                 f"step p50 {row['step_time_p50_s'] * 1000:.0f} ms")
     else:
         line = f"{row['trial_id']} {row['status']}  {where}  {row['message']}"

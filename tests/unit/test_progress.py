@@ -310,3 +310,15 @@ def test_not_a_terminal_gets_one_line_per_finished_trial():
         "mode lines", *EXPECTED_LINES[:2], "a library's stray print",
         "[1/2] t0-r0 ok  strategy=ddp  1000 tok/s/device", "[2/2] t1-r0 error  trial driver died before reporting",
         "after the view"]
+
+
+def test_the_live_throughput_column_is_named_as_the_results_table_names_it():
+    """tok/s/GPU on GPU sweeps, tok/s/worker on CPU ones (a CPU rank is a worker process), in the live table and in
+    a finished trial's line alike."""
+    from raybench.drivers.trial import summary
+
+    header = as_text(live_view(states(), total=6, elapsed_s=90, now_s=100, per="worker"))[2]
+    assert header.split()[:4] == ["trial_id", "status", "time", "tok/s/worker"]
+    row = {"trial_id": "a-r0", "status": "ok", "axis_values_json": '{"train.strategy": "ddp"}',
+           "tok_per_s_per_device": 1000.0, "step_time_p50_s": 0.5, "device_type": "cpu"}
+    assert "1000 tok/s/worker" in summary(row) and "1000 tok/s/GPU" in summary({**row, "device_type": "cuda"})
