@@ -10,7 +10,8 @@ from pathlib import Path
 from raybench.spec.errors import ConfigError, Problem
 
 FORMATS = ("table", "csv", "json")  # report.format_table's formats (query imports duckdb: only when it runs)
-QUERY_HELP = "tables: trials (latest attempt of each trial id per sweep, system and GPU type), attempts (every attempt); columns: docs/schema.md"
+QUERY_HELP = ("tables: trials (latest attempt of each trial id per sweep, system and GPU type), attempts (every "
+              "attempt); columns: docs/schema.md")
 
 
 def _check_store(command: str, store_path: str, sweep: str | None) -> None:

@@ -158,7 +158,7 @@ def ports_in_use(ports: list[int]) -> list[int]:
     taken = []
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            # As Ray's servers bind: a port whose last connections linger in TIME_WAIT is free to them, a listener's not.
+            # As Ray's servers bind: a port whose connections linger in TIME_WAIT is free to them, a listener's not.
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("", port))

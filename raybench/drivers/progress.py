@@ -107,8 +107,9 @@ def progress_line(states: list[TrialState], total: int, elapsed_s: float, now_s:
 
 
 def trial_table(shown: list[TrialState], hidden: int, now_s: float, per: str = "device") -> Table:
-    table = Table(*(c.format(per=per) for c in TABLE_COLUMNS), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold",
-                  caption=f"... {hidden} more" if hidden else None, caption_justify="left")
+    table = Table(*(c.format(per=per) for c in TABLE_COLUMNS), box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, header_style="bold", caption=f"... {hidden} more" if hidden else None,
+                  caption_justify="left")
     # A wrapped row would push the view off the screen: the axes column gives up its width first (rich narrows
     # the columns that may wrap before the others), and its cells are cut short with an ellipsis, not wrapped.
     for column in table.columns[:-1]:

@@ -50,8 +50,8 @@ def rehearsal_table(rows: list[dict]) -> str:
     peaks and the step time with their intervals (planning/uncertainty.py)."""
     axes = list(dict.fromkeys(k for r in rows for k in r["axis_values"]))
     headers = ["#", "config_id", *(a.split(".")[-1] for a in axes), "world", "method", "params", "grads", "optim",
-               "activ", "temp", "tensor peak GiB", "reserved GiB", "comm GB", "busbw", "compute s", "exposed comm s", "step s",
-               "trace s", "notes"]
+               "activ", "temp", "tensor peak GiB", "reserved GiB", "comm GB", "busbw", "compute s", "exposed comm s",
+               "step s", "trace s", "notes"]
     lines = []
     for r in rows:
         m = r["memory_gib"]

@@ -30,7 +30,8 @@ DESCRIPTIONS = {
                      "tail), with secret values removed; null otherwise."),
     "executor": "How the ranks were started: train, pool or torchrun.",
     "started_at": "When the trial driver started the trial.",
-    "ended_at": "When the trial's row was built; the latest attempt of each measurement (trial id, sweep, system, GPU type) wins.",
+    "ended_at": ("When the trial's row was built; the latest attempt of each measurement (trial id, sweep, system, "
+                 "GPU type) wins."),
     "trial_wall_s": "Trial wall time seen by its driver, launch and teardown included.",
     # derived from the config
     "world_size": "Ranks of the trial (resources.workers): GPUs on GPU trials, worker processes on CPU.",
