@@ -16,6 +16,7 @@ from raybench.rehearse.fitted import Calibration
 from raybench.rehearse.trials import device_calibration
 from raybench.reports.report import PEAKS_LEGEND, render
 from raybench.results import rehearsals
+from raybench.spec.errors import ConfigError, Problem
 from raybench.spec.hardware import find_gpu
 
 
@@ -32,6 +33,11 @@ class Prediction:
 def predict(spec, source: str, store_path: str, axis: str) -> Prediction:
     """The predicted best `axis` value per group from the sweep's stored rehearsals (`raybench rehearse`)."""
     trials = plan(spec, source=source, store_path=store_path)
+    if not any(t.config.resources.gpus_per_worker > 0 for t in trials):
+        raise ConfigError(f"raybench best {source} --predict", [Problem(
+            "resources.gpus_per_worker", 0, "this sweep's trials run on CPU, and --predict picks by predicted GPU "
+            "memory and step time: run the sweep and rank its measured rows (`raybench best STORE`), or set "
+            "resources.gpus_per_worker: 1 and estimate.gpu to predict for that GPU")])
     stored = rehearsals.rehearsals(store_path)
     results = choice.predicted_best(trials, axis, stored)
     # The rehearsals were priced when `rehearse` ran, with the profile the store held for their GPU then.

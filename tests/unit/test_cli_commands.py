@@ -248,3 +248,15 @@ def test_torchaos_optional_kernel_warnings_are_dropped_and_its_others_kept(caplo
         logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: Could not load this library")
         logging.getLogger("torchao").warning("something torchao means")
     assert [r.getMessage() for r in caplog.records] == ["something torchao means"]
+
+
+def test_best_predict_on_a_cpu_sweep_says_why_in_a_sentence(tmp_path, capsys):
+    """--predict picks by predicted GPU memory and step time: a CPU sweep gets the reason and what to do, exit 2,
+    not a table of 'none fits' rows."""
+    sweep = tmp_path / "cpu.yaml"
+    sweep.write_text(json.dumps({"name": "cpu", "model": {"preset": "tiny"}, "train": TINY_TRAIN,
+                                 "store": str(tmp_path / "store"), "axes": {"train.ac_ratio": ["0", "1"]}}))
+    assert main(["best", str(sweep), "--predict"]) == 2
+    captured = capsys.readouterr()
+    assert "resources.gpus_per_worker = 0: this sweep's trials run on CPU" in captured.err
+    assert "none fits" not in captured.out
