@@ -411,23 +411,22 @@ class SweepSpec(Section):
     estimate: EstimateSpec = Field(default_factory=EstimateSpec, description=(
         "Memory/step-time estimate and pruning of trials that would not fit."))
 
-    def stack_kinds(self) -> set[str]:
-        """Every stack.kind a trial of the sweep runs: the base's and any an axis sets."""
+    def fresh_process_kinds(self) -> list[str]:
+        """The stack kinds (the base's, any an axis sets) a warm pool cannot run (the registry's warm_pool), sorted."""
         kinds = {self.stack.kind}
         for key, values in self.axes.items():
             for value in values if isinstance(values, list) else []:
                 assigned = axis_assignments(key, value) if "." in key or isinstance(value, dict) else {}
                 kinds.add(assigned.get("stack.kind", self.stack.kind))
-        return kinds
+        return sorted(k for k in kinds if not (k in stacks.KINDS and stacks.kind(k).warm_pool))
 
     @property
     def runs_with(self) -> str:
         """The executor the trials run with: `executor`, or for auto the warm pool (no start-up per trial) unless
-        a trial's stack needs fresh processes per trial (the registry's warm_pool), then Ray Train's."""
+        a trial's stack needs fresh processes per trial, then Ray Train's."""
         if self.executor != "auto":
             return self.executor
-        fresh = [k for k in self.stack_kinds() if not (k in stacks.KINDS and stacks.kind(k).warm_pool)]
-        return "train" if fresh else "pool"
+        return "train" if self.fresh_process_kinds() else "pool"
 
     @property
     def executor_text(self) -> str:

@@ -12,7 +12,6 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from raybench.spec import stacks
 from raybench.spec.axes import axis_assignments, copy_trial, set_path, split_path
 from raybench.spec.errors import Problem
 from raybench.spec.hardware import gpu_labels, gpu_memory_gib, known_gpu
@@ -252,8 +251,7 @@ def _check_pool_stacks(spec: SweepSpec) -> list[Problem]:
     processes per trial."""
     if spec.executor != "pool":
         return []
-    # A kind that is not the registry's is refused on its own (_check_axes); here it is not one the pool runs either.
-    others = sorted(k for k in spec.stack_kinds() if not (k in stacks.KINDS and stacks.kind(k).warm_pool))
+    others = spec.fresh_process_kinds()
     if not others:
         return []
     return [Problem("executor", "pool", f"the warm pool runs raybench's own loop only, not stack.kind "
