@@ -6,6 +6,7 @@ configuration) and average repeats, so that no view re-derives them its own way.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from fractions import Fraction
@@ -46,16 +47,27 @@ def _flat(node: dict, prefix: str = "") -> dict[str, str]:
         if isinstance(value, dict) and value:
             out.update(_flat(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{key}"] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+            out[f"{prefix}{key}"] = str(value)
     return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _config_fields(config_json: str) -> dict[str, str]:
+    """_flat of a row's config_json, parsed once per text: a report labels the same rows in every figure."""
+    return _flat(json.loads(config_json))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _axis_values(axis_values_json: str) -> dict:
+    return json.loads(axis_values_json)
 
 
 def config_label(df: pd.DataFrame, leave_out: tuple[str, ...] = ()) -> pd.Series:
     """A short name for a row's configuration: its axis values, then any other trial field whose value differs
     among `df`'s rows (two sweeps' base configs), e.g. `micro_batch=4 ac_ratio=1/2`; rows of one configuration
     share a label, and rows of two never do (a chart that groups by it groups by every field that varies)."""
-    axes = df["axis_values_json"].map(lambda text: json.loads(text) if isinstance(text, str) else {})
-    fields = df["config_json"].map(lambda text: _flat(json.loads(text)) if isinstance(text, str) else {})
+    axes = [_axis_values(text) if isinstance(text, str) else {} for text in df["axis_values_json"]]
+    fields = [_config_fields(text) if isinstance(text, str) else {} for text in df["config_json"]]
     named = {k for values in axes for k in values}
     keys = sorted({k for f in fields for k in f} - named - set(leave_out))
     varying = [k for k in keys if len({f.get(k) for f in fields}) > 1]

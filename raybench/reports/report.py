@@ -49,10 +49,10 @@ def repeats_lines(df) -> list[str]:
     from raybench.spec.stats import format_ci, mean_ci95
 
     ok = frames.labelled(frames.ok_rows(df)).dropna(subset=["tok_per_s_per_device"])
+    keys = ["system_label", "device_label", "config_id"]
+    repeated = ok[ok.groupby(keys)["config_id"].transform("size") > 1]  # before the loop: most groups are one row
     lines = []
-    for _, group in ok.groupby(["system_label", "device_label", "config_id"], sort=True):
-        if len(group) < 2:
-            continue
+    for _, group in repeated.groupby(keys, sort=True):
         mean, n, half = mean_ci95(group["tok_per_s_per_device"].astype(float).tolist())
         sweeps = ", ".join(sorted(group["sweep"].unique()))
         lines.append(f"  {group['config_label'].iloc[0]} on {group['system_label'].iloc[0]} "
