@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from raybench.planning import tokenized
+from raybench.data import tokenized
 from raybench.runtime.data import batch_width
 
 MICRO_BATCH, PAD_MULTIPLE = 8, 64

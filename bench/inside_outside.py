@@ -160,7 +160,7 @@ def bench_stack(kind: str, variants: list[str], rounds: int, steps: int, workers
 
 def outside_cache(trial, work: Path) -> Path:
     """Where the outside run finds the tokens the inside run trains on (hf data: tokenized there now)."""
-    from raybench.planning import tokenized
+    from raybench.data import tokenized
 
     cache_root = work / "outside-cache"
     if trial.config.data.source == "hf":
@@ -280,7 +280,7 @@ def outside_hf(config, cache_root: Path, probe) -> None:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
 
-    from raybench.planning import tokenized
+    from raybench.data import tokenized
     from raybench.spec.stacks import hf as hf_args
 
     if not dist.is_initialized():  # planning built the SFTConfig once, whose accelerate state made it already

@@ -76,7 +76,7 @@ def payload_file(variant: str, steps: int, warmup: int, model: Path, data: Path,
     import yaml
     from same_shape_hf import sweep
 
-    from raybench.drivers.api import tokenize_once
+    from raybench.data.prepare import with_prepared_data
     from raybench.planning.plan import plan
     from raybench.spec.load import load_sweep
 
@@ -85,7 +85,7 @@ def payload_file(variant: str, steps: int, warmup: int, model: Path, data: Path,
     spec["train"]["warmup_steps"] = warmup
     path = root / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    (trial,) = tokenize_once(plan(load_sweep(path), source=str(path)), str(root / "store"),
+    (trial,) = with_prepared_data(plan(load_sweep(path), source=str(path)), str(root / "store"),
                              progress=lambda line: None, source=str(path))
     out = root / f"{variant}.payload.json"
     out.write_text(json.dumps(trial.payload.to_dict()))

@@ -1,4 +1,4 @@
-"""How long checking every record of a 16 MB chat file takes before launch (planning.records, at `validate`).
+"""How long checking every record of a 16 MB chat file takes before launch (data.records, at `validate`).
 
     .venv/bin/python bench/record_check.py [--mib 16] [--repeats 3]
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' tiny chat tokenizer and conversations
 
-from raybench.planning import records, tokenized  # noqa: E402
+from raybench.data import records, tokenized  # noqa: E402
 from raybench.spec.sweep_spec import DataSpec  # noqa: E402
 from tests.conftest import chat_records, make_chat_tokenizer  # noqa: E402
 

@@ -142,7 +142,8 @@ def _interrupted(why: str, tally: str, store_path: str, cluster: str | None) -> 
 
 def _trial(args) -> int:
     from raybench.drivers import executors
-    from raybench.drivers.api import read_results, tokenize_once
+    from raybench.data.prepare import with_prepared_data
+    from raybench.drivers.api import read_results
     from raybench.drivers.trial import run_trial
 
     spec = load_checked(args.sweep)
@@ -154,7 +155,7 @@ def _trial(args) -> int:
         return EXIT_BAD_INPUT
     cuda_snapshot.check(chosen, args.sweep)
     store_path = args.store or spec.store
-    chosen = tokenize_once(chosen, store_path, source=args.sweep)
+    chosen = with_prepared_data(chosen, store_path, source=args.sweep)
     row = run_trial(chosen[0].payload, spec.name, store_path, "torchrun", executors.get("torchrun"))
     rows = read_results(store_path, spec.name)
     print(results_table(rows[rows.trial_id == row["trial_id"]]))

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
+from raybench.data import prepare as data_prep
 from raybench.drivers import sweep
-from raybench.planning import calibration, tokenized
+from raybench.planning import calibration
 from raybench.planning.plan import PlannedTrial, plan
 from raybench.results import compaction, store
-from raybench.runtime import cuda_snapshot, packing
-from raybench.spec import stacks, tokenized_data
-from raybench.spec.errors import ConfigError, Problem
+from raybench.runtime import cuda_snapshot
 from raybench.spec.load import load_sweep
 from raybench.spec.sweep_spec import SweepSpec
-from raybench.spec.tokenized_data import TokenizedData
 
 # A sweep partition holding more result files than this is compacted at the end of a run: one file per trial
 # attempt keeps writers independent, but readers pay per file (docs/results/store-scale-2026-11-22.md).
@@ -51,7 +48,8 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
     trials = plan(spec, keep_invalid=keep_invalid or searching, source=source,
                   evidence=calibration.evidence(store_path, attempts))
     cuda_snapshot.check(trials, source)  # a CUDA snapshot request refuses CPU trials before anything starts
-    trials = tokenize_once(trials, store_path, progress, source)  # before the first trial, and before any row
+    # The sweep's data tokenized and laid out once, before the first trial and before any row.
+    trials = data_prep.with_prepared_data(trials, store_path, progress, source)
     if searching:
         ran = sweep.run_search(spec, trials, attempts, store_path=store_path, address=address, rerun=rerun,
                                progress=progress, verbose=verbose).ran
@@ -61,79 +59,6 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
     results = store.read_table_since(attempts, listed, store_path, spec.name)  # before compaction merges new files
     compact_if_many_files(store_path, spec.name, progress)
     return SweepRun(ran, results)
-
-
-def tokenize_once(trials: list[PlannedTrial], store_path: str, progress=print,
-                  source: str = "<sweep>") -> list[PlannedTrial]:
-    """The trials, each runnable hf or json trial's payload carrying its tokenized data: every distinct data spec
-    (json: every layout) is tokenized once into the store's cache (or found there from an earlier sweep), before
-    any trial starts, and every trial and rank reads it from there. A build that fails is bad input: nothing has
-    been launched or written."""
-    cache_root = Path(store_path).resolve() / "_cache" / "data"
-    prepared: dict[str, tuple] = {}  # data spec and tokenizer -> (TokenizedData, tokens per sample)
-    laid_out: dict[tuple, TokenizedData] = {}  # and the trial's layout -> its TokenizedData
-    out = []
-    for t in trials:
-        data = t.config.data
-        # The hf and lightning stacks take the same tokens as raybench's loop through their context; the other
-        # stacks read their own data, which raybench's tokenization would not describe (the registry's
-        # tokenized_data).
-        if (data.source not in ("hf", "json") or t.status != "planned"
-                or not stacks.kind(t.config.stack.kind).tokenized_data):
-            out.append(t)
-            continue
-        if data.source == "json":
-            out.append(_with_json_data(t, laid_out, cache_root.parent, progress, source))
-            continue
-        key, tokenizer = tokenized.spec_key(data, t.config.model.path)
-        if key not in prepared:
-            try:
-                ref = tokenized.prepare(data, tokenizer, cache_root)
-            except Exception as err:  # a record past the first that cannot be rendered, an unreadable file
-                raise ConfigError(source, [Problem("data.path", data.path, f"cannot be tokenized: "
-                                                   f"{type(err).__name__}: {err}")]) from None
-            took = f" in {ref.build_s:.1f} s" if ref.build_s is not None else ""
-            progress(f"data {ref.name}: {ref.samples} samples, cache {ref.cache}{took} ({ref.key})")
-            cached = tokenized_data.load(ref.path)
-            masks = cached.data.column("assistant_masks") if "assistant_masks" in cached.column_names else None
-            prepared[key] = ref, tokenized_data.lengths(cached), masks
-        # A sweep's trials share a few layouts: each one's rows are laid out once (best fit over 10^6 samples: ~1 s).
-        layout = (key, t.config.train.seq_len, data.packing, data.overflow, data.pack_order)
-        if layout not in laid_out:
-            ref, counts, masks = prepared[key]
-            laid_out[layout] = packing.for_trial(ref, t.config.train.seq_len, data, counts, masks)
-            _say_cut(laid_out[layout], t.config.train.seq_len, f"{data.overflow}; data.overflow split or drop, or a "
-                     "longer train.seq_len, keeps more", progress)
-        out.append(dataclasses.replace(t, payload=t.payload.replace(tokenized=laid_out[layout])))
-    return out
-
-
-def _with_json_data(t: PlannedTrial, laid_out: dict[tuple, TokenizedData], cache_dir: Path, progress,
-                    source: str) -> PlannedTrial:
-    """A json trial, its payload carrying its data's rows in the store's cache and what its overflow cuts (the
-    ranks tokenize nothing). Each layout is prepared once per sweep; a failure is bad input, as for hf data."""
-    from raybench.runtime import data as json_data  # torch: only a sweep of JSON data loads it here
-
-    data, seq_len = t.config.data, t.config.train.seq_len
-    layout = ("json", data.path, data.tokenizer or t.config.model.path, seq_len, data.packing, data.overflow)
-    if layout not in laid_out:
-        try:
-            ref = json_data.prepare_json(data, t.config.model.path, seq_len, cache_dir, tokenized.data_hash(data.path))
-        except Exception as err:  # a record that cannot be rendered, too little data for one row
-            raise ConfigError(source, [Problem("data.path", data.path, f"cannot be tokenized: "
-                                               f"{type(err).__name__}: {err}")]) from None
-        laid_out[layout] = ref
-        took = f" in {ref.build_s:.1f} s" if ref.build_s is not None else ""
-        progress(f"data {ref.name} at seq_len {seq_len}: {ref.samples} samples, cache {ref.cache}{took} ({ref.key})")
-        _say_cut(ref, seq_len, f"{data.overflow}; data.packing true with overflow truncate, where samples run on "
-                 "across rows, or a longer train.seq_len keeps them", progress)
-    return dataclasses.replace(t, payload=t.payload.replace(tokenized=laid_out[layout]))
-
-
-def _say_cut(ref: TokenizedData, seq_len: int, fix: str, progress) -> None:
-    note = ref.cut_note()
-    if note:  # never silent: the trial trains on less than the data holds
-        progress(f"data {ref.name} at seq_len {seq_len}: {note} ({fix})")
 
 
 def compact_if_many_files(store_path: str, sweep_name: str, progress=print) -> None:

@@ -3,7 +3,7 @@
 `plan` (grid expansion, cross-field rules, content-hash trial ids, pruning; each trial's `spec.payload.TrialPayload`),
 `estimate` (analytic memory and step-time), `assessment` (the estimate judged against the device memory: the
 `Assessment` a payload carries as plain data and a row stores), `calibration` (what the store tells the plan:
-measured peaks, rehearsals), `tokenized` (hf data checked and tokenized once into the store's cache). Imports
-`spec` and `results` (stored rows calibrate the plan); no torch, no Ray. The plan's tables are
+measured peaks, rehearsals). Imports `spec`, `results` (stored rows calibrate the plan) and `data` (the data's
+records checked before launch); no torch, no Ray. The plan's tables are
 raybench.reports.tables.
 """

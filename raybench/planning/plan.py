@@ -9,7 +9,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from raybench.planning import calibration, estimate, loss_choice, stacks, tokenized
+from raybench.data import tokenized
+from raybench.planning import calibration, estimate, loss_choice, stacks
 from raybench.planning.assessment import Assessment, assess
 from raybench.spec.axes import axis_assignments, copy_trial, excluded, set_path
 from raybench.spec.errors import ConfigError, Problem

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from raybench.runtime import data, limits, weights
+from raybench.data import json_rows
+from raybench.runtime import limits, weights
 from raybench.runtime.rank_metrics import Peaks
 from raybench.spec.schema import GIB
 
@@ -29,7 +30,7 @@ def held_from_earlier_trials_gib() -> float:
 
 def cache_gib() -> float:
     """The weights and tokenized-data caches a warm pool actor keeps for later trials."""
-    return (weights.STATE_CACHE.nbytes() + data.memory_cache_bytes()) / GIB
+    return (weights.STATE_CACHE.nbytes() + json_rows.memory_cache_bytes()) / GIB
 
 
 def reset_peaks(device: torch.device) -> tuple[float, float]:

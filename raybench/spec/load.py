@@ -89,7 +89,7 @@ HF_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 
 
 def _check_data(data: DataSpec, model_path: str | None) -> list[Problem]:
-    """The data's files exist and the options fit the source (the content is checked by planning.tokenized)."""
+    """The data's files exist and the options fit the source (the content is checked by data.tokenized)."""
     if data.source == "synthetic":
         if data.path is not None or data.tokenizer is not None:
             return [Problem("data.path", data.path, "only used with data.source json or hf; remove it")]

@@ -176,7 +176,7 @@ DATA_COLUMNS = [
     ("dataset_name", "string"), ("dataset_hash", "string"), ("data_cache_key", "string"), ("data_cache", "string"),
     ("data_build_s", "float64"), ("data_samples", "int64"), ("sample_tokens_mean", "float64"),
     ("sample_tokens_max", "int64"), ("packing_efficiency", "float64"),
-    # What data.overflow leaves out at the trial's seq_len (runtime.packing.cut).
+    # What data.overflow leaves out at the trial's seq_len (data.packing.cut).
     ("samples_cut", "int64"), ("tokens_cut", "int64"), ("label_tokens_cut", "int64"),
     ("label_tokens_cut_frac", "float64"),
 ]

@@ -118,7 +118,7 @@ class DataSpec(Section):
 # How the loader lays hf samples out in rows and batches (runtime.data): per trial, not part of the cache key.
 LAYOUT_FIELDS = ("overflow", "pack_order", "pad_to", "pad_multiple")
 HF_ONLY_FIELDS = ("format", "field", "loss_on", "split", "max_samples", *LAYOUT_FIELDS)
-# Of those, the ones json data takes too (overflow: truncate or drop; runtime.data.lay_out_json).
+# Of those, the ones json data takes too (overflow: truncate or drop; data.json_rows.lay_out_json).
 JSON_LAYOUT_FIELDS = ("overflow",)
 
 

@@ -1,9 +1,9 @@
 """Tokenized data (data.source hf) as the tokenizer writes it and every rank reads it.
 
-planning.tokenized tokenizes a data spec once into the store's cache; the sweep's driver puts the entry's handle
+data.tokenized tokenizes a data spec once into the store's cache; the sweep's driver puts the entry's handle
 (`TokenizedData`) in each trial's payload; every rank opens the entry from it (`load`, `lengths`) and lays out its
-rows (runtime.packing, runtime.data). The Alpaca prompt lives here too: the hf tokenizer and the JSON loader
-(runtime.data) render records with it, so both give the same token ids. datasets, pyarrow and numpy load on
+rows (data.packing, runtime.data). The Alpaca prompt lives here too: the hf tokenizer and the JSON loader
+(data.json_rows) render records with it, so both give the same token ids. datasets, pyarrow and numpy load on
 first use: the spec layer stays light.
 """
 
@@ -38,7 +38,7 @@ class TokenizedData:
     tokens_max: int
     pad_id: int
     packing_efficiency: float | None = None  # per trial (seq_len and data layout): real tokens / row positions
-    # Per trial too: what data.overflow leaves out at seq_len (runtime.packing.cut).
+    # Per trial too: what data.overflow leaves out at seq_len (data.packing.cut).
     samples_cut: int | None = None
     tokens_cut: int | None = None
     label_tokens_cut: int | None = None
@@ -63,7 +63,7 @@ class TokenizedData:
 
 def tokenizer_digest(directory: str) -> str:
     """Hash of a tokenizer directory's files that decide the token ids (TOKENIZER_FILES): the one tokenizer key of
-    every tokenization cache (the hf data's, planning.tokenized; the JSON data's, runtime.data), so a changed
+    every tokenization cache (the hf data's, data.tokenized; the JSON data's, data.json_rows), so a changed
     chat template, added token or tokenizer config never hits a stale entry."""
     h = hashlib.sha256()
     root = Path(directory)

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from raybench.cli import main as cli
-from raybench.planning import tokenized
+from raybench.data import tokenized
 from raybench.planning.plan import config_id, plan
-from raybench.runtime import data, packing
+from raybench.data import packing
+from raybench.runtime import data
 from raybench.spec.errors import ConfigError
 from raybench.spec.load import parse_sweep
 from raybench.spec.presets import model_shape

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raybench.cli import main as cli
-from raybench.planning import records, tokenized
+from raybench.data import records, tokenized
 from raybench.spec.sweep_spec import DataSpec
 from tests.conftest import CHAT_TEMPLATE, chat_records, make_chat_tokenizer, write_sweep
 

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from raybench.drivers.api import tokenize_once
+from raybench.data.prepare import with_prepared_data
 from raybench.drivers.trial import build_row, summary
 from raybench.planning.plan import config_id, plan
-from raybench.runtime import data
+from raybench.data import json_rows
 from raybench.spec.errors import ConfigError
 from raybench.spec.load import load_sweep, parse_sweep
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
@@ -46,7 +46,7 @@ def test_truncated_json_samples_are_counted_before_launch_and_in_the_row(tmp_pat
     labels = sum(n - 1 for n in record_tokens)  # every token but a sample's first, as for hf data
     assert longer
     said: list[str] = []
-    (trial,) = tokenize_once(json_sweep(tmp_path, alpaca_file, model_dir), str(tmp_path / "store"), said.append)
+    (trial,) = with_prepared_data(json_sweep(tmp_path, alpaca_file, model_dir), str(tmp_path / "store"), said.append)
     now = datetime.now(timezone.utc)
     row = build_row(trial.payload, "json-cut", "error", "a trial's message", None, now, now)
     assert (row["samples_cut"], row["tokens_cut"], row["label_tokens_cut"]) == (
@@ -60,26 +60,26 @@ def test_truncated_json_samples_are_counted_before_launch_and_in_the_row(tmp_pat
     # The ranks find the rows the driver wrote: the same key, one Arrow file, a hit for the next sweep.
     assert row["data_cache"] == "build" and [p.name for p in (tmp_path / "store/_cache/data").iterdir()] == [
         f"{row['data_cache_key']}.arrow"]
-    assert data.dataset_cache_key(trial.config.data, str(model_dir), SEQ_LEN) == row["data_cache_key"]
+    assert json_rows.dataset_cache_key(trial.config.data, str(model_dir), SEQ_LEN) == row["data_cache_key"]
     # A hit reads the counts the build kept in the file: nothing is tokenized again, and they are the same.
     def no_tokenizing(*args):
         raise AssertionError("a cache hit tokenized the data again")
 
-    monkeypatch.setattr(data, "tokenize_records", no_tokenizing)
-    (again,) = tokenize_once(json_sweep(tmp_path, alpaca_file, model_dir), str(tmp_path / "store"), said.append)
+    monkeypatch.setattr(json_rows, "tokenize_records", no_tokenizing)
+    (again,) = with_prepared_data(json_sweep(tmp_path, alpaca_file, model_dir), str(tmp_path / "store"), said.append)
     assert again.payload.tokenized.cache == "hit" and again.payload.tokenized.build_s is None
     assert dataclasses.replace(again.payload.tokenized, cache="build", build_s=None) == dataclasses.replace(
         trial.payload.tokenized, build_s=None)
 
 
 def test_overflow_drop_leaves_longer_json_samples_out(tmp_path, alpaca_file, model_dir, record_tokens):
-    (trial,) = tokenize_once(json_sweep(tmp_path, alpaca_file, model_dir, overflow="drop"), str(tmp_path / "s"),
+    (trial,) = with_prepared_data(json_sweep(tmp_path, alpaca_file, model_dir, overflow="drop"), str(tmp_path / "s"),
                              lambda line: None)
     ref = trial.payload.tokenized
     longer = [n for n in record_tokens if n > SEQ_LEN]
     assert (ref.samples_cut, ref.tokens_cut, ref.label_tokens_cut) == (
         len(longer), sum(longer), sum(n - 1 for n in longer))
-    rows = data.cached_text_dataset(trial.config.data, str(model_dir), SEQ_LEN, str(tmp_path / "s" / "_cache"))
+    rows = json_rows.cached_text_dataset(trial.config.data, str(model_dir), SEQ_LEN, str(tmp_path / "s" / "_cache"))
     ids, mask = rows.tensors
     assert len(ids) == len(record_tokens) - len(longer)  # one padded row per kept sample
     assert sorted(mask.sum(dim=1).tolist()) == sorted(n for n in record_tokens if n <= SEQ_LEN)  # none truncated
@@ -87,7 +87,7 @@ def test_overflow_drop_leaves_longer_json_samples_out(tmp_path, alpaca_file, mod
 
 def test_packed_json_truncates_nothing(tmp_path, alpaca_file, model_dir, record_tokens):
     """Packed JSON samples run on from one row into the next: truncate cuts none of them."""
-    (trial,) = tokenize_once(json_sweep(tmp_path, alpaca_file, model_dir, packing=True), str(tmp_path / "s"),
+    (trial,) = with_prepared_data(json_sweep(tmp_path, alpaca_file, model_dir, packing=True), str(tmp_path / "s"),
                              lambda line: None)
     ref = trial.payload.tokenized
     assert (ref.samples_cut, ref.tokens_cut, ref.label_tokens_cut, ref.packing_efficiency) == (0, 0, 0, 1.0)

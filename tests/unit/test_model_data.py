@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from raybench.data import json_rows
 from raybench.runtime import data
 from raybench.runtime.build import build_meta, build_model
 from raybench.runtime.model import count_params, decoder_blocks
@@ -57,9 +58,9 @@ def test_pickle_only_dir_is_refused(tmp_path, model_dir):
 
 
 def test_pack_and_pad():
-    packed = data.pack([[1, 2, 3], [4, 5], [6, 7, 8, 9]], seq_len=4)
+    packed = json_rows.pack([[1, 2, 3], [4, 5], [6, 7, 8, 9]], seq_len=4)
     assert packed.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
-    ids, mask = data.pad([[1, 2, 3, 4, 5], [6]], seq_len=3, pad_id=0)
+    ids, mask = json_rows.pad([[1, 2, 3, 4, 5], [6]], seq_len=3, pad_id=0)
     assert ids.tolist() == [[1, 2, 3], [6, 0, 0]] and mask.sum().item() == 4
 
 
@@ -85,21 +86,22 @@ def test_tokenized_data_cached_as_arrow_and_keyed_by_content(tmp_path, model_dir
     from raybench.spec.sweep_spec import DataSpec
 
     spec = DataSpec(source="json", path=str(alpaca_file), packing=packing)
-    data._MEMORY_CACHE.clear()
-    fresh = data.cached_text_dataset(spec, str(model_dir), 32, str(tmp_path))
+    json_rows._MEMORY_CACHE.clear()
+    fresh = json_rows.cached_text_dataset(spec, str(model_dir), 32, str(tmp_path))
     cached_files = list((tmp_path / "data").glob("*.arrow"))
     assert len(cached_files) == 1
     with pa.memory_map(str(cached_files[0])) as source:  # one file format, with or without padding
         assert pa.ipc.open_file(source).schema.names == ["input_ids", "attention_mask"]
-    data._MEMORY_CACHE.clear()
-    again = data.cached_text_dataset(spec, str(model_dir), 32, str(tmp_path))  # read back from Arrow
+    json_rows._MEMORY_CACHE.clear()
+    again = json_rows.cached_text_dataset(spec, str(model_dir), 32, str(tmp_path))  # read back from Arrow
     assert len(fresh.tensors) == len(again.tensors) == (1 if packing else 2)  # a mask only with padding
     assert all(torch.equal(a, b) for a, b in zip(fresh.tensors, again.tensors))
-    assert data.dataset_cache_key(spec, str(model_dir), 64) != data.dataset_cache_key(spec, str(model_dir), 32)
+    key = json_rows.dataset_cache_key
+    assert key(spec, str(model_dir), 64) != key(spec, str(model_dir), 32)
     changed = tmp_path / "changed.jsonl"
     changed.write_text(alpaca_file.read_text().replace("fox", "cat"))
     other = DataSpec(source="json", path=str(changed), packing=True)
-    assert data.dataset_cache_key(other, str(model_dir), 32) != data.dataset_cache_key(spec, str(model_dir), 32)
+    assert key(other, str(model_dir), 32) != key(spec, str(model_dir), 32)
 
 
 @pytest.mark.parametrize("source, packing", [("synthetic", True), ("json", True), ("json", False)])

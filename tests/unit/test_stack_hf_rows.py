@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from raybench.drivers.api import tokenize_once
+from raybench.data.prepare import with_prepared_data
 from raybench.planning.plan import plan
 from raybench.runtime.probe import StepProbe
 from raybench.runtime.stacks import hf
@@ -42,7 +42,7 @@ def test_the_config_path_trains_on_the_tokenized_samples(tmp_path, model_dir, ch
                       "precision": "fp32"},
             "resources": {"workers": 1, "cpus_per_worker": 1}, "stack": {"kind": "hf", "config": "sft.yaml"}}
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
-    (trial,) = tokenize_once(plan(load_sweep(tmp_path / "sweep.yaml")), str(tmp_path / "store"),
+    (trial,) = with_prepared_data(plan(load_sweep(tmp_path / "sweep.yaml")), str(tmp_path / "store"),
                              progress=lambda line: None)
     payload = trial.payload.replace(cache_dir=str(tmp_path / "store" / "_cache"))
     cached = sorted(p.name for p in Path(payload.tokenized.path).iterdir())
@@ -72,7 +72,7 @@ def test_layers_checkpointed_against_ac_ratio_fail_the_trial_before_its_first_st
             "stack": {"kind": "hf", "entry": "hf_user:build_checkpointed_trainer",
                       "pythonpath": [str(Path(__file__).resolve().parents[1] / "stacks_user")]}}
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
-    (trial,) = tokenize_once(plan(load_sweep(tmp_path / "sweep.yaml")), str(tmp_path / "store"),
+    (trial,) = with_prepared_data(plan(load_sweep(tmp_path / "sweep.yaml")), str(tmp_path / "store"),
                              progress=lambda line: None)
     probe = StepProbe(one_rank.device)
     run = hf.build(trial.payload.replace(cache_dir=str(tmp_path / "store" / "_cache")), one_rank, probe)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from raybench.drivers.api import tokenize_once
+from raybench.data.prepare import with_prepared_data
 from raybench.planning.plan import plan
 from raybench.runtime.probe import StepProbe
 from raybench.runtime.stacks import lightning
@@ -52,7 +52,7 @@ def one_rank(tmp_path, monkeypatch):
 def test_a_ctx_entry_trains_one_epoch_on_raybenchs_rows(tmp_path, model_dir, chat_file, chat_tokenizer,
                                                         chat_tokens, one_rank):
     path = _sweep(tmp_path, model_dir, chat_file, chat_tokenizer, "lightning_user:build_from_rows")
-    (trial,) = tokenize_once(plan(load_sweep(path)), str(tmp_path / "store"), progress=lambda line: None)
+    (trial,) = with_prepared_data(plan(load_sweep(path)), str(tmp_path / "store"), progress=lambda line: None)
     payload = trial.payload.replace(cache_dir=str(tmp_path / "store" / "_cache"))
     probe = StepProbe(one_rank.device)
     run = lightning.build(payload, one_rank, probe)

@@ -17,6 +17,7 @@ from raybench.runtime.stacks import measure
 from raybench.spec import stacks
 from raybench.spec.stacks import StackKind
 from raybench.spec.stacks import hf as hf_args
+from raybench.spec.stacks import protocol
 from raybench.spec.sweep_spec import StackSpec, TrainSpec, TrialConfig
 
 TOY = StackKind(name="toy", summary="a toy trainer", in_process=True, tokenized_data=False,
@@ -47,6 +48,20 @@ def test_a_registered_kind_reaches_the_plans_checks_and_the_in_process_dispatch(
     assert "toy" in stacks.user_kinds()
 
 
+def test_a_kinds_module_without_its_protocols_functions_is_refused_at_its_first_use(monkeypatch):
+    """A command-line kind's planning module must also give argv and adapter_params; a runtime module whose build
+    takes other parameters is refused before it runs. The message names the kind, the module and each function."""
+    monkeypatch.setitem(stacks.KINDS, "toy", dataclasses.replace(TOY, in_process=False))
+    with pytest.raises(TypeError, match=r"stack.kind 'toy': module tests.unit.toy_stack_planning does not match "
+                                        r"CommandLine: adapter_params\(config, shape\) is missing; "
+                                        r"argv\(config, python\) is missing"):
+        planning_stacks.problems(_toy_trial())
+    odd = SimpleNamespace(__name__="odd_runtime", build=lambda payload, context: None)
+    with pytest.raises(TypeError, match=r"odd_runtime does not match InProcessTrainer: "
+                                        r"build takes \(payload, context\), not \(payload, ctx, probe\)"):
+        protocol.checked(odd, protocol.InProcessTrainer, "toy")
+
+
 def test_a_command_line_kind_does_not_run_in_a_worker(monkeypatch):
     monkeypatch.setitem(stacks.KINDS, "toy", dataclasses.replace(TOY, in_process=False))
     with pytest.raises(ValueError, match="does not run inside a raybench worker .in-process stacks: hf, lightning"):
@@ -56,10 +71,9 @@ def test_a_command_line_kind_does_not_run_in_a_worker(monkeypatch):
 @pytest.mark.parametrize("name", stacks.user_kinds())
 def test_every_kinds_modules_exist_and_give_what_their_callers_use(name):
     kind = stacks.kind(name)
-    module = importlib.import_module(kind.planning)
-    assert callable(module.mapped) and callable(module.problems)
-    if not kind.in_process:  # drivers/executors/command.py runs its command line
-        assert callable(module.argv) and callable(module.adapter_params)
+    module = planning_stacks.planning_module(name)  # checked against its protocol where it is imported
+    assert module.__name__ == kind.planning
+    assert protocol.planning_protocol(kind) is (protocol.StackChecks if kind.in_process else protocol.CommandLine)
     if kind.runtime is not None:  # imported on a rank (or in the stack's own environment): found, not imported here
         assert importlib.util.find_spec(kind.runtime) is not None
     # Both tables are keyed by raybench's train fields (command's own keys name the placeholders it may not use).

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from raybench.cli import main as cli
-from raybench.planning import tokenized
-from raybench.runtime import data, packing
+from raybench.data import tokenized
+from raybench.data import json_rows, packing
+from raybench.runtime import data
 from raybench.spec import tokenized_data
 from raybench.spec.sweep_spec import DataSpec, TrialConfig
 
@@ -160,7 +161,7 @@ def test_a_rank_opens_tokenized_data_and_never_tokenizes(model_dir, chat_file, c
         "model": {"path": str(model_dir)},
         "data": {**chat_spec(chat_file).model_dump(), "tokenizer": str(chat_tokenizer)},
         "train": {"seq_len": 48, "micro_batch": 2}})
-    with pytest.raises(ValueError, match="carries no tokenized data.*tokenize_once"):
+    with pytest.raises(ValueError, match="carries no tokenized data.*with_prepared_data"):
         next(data.batches(config, model_shape(config), rank=0, world_size=1, ref=None))
 
 
@@ -206,7 +207,7 @@ def test_bad_data_is_refused_before_anything_starts(tmp_path, capsys, model_dir,
 ])
 def test_both_tokenization_caches_key_on_the_same_tokenizer_files(tmp_path, chat_file, alpaca_file, chat_tokenizer,
                                                                    changed_file, content):
-    """The JSON-data cache (runtime.data) and the hf cache (planning.tokenized) share one key of the tokenizer:
+    """The JSON-data cache (runtime.data) and the hf cache (data.tokenized) share one key of the tokenizer:
     a changed chat template, added tokens or tokenizer config changes both keys."""
     other = tmp_path / "tok"
     other.mkdir()
@@ -217,8 +218,8 @@ def test_both_tokenization_caches_key_on_the_same_tokenizer_files(tmp_path, chat
         content = json.dumps({**config, "chat_template": "{{ messages }}"})
     (other / changed_file).write_text(content)
     json_spec = DataSpec(source="json", path=str(alpaca_file))
-    assert data.dataset_cache_key(json_spec, str(other), 32) != data.dataset_cache_key(json_spec, str(chat_tokenizer),
-                                                                                       32)
+    key = json_rows.dataset_cache_key
+    assert key(json_spec, str(other), 32) != key(json_spec, str(chat_tokenizer), 32)
     hashed = tokenized.data_hash(str(chat_file))
     spec = chat_spec(chat_file)
     assert tokenized.cache_key(spec, str(other), hashed) != tokenized.cache_key(spec, str(chat_tokenizer), hashed)

@@ -16,6 +16,7 @@ import sys
 from types import ModuleType
 
 from raybench.spec import stacks
+from raybench.spec.stacks import protocol
 from raybench.spec.errors import Problem
 from raybench.spec.load import PLACEHOLDER
 from raybench.spec.sweep_spec import TrainSpec, TrialConfig
@@ -27,8 +28,10 @@ _NESTED = {"lora"}
 
 
 def planning_module(kind: str) -> ModuleType:
-    """The kind's planning module (its descriptor names it): `problems`, `mapped`, and a command line's `argv`."""
-    return importlib.import_module(stacks.kind(kind).planning)
+    """The kind's planning module (its descriptor names it), checked against its protocol (spec.stacks.protocol:
+    `problems`, `mapped`, and a command line's `argv` and `adapter_params`)."""
+    stack = stacks.kind(kind)
+    return protocol.checked(importlib.import_module(stack.planning), protocol.planning_protocol(stack), kind)
 
 
 def problems(config: TrialConfig) -> list[Problem]:

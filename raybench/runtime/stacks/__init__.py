@@ -21,10 +21,12 @@ def run(payload: TrialPayload) -> RankResult | None:
     """Run the trial's stack on this rank; rank 0 returns the result, the other ranks None."""
     from raybench.runtime.stacks import measure
     from raybench.spec import stacks
+    from raybench.spec.stacks import protocol
 
     stack = stacks.kind(payload.config.stack.kind)
     if not (stack.in_process and stack.runtime):
         in_process = [k.name for k in stacks.KINDS.values() if k.in_process and k.runtime]
         raise ValueError(f"stack.kind {stack.name!r} does not run inside a raybench worker (in-process stacks: "
                          f"{', '.join(in_process)})")
-    return measure.measured_run(payload, importlib.import_module(stack.runtime).build)
+    module = protocol.checked(importlib.import_module(stack.runtime), protocol.InProcessTrainer, stack.name)
+    return measure.measured_run(payload, module.build)

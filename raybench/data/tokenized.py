@@ -4,7 +4,7 @@ Records are read with the `datasets` library from local files or a saved dataset
 tokenizer's own chat template, or the Alpaca prompt), tokenized whole, and saved in the store's cache as Arrow
 (save_to_disk) under a key that hashes the data files, the tokenizer files and the options. Every trial and rank,
 of this sweep and of later ones, memory-maps those files (spec.tokenized_data.load): nothing is tokenized or
-copied again. Truncating or splitting to seq_len, padding or packing are per trial (runtime.packing lays out the
+copied again. Truncating or splitting to seq_len, padding or packing are per trial (data.packing lays out the
 rows, runtime.data builds the batches), so one cache serves every seq_len and layout.
 
 `problems` checks a data spec's content before anything starts (plan calls it), `prepare` builds or finds the
@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from raybench.planning.records import is_saved_dataset, text_field
-from raybench.planning.records import problems as record_problems
+from raybench.data.records import is_saved_dataset, text_field
+from raybench.data.records import problems as record_problems
 from raybench.spec.errors import Problem
 from raybench.spec.sweep_spec import DataSpec
 from raybench.spec.tokenized_data import (TokenizedData, alpaca_prompt, format_record, lengths, load, offline_datasets,
@@ -166,7 +166,7 @@ def _features(data: DataSpec):
 
 def problems(data: DataSpec, tokenizer_dir: str) -> list[Problem]:
     """What is wrong with a data spec's content: a directory of mixed formats, records of the wrong shape (every
-    record: planning.records), unreadable data, a missing split, a tokenizer without a chat template when messages
+    record: data.records), unreadable data, a missing split, a tokenizer without a chat template when messages
     need one, a first record the tokenizer cannot render."""
     found = record_problems(data)
     if found:
