@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import file_seconds
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -51,6 +53,14 @@ def make_model_dir(directory: Path, vocab_size: int = 128, layers: int = 2) -> P
     LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     make_tokenizer(directory)
     return directory
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The heaviest test files first (their measured seconds, tests/file_seconds.json), each file's tests in their
+    own order: with `-n 2 --dist loadfile --no-loadscope-reorder` the two workers take files in this order, so the
+    run does not end on one long file while the other worker waits."""
+    seconds = file_seconds.load()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
 
 
 @pytest.fixture(scope="session")
