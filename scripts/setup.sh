@@ -19,3 +19,15 @@ if .venv/bin/python -c "import sys, torch; sys.exit(1 if torch.cuda.is_available
   DS_ACCELERATOR=cpu .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" \
     >/dev/null 2>&1 || echo "note: DeepSpeed's CPU shm op did not build (needs g++); deepspeed trials build it" >&2
 fi
+# The terminal and browser checks (tests/terminal.py: `raybench run` under tmux; the HTML report in chromium, driven
+# by playwright) use Debian's packages. Installed here as root when missing; elsewhere those tests say what to install.
+if [ -n "$extras" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  command -v tmux >/dev/null || missing+=(tmux)
+  command -v chromium >/dev/null || missing+=(chromium)
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } \
+      || echo "note: apt-get could not install ${missing[*]}; the terminal and browser tests will skip" >&2
+  fi
+fi

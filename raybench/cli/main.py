@@ -22,7 +22,7 @@ from raybench.cli import store as cli_store
 from raybench.drivers import requeue, slurm
 from raybench.drivers.slurm import SlurmError, SlurmOptions
 from raybench.planning.plan import load_checked, matching, plan
-from raybench.reports.report import results_table
+from raybench.reports.report import results_table, terminal_width
 from raybench.reports.tables import estimate_summary, estimate_table, plan_table
 from raybench.results.store import StoreWriteError
 from raybench.runtime import cuda_snapshot
@@ -128,7 +128,8 @@ def _run(args) -> int:
         # Every finished trial's row is already stored (each is written atomically when its trial ends).
         return _interrupted(str(why) or "Ctrl-C", progress.tally(), store_path, args.cluster)
     # The sweep's rows, the run's own included: run_sweep read the store once, and it is not read again.
-    text, failed = run_report(done.results.to_pandas(), {t.trial_id for t in done.ran}, spec.search, store_path)
+    ran = {t.trial_id for t in done.ran}
+    text, failed = run_report(done.results.to_pandas(), ran, spec.search, store_path, terminal_width())
     print(text)
     return EXIT_TRIALS_FAILED if failed else EXIT_OK
 
@@ -142,8 +143,7 @@ def _interrupted(why: str, tally: str, store_path: str, cluster: str | None) -> 
 
 def _trial(args) -> int:
     from raybench.drivers import executors
-    from raybench.data.prepare import with_prepared_data
-    from raybench.drivers.api import read_results
+    from raybench.drivers.api import read_results, with_prepared_data
     from raybench.drivers.trial import run_trial
 
     spec = load_checked(args.sweep)
@@ -158,7 +158,7 @@ def _trial(args) -> int:
     chosen = with_prepared_data(chosen, store_path, source=args.sweep)
     row = run_trial(chosen[0].payload, spec.name, store_path, "torchrun", executors.get("torchrun"))
     rows = read_results(store_path, spec.name)
-    print(results_table(rows[rows.trial_id == row["trial_id"]]))
+    print(results_table(rows[rows.trial_id == row["trial_id"]], width=terminal_width()))
     return EXIT_OK if row["status"] == "ok" else EXIT_TRIALS_FAILED
 
 

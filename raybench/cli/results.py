@@ -38,7 +38,7 @@ def report(args) -> int:
     """`raybench report`: a text table on stdout, or report files (--format md|html|png)."""
     if args.format != "text":
         return write_report(args)
-    from raybench.reports.report import results_table
+    from raybench.reports.report import results_table, terminal_width
 
     if not Path(args.store).is_dir():  # "No results" would say a store was read and held none
         what = "a file, not a store" if Path(args.store).exists() else "no such directory"
@@ -49,7 +49,7 @@ def report(args) -> int:
 
     attempts = store.read_table(args.store, args.sweep, latest=False)
     rows = attempts if args.all_attempts else store.latest_per_trial(attempts)
-    print(results_table(rows.to_pandas(), replaced=len(attempts) - len(rows)))
+    print(results_table(rows.to_pandas(), replaced=len(attempts) - len(rows), width=terminal_width()))
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from raybench.data import prepare as data_prep
+from raybench.data.prepare import with_prepared_data
 from raybench.drivers import sweep
 from raybench.planning import calibration
 from raybench.planning.plan import PlannedTrial, plan
@@ -49,7 +49,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, store_path: str | 
                   evidence=calibration.evidence(store_path, attempts))
     cuda_snapshot.check(trials, source)  # a CUDA snapshot request refuses CPU trials before anything starts
     # The sweep's data tokenized and laid out once, before the first trial and before any row.
-    trials = data_prep.with_prepared_data(trials, store_path, progress, source)
+    trials = with_prepared_data(trials, store_path, progress, source)
     if searching:
         ran = sweep.run_search(spec, trials, attempts, store_path=store_path, address=address, rerun=rerun,
                                progress=progress, verbose=verbose).ran

@@ -221,10 +221,11 @@ def front_report(rows: pd.DataFrame, objectives: list[tuple[str, str]]) -> str:
     return f"{what} of {len(means)} configuration(s) over {head}:\n" + render(["configuration", *metrics], lines)
 
 
-def run_report(rows, run_ids: set[str], search, store_path: str) -> tuple[str, int]:
-    """`raybench run`'s closing report: the sweep's stored rows, the front of a search's objectives (`search`, the
-    sweep's search section), and how many of the trials this run ran (`run_ids`) ended not ok; (text, that count)."""
-    parts = [results_table(rows)]
+def run_report(rows, run_ids: set[str], search, store_path: str, width: int | None = None) -> tuple[str, int]:
+    """`raybench run`'s closing report: the sweep's stored rows (fitted to `width`, a terminal's columns), the front
+    of a search's objectives (`search`, the sweep's search section), and how many of the trials this run ran
+    (`run_ids`) ended not ok; (text, that count)."""
+    parts = [results_table(rows, width=width)]
     if search.algo != "grid" or not isinstance(search.metric, str):
         parts.append(front_report(rows, search.objectives()))
     ran = rows[rows.trial_id.isin(run_ids)]

@@ -261,7 +261,8 @@ def throughput_memory_pareto(df: pd.DataFrame) -> Figure:
 
 # File stem → (caption, figure function); the report writes them in this order.
 PLOTS: dict[str, tuple[str, Callable[[pd.DataFrame], Figure]]] = {
-    "throughput": ("Tokens/s per GPU by system and GPU count", throughput_by_system),
+    "throughput": ("Tokens/s per device (GPU, or worker process on CPU) by system and device count",
+                   throughput_by_system),
     "phases": ("Step time split into data, forward, backward and optimizer phases", phase_breakdown),
     "sac": ("sAC ratio against throughput and peak memory", sac_tradeoff),
     "scaling": ("Scaling efficiency against GPU count", scaling_efficiency),

@@ -6,6 +6,9 @@ import csv
 import io
 import json
 import math
+import shutil
+import sys
+import textwrap
 
 
 # The three memory figures a trial gets, named alike in `estimate`, `rehearse` and `best --predict`.
@@ -14,10 +17,74 @@ PEAKS_LEGEND = ("tensor peak: the most torch's tensors hold at once; reserved: t
                 "and what is held to the limit; analytic: the estimate's sum of parts, before any rehearsal")
 
 
-def render(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+SHORTEST_CUT = 24  # a message cut short keeps this much before columns are left out
+
+
+def render(headers: list[str], rows: list[list[str]], width: int | None = None, droppable: tuple[str, ...] = ()) -> str:
+    """An aligned table, one line per row. Where `width` (a terminal's columns) is narrower than that, the table is
+    fitted to it rather than wrapped across the screen by the terminal: headers fold at their spaces over their
+    columns, the `droppable` columns go, in that order, until it fits, then the last column (free text, such as a
+    message) is cut short with "…"; a last line names what was left out."""
+    columns = list(range(len(headers)))
+    header_lines = [[h] for h in headers]
+    if width is None or _width(rows, columns, header_lines) <= width:
+        return _aligned(rows, columns, header_lines)
+    header_lines = [_folded(h, max((len(r[i]) for r in rows), default=0)) for i, h in enumerate(headers)]
+    rows = _cut_last(rows, columns, header_lines, width, SHORTEST_CUT)
+    left_out = []
+    for name in droppable:
+        if _width(rows, columns, header_lines) <= width:
+            break
+        columns.remove(headers.index(name))
+        left_out.append(name)
+    rows = _cut_last(rows, columns, header_lines, width, len(headers[columns[-1]]))
+    table = _aligned(rows, columns, header_lines)
+    if not left_out:
+        return table
+    note = (f"(left out at this width: {', '.join(left_out)}; `raybench report STORE --format md` shows every "
+            "column)")
+    return table + "\n" + textwrap.fill(note, width)
+
+
+def _cut_last(rows, columns, header_lines, width: int, shortest: int) -> list[list[str]]:
+    """The rows, the last column's cells cut short with "…" so that the table fits `width`, none below `shortest`."""
+    last, over = columns[-1], _width(rows, columns, header_lines) - width
+    room = max(shortest, max((len(r[last]) for r in rows), default=0) - over)
+    return [[*r[:last], r[last] if len(r[last]) <= room else r[last][:room - 1] + "…", *r[last + 1:]] for r in rows]
+
+
+def _widths(rows, columns, header_lines) -> list[int]:
+    return [max(*(len(line) for line in header_lines[i]), *(len(r[i]) for r in rows)) for i in columns]
+
+
+def _width(rows, columns, header_lines) -> int:
+    return sum(_widths(rows, columns, header_lines)) + 2 * (len(columns) - 1)
+
+
+def _folded(header: str, cells: int) -> list[str]:
+    """The header's words on as few lines as a column as wide as its cells (or its longest word) holds."""
+    lines: list[str] = []
+    for word in header.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= max(cells, *(len(w) for w in header.split())):
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return lines or [header]
+
+
+def _aligned(rows, columns, header_lines) -> str:
+    widths = _widths(rows, columns, header_lines)
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    depth = max(len(header_lines[i]) for i in columns)
+    padded = [[""] * (depth - len(header_lines[i])) + header_lines[i] for i in columns]  # folded headers end low
+    heads = [line([lines[k] for lines in padded]) for k in range(depth)]
+    return "\n".join([*heads, line(["-" * w for w in widths])] + [line([r[i] for i in columns]) for r in rows])
+
+
+def terminal_width() -> int | None:
+    """The columns of the terminal stdout is, or None where it is not one (a pipe, a log): tables are printed whole
+    there, one line per row."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def cell(value, spec: str = "") -> str:
@@ -26,9 +93,10 @@ def cell(value, spec: str = "") -> str:
     return format(value, spec)
 
 
-def results_table(df, replaced: int = 0) -> str:
-    """Stored rows (a DataFrame from read_results) as a table, one line per measurement, then the configurations
-    measured more than once (repeats_lines) and how many earlier attempts the table leaves out (`replaced`)."""
+def results_table(df, replaced: int = 0, width: int | None = None) -> str:
+    """Stored rows (a DataFrame from read_results) as a table, one line per measurement (fitted to `width`, a
+    terminal's columns), then the configurations measured more than once (repeats_lines) and how many earlier
+    attempts the table leaves out (`replaced`)."""
     if len(df) == 0:
         return "no results"
     headers, rows, note = results_rows(df)
@@ -37,9 +105,16 @@ def results_table(df, replaced: int = 0) -> str:
         notes.append(f"{replaced} earlier attempt(s) not shown: each replaced by a later attempt of the same trial in "
                      "the same sweep on the same system and GPU type; --all-attempts shows them")
     repeats = repeats_lines(df)
-    text = render(headers, rows) + "".join(f"\n({n})" for n in notes)
+    text = render(headers, rows, width, droppable_columns(headers)) + "".join(f"\n({n})" for n in notes)
     return text + ("\n\nrepeats (one configuration measured more than once):\n" + "\n".join(repeats) if repeats
                    else "")
+
+
+def droppable_columns(headers: list[str]) -> tuple[str, ...]:
+    """The results table's columns a narrow terminal leaves out first, in this order: each details another one or
+    the store has it (`raybench report` in Markdown shows every column)."""
+    order = ("nonpad tok/s/", "step p90 ms", "sweep", "loss first→final", "step p50 ms")
+    return tuple(h for prefix in order for h in headers if h.startswith(prefix))
 
 
 def repeats_lines(df) -> list[str]:

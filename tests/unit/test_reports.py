@@ -11,7 +11,7 @@ import pyarrow as pa
 from raybench.planning.plan import matching, plan
 from raybench.rehearse.fitted import SHIPPED, SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.trials import device_calibration
-from raybench.reports import prediction
+from raybench.reports import prediction, report
 from raybench.reports.report import format_table
 from raybench.reports.tables import rehearsal_report
 from raybench.spec.load import parse_sweep
@@ -80,3 +80,27 @@ def test_a_cpu_sweep_whose_trials_all_failed_is_not_reported_per_gpu(tmp_path):
         table = results_table(store.read_results(root, f"failed{gpus}"))
         assert per in table.splitlines()[0]
         assert ("CPU run" in table) == (gpus == 0)
+
+
+def test_a_table_wider_than_the_terminal_is_fitted_to_it_not_wrapped():
+    """On a terminal narrower than the table, headers fold, the droppable columns go in their order, the last
+    column is cut short, and a last line names what was left out; ids and figures are never cut. Without a
+    terminal (width None) the table is whole, one line per row."""
+    headers = ["sweep", "trial_id", "status", "strategy", "tok/s/worker", "nonpad tok/s/worker", "step p50 ms",
+               "step p90 ms", "peak GiB", "message"]
+    rows = [["smoke-cpu", "495119074fcf193e-r0", "ok", "ddp", "4,119", "4,119", "59.7", "71.3", "0.48", ""],
+            ["smoke-cpu", "fecab8780c74e211-r0", "error", "fsdp2", "-", "-", "-", "-", "-",
+             "RuntimeError: [rank 1] something failed in the backward pass"]]
+    whole = report.render(headers, rows)
+    assert len(whole.splitlines()) == 4 and report.render(headers, rows, width=500) == whole
+    droppable = report.droppable_columns(headers)
+    assert droppable == ("nonpad tok/s/worker", "step p90 ms", "sweep", "step p50 ms")
+    for width in (110, 80):
+        fitted = report.render(headers, rows, width, droppable)
+        lines = fitted.splitlines()
+        assert max(map(len, lines)) <= width, fitted
+        assert all(any(r[1] in line and r[4] in line for line in lines) for r in rows)  # ids and figures whole
+        assert "RuntimeError" in fitted and "backward pass" not in fitted and "…" in fitted
+        assert "left out at this width: nonpad tok/s/worker" in " ".join(lines)
+    assert "step p90 ms" in report.render(headers, rows, 80, droppable).splitlines()[-2]  # more go at 80
+    assert report.render(headers, rows, 110, droppable).splitlines()[0].split() == ["step", "step"]  # folded
