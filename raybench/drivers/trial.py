@@ -18,7 +18,7 @@ from raybench.drivers.nodes import NodeLost
 from raybench.planning import assessment
 from raybench.results import store
 from raybench.results.store import SCHEMA, flatten_config, json_column
-from raybench.runtime import fingerprint
+from raybench.runtime import fingerprint, rank_progress
 from raybench.spec.metrics import projection as metrics_projection
 from raybench.spec.payload import TrialPayload
 from raybench.spec.redact import ANSI_ESCAPE, without_secrets
@@ -171,6 +171,11 @@ def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
     except Exception as exc:  # any failure of the benchmark becomes the row's status
         result = None
         (status, message), detail = classify(exc), error_detail(exc)
+        if status == "timeout" and kind(payload.config.stack.kind).own_loop:  # slow or hung: the ranks' marks
+            far = rank_progress.describe(rank_progress.read(payload.cache_dir, payload.trial_id),
+                                         payload.config.resources.workers, time.time())
+            message, detail = f"{message}; {far}"[:1000], f"{far}\n{detail}"
+    rank_progress.clear(payload.cache_dir, payload.trial_id)
     row = build_row(payload, sweep, status, message, result, started_at, datetime.now(timezone.utc),
                     time.perf_counter() - t0, executor, detail)
     if status != "ok" and stopped_while_running(store_path, sweep, payload.trial_id, started_at):

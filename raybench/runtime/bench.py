@@ -11,7 +11,7 @@ Timing is per rank; the worker combines ranks afterwards (a step is as slow as i
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -132,7 +132,8 @@ def train_step(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
 
 
 def timed_loop(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, device: torch.device,
-               sampler: Sampler | None = None) -> LoopRecord:
+               sampler: Sampler | None = None, on_step: Callable[[float], None] | None = None) -> LoopRecord:
+    """train.steps timed steps; `on_step` gets each one's seconds between steps (the rank's progress marks)."""
     record = LoopRecord(phase_times_s={p: [] for p in PHASES})
     clock = PhaseClock(device)
     losses = []
@@ -153,6 +154,8 @@ def timed_loop(trainable: Trainable, batches: Iterator[dict], train: TrainSpec, 
             record.unlabelled_micro_batches.append(counts.unlabelled)
         if sampler is not None:
             sampler.tick()
+        if on_step is not None:
+            on_step(record.step_times_s[-1])
     # Losses stay on the device until the end so reading them never adds a sync inside the timed steps.
     record.losses = torch.stack(losses).float().cpu().tolist()
     return record

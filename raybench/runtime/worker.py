@@ -25,8 +25,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from raybench.runtime import (  # noqa: E402
-    bench, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics, stacks, step_profile,
-    strategies, warm_up)
+    bench, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics, rank_progress, stacks,
+    step_profile, strategies, warm_up)
 from raybench.runtime.build import Built, build_and_wrap  # noqa: E402
 from raybench.runtime.probe import LoopRecord  # noqa: E402
 from raybench.runtime.rank_metrics import Peaks, RankMeasurement, TrialFacts  # noqa: E402
@@ -134,7 +134,7 @@ class _Trained:
 
 
 def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, built: Built, build_peaks: Peaks,
-                    baseline: _MemoryBaseline, t_start: float) -> _Trained:
+                    baseline: _MemoryBaseline, t_start: float, marks: rank_progress.Marks) -> _Trained:
     """The timed loop, then the exposed-communication steps, then the profiled steps; this rank's
     measurements."""
     config, train = payload.config, payload.config.train
@@ -144,7 +144,8 @@ def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, 
     t_loop = time.perf_counter()
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
     dynamo_before = compile.dynamo_counts() if train.compile else None
-    record = bench.timed_loop(built.trainable, batches, train, ctx.device, sampler)
+    record = bench.timed_loop(built.trainable, batches, train, ctx.device, sampler, on_step=marks.step)
+    marks.reached("after the timed steps")
     compiled = compile.compiled_since(dynamo_before) if train.compile else {}
     sampler.close()
     comm_exposed_p50_s = _exposed_comm(built.trainable, batches, train, ctx, record)
@@ -182,12 +183,17 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> RankResult | None:
     limits.apply_memory_limit(config.resources.memory_limit_gib, int(held_gib * GIB))
     # A collective stuck past the trial's budget fails on its own too, not only by the launcher's kill.
     ctx = warm_up.init_distributed(config, timeout_s=config.resources.timeout_s)
+    # How far this rank gets, for a timeout row (rank_progress.describe): slow or hung.
+    marks = rank_progress.Marks(payload.cache_dir, payload.trial_id, ctx.rank, config.train.steps)
+    marks.reached("warm-up")
     shape = model_shape(config)
     hostnames, busbw = provenance.hostnames_and_busbw(payload, ctx)
     # Not part of the trial's setup: time_to_first_step_s leaves it out.
     t_start += warm_up.warm_up(payload, ctx, shape, build_and_wrap)
+    marks.reached("build")
     built, build_peaks, baseline = _build_measured(payload, ctx, held_gib)
-    trained = _train_measured(payload, ctx, shape, built, build_peaks, baseline, t_start)
+    marks.reached("first step")
+    trained = _train_measured(payload, ctx, shape, built, build_peaks, baseline, t_start, marks)
     reduced = rank_metrics.reduce_ranks(trained.measured, config.train.tp_size, config.train.warmup_steps)
     if ctx.rank != 0:
         return None

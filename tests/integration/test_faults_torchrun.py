@@ -74,6 +74,11 @@ def test_timeout_ends_stuck_rank_and_kills_every_process(tmp_path):
     assert signaller.sent.is_set() and code == 1
     row = store.read_results(tmp_path / "store").iloc[0]
     assert row.status == "timeout" and "timeout_s=15" in row.message
+    # How far it got, from the ranks' marks: rank 1 stopped (before its process group formed, or in a step), so
+    # the row never reads "slow"; the marks are gone with the trial.
+    assert "how far: " in row.message and "slow, not hung" not in row.message, row.message
+    assert not (tmp_path / "store" / "_cache" / "progress").exists() or not any(
+        (tmp_path / "store" / "_cache" / "progress").iterdir())
     assert wall < 15 + 15  # the kill is prompt: SIGTERM, a grace period, SIGKILL
     assert _gone(signaller.seen.values())  # the stopped rank too: its resources are free
 
