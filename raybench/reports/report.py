@@ -54,7 +54,7 @@ def _cut_last(rows, columns, header_lines, width: int, shortest: int) -> list[li
 
 
 def _widths(rows, columns, header_lines) -> list[int]:
-    return [max(*(len(line) for line in header_lines[i]), *(len(r[i]) for r in rows)) for i in columns]
+    return [max([*(len(line) for line in header_lines[i]), *(len(r[i]) for r in rows)]) for i in columns]
 
 
 def _width(rows, columns, header_lines) -> int:
@@ -65,7 +65,7 @@ def _folded(header: str, cells: int) -> list[str]:
     """The header's words on as few lines as a column as wide as its cells (or its longest word) holds."""
     lines: list[str] = []
     for word in header.split():
-        if lines and len(lines[-1]) + 1 + len(word) <= max(cells, *(len(w) for w in header.split())):
+        if lines and len(lines[-1]) + 1 + len(word) <= max([cells, *(len(w) for w in header.split())]):
             lines[-1] += f" {word}"
         else:
             lines.append(word)
