@@ -93,6 +93,7 @@ def test_a_table_wider_than_the_terminal_is_fitted_to_it_not_wrapped():
              "RuntimeError: [rank 1] something failed in the backward pass"]]
     whole = report.render(headers, rows)
     assert len(whole.splitlines()) == 4 and report.render(headers, rows, width=500) == whole
+    assert report.render(["a", "bb"], []) == "a  bb\n-  --"  # no rows: the headers' widths
     droppable = report.droppable_columns(headers)
     assert droppable == ("nonpad tok/s/worker", "step p90 ms", "sweep", "step p50 ms")
     for width in (110, 80):
