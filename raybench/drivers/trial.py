@@ -171,7 +171,8 @@ def run_trial(payload: TrialPayload, sweep: str, store_path: str, executor: str,
     except Exception as exc:  # any failure of the benchmark becomes the row's status
         result = None
         (status, message), detail = classify(exc), error_detail(exc)
-        if status == "timeout" and kind(payload.config.stack.kind).own_loop:  # slow or hung: the ranks' marks
+        # Slow or hung, from the ranks' marks (raybench's loop, and the stacks that run in its workers).
+        if status == "timeout" and kind(payload.config.stack.kind).in_process:
             far = rank_progress.describe(rank_progress.read(payload.cache_dir, payload.trial_id),
                                          payload.config.resources.workers, time.time())
             message, detail = f"{message}; {far}"[:1000], f"{far}\n{detail}"

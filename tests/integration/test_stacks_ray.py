@@ -189,3 +189,22 @@ def test_a_hang_is_a_timeout_row(rows):
     row = rows["command-hang"]
     assert row.status == "timeout" and f"resources.timeout_s={HANG_TIMEOUT_S} s" in row.message
     assert row.trial_wall_s < HANG_TIMEOUT_S + 30  # killed at the limit, not left to run
+
+
+# Slow (about 40 s, a trial left to run into its budget): the default run checks the wording on raybench's loop
+# (tests/unit/test_rank_progress.py, test_faults_torchrun.py); this checks that a user's in-process trainer marks too.
+@pytest.mark.slow
+def test_a_users_trainer_too_slow_for_its_budget_reads_slow_not_hung(tmp_path, chat_file, chat_tokenizer):
+    """A transformers Trainer run by the hf stack under torchrun, far more steps than its budget holds: the
+    timeout row says how far the rank got, through the probe's marks, and that it was still stepping."""
+    model = make_model_dir(tmp_path / "model")
+    case = {"stack.kind": "hf", "stack.entry": "hf_user:build_plain_trainer", "stack.pythonpath": [str(USER_DIR)],
+            **_same_tokens(model, chat_file, chat_tokenizer), "train.steps": 100000}
+    sweep = tmp_path / "slow.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "slow-stack", "model": {"path": str(model)}, "store": str(tmp_path / "s"),
+                                     "resources": {"workers": 1, "cpus_per_worker": 1, "timeout_s": 40},
+                                     "axes": {"case": [case]}}))
+    assert cli.main(["trial", str(sweep), "0"]) == 1
+    (row,) = read_results(str(tmp_path / "s"), "slow-stack").itertuples()
+    assert row.status == "timeout" and "how far: rank 0 step " in row.message, row.message
+    assert "/100000" in row.message and "slow, not hung" in row.message, row.message

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
-from raybench.runtime import data, fingerprint, limits, provenance, rank_memory, rank_metrics, warm_up
+from raybench.runtime import (data, fingerprint, limits, provenance, rank_memory, rank_metrics, rank_progress,
+                              warm_up)
 from raybench.runtime.probe import StepProbe, param_counts
 from raybench.runtime.rank_metrics import RankMeasurement, TrialFacts
 from raybench.runtime.sampler import Sampler
@@ -109,8 +110,17 @@ def measured_run(payload: TrialPayload, build: Build) -> RankResult | None:
     gpu_held_gib = rank_memory.gpu_allocated_gib(ctx.device)
     probe = StepProbe(ctx.device)
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
-    probe.on_step = sampler.tick
+    # How far this rank gets, for a timeout row (rank_progress.describe): slow or hung, as raybench's own loop.
+    marks = rank_progress.Marks(payload.cache_dir, payload.trial_id, ctx.rank, config.train.steps)
+    marks.reached("build")
+
+    def on_step() -> None:
+        sampler.tick()
+        marks.step(probe.record.step_times_s[-1])
+
+    probe.on_step = on_step
     run = build(payload, ctx, probe)
+    marks.reached("first step")
     params_total, params_trainable = param_counts(run.model)
     run.train()
     sampler.close()
