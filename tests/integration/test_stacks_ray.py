@@ -191,7 +191,7 @@ def test_a_hang_is_a_timeout_row(rows):
     assert row.trial_wall_s < HANG_TIMEOUT_S + 30  # killed at the limit, not left to run
 
 
-# Slow (about 40 s, a trial left to run into its budget): the default run checks the wording on raybench's loop
+# Slow (about 50 s, a trial left to run into its budget): the default run checks the wording on raybench's loop
 # (tests/unit/test_rank_progress.py, test_faults_torchrun.py); this checks that a user's in-process trainer marks too.
 @pytest.mark.slow
 def test_a_users_trainer_too_slow_for_its_budget_reads_slow_not_hung(tmp_path, chat_file, chat_tokenizer):
