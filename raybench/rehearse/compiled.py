@@ -11,6 +11,7 @@ from typing import ContextManager
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
@@ -33,12 +34,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def _storage_key(t: torch.Tensor) -> int:
-    return _local(t).untyped_storage()._cdata  # views share their base's storage: one key per allocation
-
-
-def _storage_bytes(t: torch.Tensor) -> int:
-    return _local(t).untyped_storage().nbytes()
+def _storages(t: torch.Tensor) -> dict[int, int]:
+    """The allocations a tensor holds on this rank, key -> bytes: a DTensor's shard, a tensor subclass's inner
+    tensors (torchao's FP8 weight wraps its bf16 one: a compiled graph saves the inner tensor itself), views
+    their base's storage (one key per allocation)."""
+    return {st._cdata: st.nbytes() for st in get_untyped_storages(_local(t))}
 
 
 @dataclass
@@ -112,12 +112,12 @@ def _saved_bytes(run, params: nn.Module, mode, kept_by_policy: dict[int, int] | 
     compiled graph saves the shards themselves). An eager op-level checkpoint keeps its policy's outputs in its
     own cache, unseen by the hooks: `run` reports those in `kept_by_policy` (storage key -> bytes,
     `_policy_block`)."""
-    exclude = {_storage_key(p) for p in params.parameters()}
+    exclude = {key for p in params.parameters() for key in _storages(p)}
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if counted(t):
-            saved[_storage_key(t)] = _storage_bytes(t)
+            saved.update(_storages(t))
         return t
 
     with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -288,7 +288,7 @@ def _policy_block(block: nn.Module, train: TrainSpec, kept_by_policy: dict[int, 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     def keep(t: torch.Tensor) -> None:
-        kept_by_policy[_storage_key(t)] = _storage_bytes(t)
+        kept_by_policy.update(_storages(t))
 
     on_saved = keep if kept_by_policy is not None else None
     return checkpoint_wrapper(block, context_fn=activation_checkpointing.policy_context_fn(train, on_saved))

@@ -512,6 +512,18 @@ def test_compiled_op_policy_blocks_keep_what_inductor_keeps(case):
     assert traced_model.COMPILED_ACTIVATIONS_NOTE in rehearsed.notes
 
 
+def test_a_compiled_fp8_block_keeps_what_a_bf16_block_keeps():
+    """torchao's FP8 weight wraps the block's 16-bit one, and the compiled graph saves that inner tensor for
+    backward: it is the weight (FSDP2 frees it after forward either way), not an activation. Under torchtitan's
+    op-level policy an FP8 matmul's output is kept as a bf16 one's is, so the compiled blocks keep the same
+    bytes but the FP8 scales (a few scalars)."""
+    policy = {"seq_len": 128, "ac_ratio": "1", "ac_mode": "op", "compile": True}
+    kept = {recipe: compiled._block_kept_bytes(trial.config, trial.shape, compiled=True, op_policy=True)
+            for recipe, trial in ((r, tiny_trial(1, gpus=1, strategy="fsdp2", fp8=r, **policy))
+                                  for r in ("off", "tensorwise"))}
+    assert 0 <= kept["tensorwise"] - kept["off"] <= 64
+
+
 @pytest.mark.parametrize("case", ["fsdp2", "tp"])
 def test_compiled_trials_rehearse_with_fewer_activations(case):
     workers, train = COMPILED_CASES[case]
