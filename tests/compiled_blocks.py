@@ -31,4 +31,4 @@ def saved_by_real_inductor(trial, op_policy: bool = False, device: str = "cpu") 
             kept = compiled._saved_bytes(lambda: block.forward(run), block.module, real)
         finally:
             torch._dynamo.reset()
-    return eager, kept, compiled._storage_bytes(block.hidden)
+    return eager, kept, sum(compiled._storages(block.hidden).values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raybench.planning import zero3_gathered as zero3
 from raybench.spec import metrics
 from raybench.spec.finetunes import LORA
 from raybench.spec.hardware import peak_tflops
@@ -339,7 +340,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
 
     # deepspeed: 16-bit module weights, a flat fp32 master partition, gradients and states partitioned by stage.
     stage = train.zero_stage
-    weights = low * local if stage < 3 else low * local / world + low * (root + 2 * (block + block_adapters))
+    weights = low * local if stage < 3 else low * local / world + low * zero3_gathered_elements(shape, train)
     if train.offload == "optimizer_params":
         offloaded += low * local / world
         weights -= low * local / world
@@ -354,6 +355,14 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
         offloaded += optimizer
         optimizer = 0.0
     return weights, grads, optimizer, offloaded
+
+
+def zero3_gathered_elements(shape: ModelShape, train: TrainSpec) -> int:
+    """Parameter elements ZeRO-3 holds whole as backward begins (zero3_gathered.gathered_at_backward)."""
+    biased = tuple(n for n in PROJECTIONS if _has_bias(shape, n))
+    modules = zero3.forward_modules(shape, projection_shapes(shape), biased, train.lora.rank,
+                                                    lora_targets(train))
+    return zero3.gathered_at_backward(modules)
 
 
 def _flops_per_step(config: TrialConfig, shape: ModelShape, counts: ParamCounts, ac_blocks) -> float:

@@ -73,6 +73,9 @@ class Rehearsal:
     comm_algorithms: dict[str, str] | None = None  # per collective, the algorithm NCCL's model runs it with
     layout: dict | None = None  # GPUs and NICs per node the collectives were priced on
     timeline: list | None = None  # StepTrace.timeline, kept where op_policy may start from this trial (block_ops)
+    # Activations and temporaries where together they hold the most, at the peak or not (`_working_gib`): what a
+    # ZeRO trial holds beside its own states (`_zero_from_twin`).
+    working_gib: dict[str, float] = field(default_factory=dict)
     gpu: str | None = None  # the GPU it was priced for (`best --predict --gpu` refuses another's); None on CPU
 
     def as_dict(self) -> dict:
@@ -132,8 +135,7 @@ def _zero_from_twin(config: TrialConfig, twin: Rehearsal, analytic: Estimate | N
     if twin.method != "traced" or analytic is None:
         return _analytic(config, analytic, twin.rank, why)
     memory = {"parameters": analytic.params_gib, "gradients": analytic.grads_gib,
-              "optimizer_state": analytic.optimizer_gib, "activations": twin.memory_gib["activations"],
-              "temporaries": twin.memory_gib["temporaries"]}
+              "optimizer_state": analytic.optimizer_gib, **twin.working_gib}
     peak_gib = sum(memory.values())
     reserve = twin.reserved_gib / twin.peak_gib if twin.reserved_gib and twin.peak_gib else 1.0
     notes = [ZERO_NOTE.format(stage=config.train.zero_stage), *twin.notes]
@@ -211,6 +213,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         memory["activations"] -= offloaded_gib
         notes = [*notes, note]
     peak_gib = sum(memory.values())
+    working_gib = _working_gib(trace, trace.memory_gib["activations"] - memory["activations"])
     source = busbw_source if busbw_gbps else "links"
     layout = (layout or layout_of(gpu)) if on_gpu else None
     busbw = busbw_gbps or link_busbw_gbps(gpu, world, layout)
@@ -234,7 +237,18 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         host_s=timing.host_s if has_time else None, comm_latency_s=timing.comm_latency_s if busbw else None,
         comm_algorithms=timing.comm_algorithms if busbw else None,
         layout=dataclasses.asdict(layout) if layout else None,
-        timeline=trace.timeline if has_time and trace.block_ops else None, gpu=gpu if on_gpu else None)
+        timeline=trace.timeline if has_time and trace.block_ops else None, working_gib=working_gib,
+        gpu=gpu if on_gpu else None)
+
+
+def _working_gib(trace: StepTrace, kept_off_gib: float) -> dict[str, float]:
+    """Activations and temporaries at the place of the step (StepTrace.place_gib) where together they hold the
+    most, less `kept_off_gib` of activations (what compile and activation offloading keep off the GPU at the
+    peak, where every block's activations are held); the peak's where the trace has no places."""
+    places = list(trace.place_gib.values()) or [trace.memory_gib]
+    held = ({"activations": max(place["activations"] - kept_off_gib, 0.0), "temporaries": place["temporaries"]}
+            for place in places)
+    return max(held, key=lambda gib: sum(gib.values()))
 
 
 def step_config(config: TrialConfig) -> TrialConfig:

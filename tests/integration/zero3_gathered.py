@@ -1,0 +1,86 @@
+"""Run under torchrun by test_zero3_gathered.py: for each of the ZeRO-3 settings given as a JSON list in argv[1],
+a small Llama-shaped model under DeepSpeed ZeRO-3 (`strategies.deepspeed.setup`) takes three training steps; in
+each, as backward begins (the logits' gradient made, the head's backward not yet run), it sums the elements of
+the parameters DeepSpeed holds gathered. Rank 0 prints one JSON line per settings: those sums by step, and what
+`zero3_gathered.gathered_at_backward` predicts for the model and settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from raybench.planning import estimate, zero3_gathered
+from raybench.runtime.build import build_meta, fill
+from raybench.runtime.strategies import RankContext, deepspeed
+from raybench.spec.presets import ModelShape
+from raybench.spec.sweep_spec import ModelSpec, TrainSpec
+
+CPU = torch.device("cpu")
+# 4 blocks (hidden 96, MLP 256) and a 512 x 96 head: the settings the test gives set apart the head, the blocks
+# and the prefetch bucket.
+SHAPE = ModelShape("llama", hidden_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=256, vocab_size=512, max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def main(all_settings: list[dict]) -> int:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed as ds  # noqa: F401  DeepSpeed picks its accelerator at its first import
+
+    dist.init_process_group("gloo")
+    for settings in all_settings:
+        gathered_by_step = steps(settings)
+        modules = zero3_gathered.forward_modules(SHAPE, estimate.projection_shapes(SHAPE), (), 0, ())
+        predicted = zero3_gathered.gathered_at_backward(modules, zero3_gathered.Zero3Settings(**settings))
+        if dist.get_rank() == 0:
+            print(json.dumps({"settings": settings, "gathered_by_step": gathered_by_step, "predicted": predicted,
+                              "model_elements": sum(modules)}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def steps(settings: dict) -> list[int]:
+    """Three steps under `settings`; the parameter elements gathered as each one's backward began."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    torch.manual_seed(0)
+    train = TrainSpec(strategy="deepspeed", zero_stage=3, precision="fp32", seq_len=16, micro_batch=1)
+    model, source, info = build_meta(ModelSpec(preset="tiny"), seed=0, shape=SHAPE)
+    ds_settings = {f"stage3_{name}": value for name, value in settings.items()}
+    config = deepspeed.ds_config
+
+    def with_settings(*args):
+        built = config(*args)
+        built["zero_optimization"].update(ds_settings)
+        return built
+
+    deepspeed.ds_config = with_settings
+    ctx = RankContext(dist.get_rank(), dist.get_world_size(), 0, CPU)
+    try:
+        trainable = deepspeed.setup(model, train, ctx, lambda whole: fill(model, CPU, source, info, whole))
+    finally:
+        deepspeed.ds_config = config
+    engine = trainable.model
+    gathered_by_step = []
+
+    def count_gathered(grad):
+        gathered_by_step.append(sum(p.ds_numel for p in engine.module.parameters()
+                                    if p.ds_status == ZeroParamStatus.AVAILABLE))
+        return grad
+
+    tokens = torch.randint(0, SHAPE.vocab_size, (1, 16))
+    for _ in range(3):  # DeepSpeed prefetches once its first step has recorded the modules' order
+        out = engine(input_ids=tokens, use_cache=False)
+        out.logits.register_hook(count_gathered)
+        loss = torch.nn.functional.cross_entropy(out.logits[0, :-1].float(), tokens[0, 1:])
+        trainable.backward(loss)
+        trainable.step()
+    return gathered_by_step
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1])))
