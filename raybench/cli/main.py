@@ -129,7 +129,7 @@ def _run(args) -> int:
         return _interrupted(str(why) or "Ctrl-C", progress.tally(), store_path, args.cluster)
     # The sweep's rows, the run's own included: run_sweep read the store once, and it is not read again.
     ran = {t.trial_id for t in done.ran}
-    text, failed = run_report(done.results.to_pandas(), ran, spec.search, store_path, terminal_width())
+    text, failed = run_report(done.results.to_pandas(), ran, spec.search, store_path, terminal_width(), args.quiet)
     print(text)
     return EXIT_TRIALS_FAILED if failed else EXIT_OK
 
@@ -183,7 +183,7 @@ def _best(args) -> int:
                   "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
             return EXIT_BAD_INPUT
         # The GPU whose memory the rehearsals must fit in (estimate.gpu), as `rehearse --gpu`.
-        return _best_predicted(args, cli_rehearse.for_gpu(load_checked(args.source), args.gpu, "raybench best"))
+        return cli_rehearse.best_predicted(args, cli_rehearse.for_gpu(load_checked(args.source), args.gpu, "raybench best"))
 
     store_path, sweep = resolve_source(args.source, args.sweep)
     if args.store:  # a sweep run with `run SWEEP --store DIR` has its rows there
@@ -200,34 +200,6 @@ def _best(args) -> int:
     print(best_report(rows, by=args.by, metric=args.metric, mode=args.mode, axis=args.axis,
                       max_mem_gib=args.max_mem_gib, source=args.source))
     return EXIT_OK if (rows.status == "ok").any() else EXIT_TRIALS_FAILED
-
-
-def _best_predicted(args, spec) -> int:
-    """`best SWEEP --predict`: the predicted choice per group, where it could flip, and (--emit-sweep) the
-    short sweep of the trials in doubt."""
-    from raybench.reports import prediction
-
-    axis = args.axis or "train.ac_ratio"
-    found = prediction.predict(spec, args.source, args.store or spec.store, axis)
-    # A rehearsal stored before rehearsals kept their GPU (None) is taken for the sweep's own GPU, unless --gpu asks
-    # for another.
-    other = {cid: gpu for cid, gpu in found.priced_for_other_gpu.items() if gpu is not None or args.gpu}
-    if other:
-        gpus = ", ".join(sorted({gpu or "a GPU not recorded" for gpu in other.values()}))
-        print(f"raybench best --predict: {len(other)} of {args.source}'s rehearsals were priced for {gpus}, not "
-              f"{spec.estimate.gpu}: run `raybench rehearse {args.source} --gpu '{spec.estimate.gpu}'` first",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.json:
-        for result in found.results:
-            print(json.dumps({**result, "priced_with": found.priced_with}, sort_keys=True, default=str))
-    else:
-        print(prediction.prediction_text(found, axis))
-    if found.stale:
-        print(found.stale, file=sys.stderr)
-    if args.emit_sweep:
-        print(prediction.write_settle_sweep(spec, found.results, args.emit_sweep, axis), file=sys.stderr)
-    return EXIT_OK
 
 
 def _slurm_options(args):
@@ -382,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="result store directory (overrides the sweep's store)")
     p.add_argument("--keep-invalid", action="store_true", help="record impossible grid points as invalid rows")
     p.add_argument("--rerun", action="store_true", help="run trials again even if stored as ok")
-    p.add_argument("--quiet", action="store_true", help="no progress output (batch jobs); the results table "
-                   "still ends the run. Default: a live view on a terminal, one line per finished trial otherwise")
+    p.add_argument("--quiet", action="store_true", help="batch jobs: no progress lines or table, only trials not ok "
+                   "and the tally. Default: a live view on a terminal, one line per finished trial otherwise")
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
     # Passed by a one-shot SLURM job's payload (slurm._run_command): its sweep's driver runs in a child (split_run).
     p.add_argument("--slurm-job", action="store_true", help=argparse.SUPPRESS)

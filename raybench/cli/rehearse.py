@@ -102,3 +102,35 @@ def _changed(rehearsed: list, replanned: list) -> list:
     """The replanned trials at the indices just rehearsed whose configuration the new rehearsals changed."""
     ids = {t.index: t.config_id for t in rehearsed}
     return [t for t in replanned if t.index in ids and t.config_id != ids[t.index]]
+
+
+def best_predicted(args, spec) -> int:
+    """`best SWEEP --predict`: the predicted choice per group, where it could flip, and (--emit-sweep) the
+    short sweep of the trials in doubt."""
+    from raybench.reports import prediction
+
+    axis = args.axis or "train.ac_ratio"
+    found = prediction.predict(spec, args.source, args.store or spec.store, axis)
+    # A rehearsal stored before rehearsals kept their GPU (None) is taken for the sweep's own GPU, unless --gpu asks
+    # for another.
+    other = {cid: gpu for cid, gpu in found.priced_for_other_gpu.items() if gpu is not None or args.gpu}
+    if other or found.unrehearsed:
+        gpu = spec.estimate.gpu
+        why = [f"{len(other)} rehearsal(s) priced for "
+               f"{', '.join(sorted({g or 'a GPU not recorded' for g in other.values()}))}"] if other else []
+        if found.unrehearsed:  # a configuration can change with the GPU (train.loss auto): a new one has none yet
+            why.append(f"{len(found.unrehearsed)} trial(s) with none: " + "; ".join(
+                f"{tid} {values}" for tid, values in found.unrehearsed.items()))
+        print(f"raybench best --predict: {args.source} is not rehearsed for {gpu} ({'; '.join(why)}): run "
+              f"`raybench rehearse {args.source} --gpu '{gpu}'` first", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        for result in found.results:
+            print(json.dumps({**result, "priced_with": found.priced_with}, sort_keys=True, default=str))
+    else:
+        print(prediction.prediction_text(found, axis))
+    if found.stale:
+        print(found.stale, file=sys.stderr)
+    if args.emit_sweep:
+        print(prediction.write_settle_sweep(spec, found.results, args.emit_sweep, axis), file=sys.stderr)
+    return EXIT_OK

@@ -221,20 +221,27 @@ def front_report(rows: pd.DataFrame, objectives: list[tuple[str, str]]) -> str:
     return f"{what} of {len(means)} configuration(s) over {head}:\n" + render(["configuration", *metrics], lines)
 
 
-def run_report(rows, run_ids: set[str], search, store_path: str, width: int | None = None) -> tuple[str, int]:
+def run_report(rows, run_ids: set[str], search, store_path: str, width: int | None = None,
+               quiet: bool = False) -> tuple[str, int]:
     """`raybench run`'s closing report: the sweep's stored rows (fitted to `width`, a terminal's columns), the front
     of a search's objectives (`search`, the sweep's search section), and how many of the trials this run ran
-    (`run_ids`) ended not ok; (text, that count)."""
-    parts = [results_table(rows, width=width)]
-    if search.algo != "grid" or not isinstance(search.metric, str):
-        parts.append(front_report(rows, search.objectives()))
+    (`run_ids`) ended not ok; (text, that count). quiet (`run --quiet`, batch jobs): no table and no front, only
+    what needs a look (a line per trial of this run that ended not ok, the data cuts) and the closing line."""
     ran = rows[rows.trial_id.isin(run_ids)]
-    failed = int((ran.status != "ok").sum())
+    not_ok = ran[ran.status != "ok"]
+    parts = []
+    if not quiet:
+        parts.append(results_table(rows, width=width))
+        if search.algo != "grid" or not isinstance(search.metric, str):
+            parts.append(front_report(rows, search.objectives()))
+    elif len(not_ok):
+        parts.append("\n".join(f"{r.trial_id}: {r.status}: {r.message}" for r in not_ok.itertuples()))
     cut = cut_report(ran)
     if cut:
         parts.append(cut)
-    parts.append(f"{len(ran)} trial(s) run, {failed} not ok; results in {store_path}")
-    return "\n\n".join(parts), failed
+    table = f" (`raybench report {store_path}` for the table)" if quiet else ""
+    parts.append(f"{len(ran)} trial(s) run, {len(not_ok)} not ok; results in {store_path}{table}")
+    return "\n\n".join(parts), len(not_ok)
 
 
 def cut_report(rows) -> str | None:

@@ -28,6 +28,9 @@ class Prediction:
     # Rehearsed GPU trials priced for another GPU than the sweep's (`--gpu`): config id -> the GPU they were priced
     # for (None: stored before rehearsals kept their GPU). Their figures would answer for the wrong GPU.
     priced_for_other_gpu: dict[str, str | None]
+    # GPU trials with no stored rehearsal while others of the sweep have one (trial id -> its axis values): left
+    # out, another value would be called best. A configuration can change with the GPU (train.loss auto).
+    unrehearsed: dict[str, dict]
 
 
 def predict(spec, source: str, store_path: str, axis: str) -> Prediction:
@@ -54,7 +57,11 @@ def predict(spec, source: str, store_path: str, axis: str) -> Prediction:
              if asked and t.config.resources.gpus_per_worker > 0
              and stored.get(t.config_id, {}).get("method") == "traced"
              and find_gpu(stored[t.config_id].get("gpu")) is not asked}
-    return Prediction(results, used, stale, other)
+    on_gpu = [t for t in trials if t.config.resources.gpus_per_worker > 0]
+    unrehearsed = {t.trial_id: t.axis_values for t in on_gpu if t.config_id not in stored}
+    if len(unrehearsed) == len(on_gpu):  # none rehearsed: render_predicted_best says to rehearse first
+        unrehearsed = {}
+    return Prediction(results, used, stale, other, unrehearsed)
 
 
 def prediction_text(found: Prediction, axis: str) -> str:

@@ -113,6 +113,10 @@ def test_rehearse_one_trial_then_best_predict(tmp_path, capsys):
     assert (row["method"], row["busbw_gbps"], row["busbw_source"]) == ("traced", 45.0, "set")
     store_path = tmp_path / "sweep-store"
     assert set(rehearsals.rehearsals(store_path)) == {trials[1].config_id}
+    # Trial 0 has no rehearsal: left out, trial 1 would be called best without a word; it is named instead.
+    assert main(["best", sweep, "--predict", "--gpu", "H200"]) == 2
+    err = capsys.readouterr().err
+    assert "not rehearsed for H200 (1 trial(s) with none: " + trials[0].trial_id in err and "first" in err
 
     assert main(["rehearse", sweep, "--trial", "0"]) == 0  # by plan index; a table
     assert trials[0].config_id in capsys.readouterr().out
@@ -121,7 +125,7 @@ def test_rehearse_one_trial_then_best_predict(tmp_path, capsys):
     # Trial 1 was priced for an H200: the H100's prediction would answer with its figures, so it is refused.
     assert main(["best", sweep, "--predict", "--gpu", "H100 SXM"]) == 2
     err = capsys.readouterr().err
-    assert "1 of" in err and "priced for H200, not H100 SXM" in err and "--gpu 'H100 SXM'` first" in err
+    assert "not rehearsed for H100 SXM (1 rehearsal(s) priced for H200)" in err and "--gpu 'H100 SXM'` first" in err
     # Rehearsed for the GPU asked, each prediction fits the rehearsals in its memory: 10% of it kept as the margin.
     for gpu, memory_gib in (("H100 SXM", 79.6474609375), ("A100 40GB", 39.5859375)):
         assert main(["rehearse", sweep, "--gpu", gpu]) == 0
@@ -130,7 +134,7 @@ def test_rehearse_one_trial_then_best_predict(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "best ac_ratio" in out and f" {0.9 * memory_gib:.1f} " in out
     assert main(["best", sweep, "--predict", "--gpu", "H100 SXM"]) == 2  # the store's rehearsals are the A100's now
-    assert "2 of" in capsys.readouterr().err
+    assert "2 rehearsal(s) priced for A100 40GB" in capsys.readouterr().err
     for command in (["best", sweep, "--predict"], ["rehearse", sweep]):
         assert main([*command, "--gpu", "Foo 9000"]) == 2
         err = capsys.readouterr().err
@@ -231,8 +235,9 @@ def test_run_quiet_on_a_stored_sweep_starts_nothing(tmp_path, capsys):
     assert "2 trial(s) already stored as ok" in capsys.readouterr().out
     assert main(["run", sweep, "--store", str(elsewhere), "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "already stored" not in out  # --quiet: no progress lines, only the results
-    assert out.strip().endswith(f"0 trial(s) run, 0 not ok; results in {elsewhere}")
+    # --quiet: no progress lines and no table, the closing line alone (the trials all ok)
+    assert out.strip() == (f"0 trial(s) run, 0 not ok; results in {elsewhere} (`raybench report {elsewhere}` for "
+                           "the table)")
     assert store.result_files(elsewhere) == files and not (tmp_path / "sweep-store").exists()
 
 

@@ -13,7 +13,6 @@ from raybench.drivers.executors import train
 from raybench.drivers.trial import build_row
 from raybench.planning.plan import plan
 from raybench.results import store
-from raybench.reports.report import results_table
 from raybench.spec.load import load_sweep, parse_sweep
 from raybench.spec.schema import RankResult
 from raybench.spec.sweep_spec import TrialConfig
@@ -31,13 +30,17 @@ def counted(calls: list, name: str, function):
     return spy
 
 
+FAILED_MESSAGE = "RuntimeError: boom in step 2"
+
+
 def drivers_writing_rows(failing: set[str]):
     """A stand-in for sweep.run_planned: each trial's driver stores its row (an error for the trials `failing`)."""
     def run_planned(trials, sweep_name, store_path, executor, **options):
         for t in trials:
             status = "error" if t.trial_id in failing else "ok"
             measured = RankResult.from_columns({"tok_per_s_per_device": 100.0})
-            store.write_row(store_path, build_row(t.payload, sweep_name, status, "", measured,
+            message = FAILED_MESSAGE if t.trial_id in failing else ""
+            store.write_row(store_path, build_row(t.payload, sweep_name, status, message, measured,
                                                   executor=executor))
 
     return run_planned
@@ -67,8 +70,9 @@ def test_a_run_loads_plans_and_reads_the_store_once_and_prints_what_a_new_read_w
 
     out = capsys.readouterr().out
     assert len(store.result_files(root, "once")) == 1  # compacted after the run
-    assert out.startswith(results_table(store.read_results(root, "once")) + "\n")
-    assert out.strip().endswith(f"3 trial(s) run, 1 not ok; results in {root}")
+    # --quiet: no table; the trial that failed, then the closing line
+    assert out.strip() == (f"{fresh[0].trial_id}: error: {FAILED_MESSAGE}\n\n3 trial(s) run, 1 not ok; results in "
+                           f"{root} (`raybench report {root}` for the table)")
 
 
 def test_the_rows_of_a_run_are_the_rows_read_before_and_the_files_added_since(tmp_path):
