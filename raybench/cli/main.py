@@ -183,7 +183,8 @@ def _best(args) -> int:
                   "(its trials and the rehearsals `raybench rehearse` stored)", file=sys.stderr)
             return EXIT_BAD_INPUT
         # The GPU whose memory the rehearsals must fit in (estimate.gpu), as `rehearse --gpu`.
-        return cli_rehearse.best_predicted(args, cli_rehearse.for_gpu(load_checked(args.source), args.gpu, "raybench best"))
+        spec = cli_rehearse.for_gpu(load_checked(args.source), args.gpu, "raybench best")
+        return cli_rehearse.best_predicted(args, spec)
 
     store_path, sweep = resolve_source(args.source, args.sweep)
     if args.store:  # a sweep run with `run SWEEP --store DIR` has its rows there
