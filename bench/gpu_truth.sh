@@ -3,6 +3,7 @@
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
 #   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
 #                                           snapshot ddp-liger tests stacks probe hf-check speed data leftovers
+#                                           zero
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -191,6 +192,22 @@ leftovers_stage() {
   fi
 }
 
+# GPU round 8 (ZeRO on one GPU): bench/sweeps/gpu-zero-1gpu.yaml (FSDP2, DeepSpeed ZeRO-2 and ZeRO-3 on Llama-3.2-1B)
+# on the warm pool, then bench/zero_round.py's summary against the predictions committed before it ran
+# (OUT_DIR/zero-round.txt). Budget RAYBENCH_GPU_ZERO_S (default 300 s): Ray's start ~25 s and three points of
+# 20 steps of 2 x 8k tokens (0.40-0.42 s predicted) with their builds. RAYBENCH_GPU_ZERO_TWIN=1 validates and plans
+# the GPU sweep, then runs the CPU twin (gpu-zero-1gpu-cpu.yaml) through the same commands.
+zero_stage() {
+  local deadline=$((SECONDS + ${RAYBENCH_GPU_ZERO_S:-300})) sweep=gpu-zero-1gpu
+  if [ -n "${RAYBENCH_GPU_ZERO_TWIN:-}" ]; then
+    step 60 "$deadline" python3 -m raybench validate "bench/sweeps/$sweep.yaml"
+    step 60 "$deadline" python3 -m raybench plan "bench/sweeps/$sweep.yaml" --store "$store"
+    sweep=$sweep-cpu
+  fi
+  stage_sweep "$sweep" "$deadline"
+  step 30 "$deadline" python3 bench/zero_round.py "$store" --sweep "$sweep" | tee "$out/zero-round.txt"
+}
+
 for stage in "$@"; do
   echo "== $(date -u +%FT%TZ) stage $stage" | tee -a "$log"
   case $stage in
@@ -246,6 +263,7 @@ print("transformers", transformers.__version__, "trl", trl.__version__, "SFTConf
     speed) speed_stage ;;
     data) data_stage ;;
     leftovers) leftovers_stage ;;
+    zero) zero_stage ;;
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"
