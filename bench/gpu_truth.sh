@@ -3,7 +3,7 @@
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
 #   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
 #                                           snapshot ddp-liger tests stacks probe hf-check speed data leftovers
-#                                           zero
+#                                           zero compiled-ac
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -208,6 +208,26 @@ zero_stage() {
   step 30 "$deadline" python3 bench/zero_round.py "$store" --sweep "$sweep" | tee "$out/zero-round.txt"
 }
 
+# GPU round 7 (compiled memory under activation checkpointing): bench/sweeps/gpu-compiled-ac-1gpu.yaml (op-level AC,
+# block AC at 1 and at 1/2, each eager then compiled, Llama-3.2-1B at 2 x 8k tokens) on the warm pool, then the
+# same sweep again (--rerun: each pair A B, then A B again) with the time left but 60 s, then
+# bench/compiled_ac_round.py's summary against the predictions committed before it ran (OUT_DIR/compiled-ac-round.txt).
+# Budget RAYBENCH_GPU_COMPILED_AC_S (default 480 s): Ray's start ~25 s, a point's build ~5 s, compile ~30-60 s
+# (compiled points), 12 steps of ~0.4-0.6 s predicted: the first pass in about 4-5 minutes.
+# RAYBENCH_GPU_COMPILED_AC_TWIN=1 validates and plans the GPU sweep, then runs the CPU twin
+# (gpu-compiled-ac-1gpu-cpu.yaml) through the same commands.
+compiled_ac_stage() {
+  local deadline=$((SECONDS + ${RAYBENCH_GPU_COMPILED_AC_S:-480})) sweep=gpu-compiled-ac-1gpu
+  if [ -n "${RAYBENCH_GPU_COMPILED_AC_TWIN:-}" ]; then
+    step 60 "$deadline" python3 -m raybench validate "bench/sweeps/$sweep.yaml"
+    step 60 "$deadline" python3 -m raybench plan "bench/sweeps/$sweep.yaml" --store "$store"
+    sweep=$sweep-cpu
+  fi
+  stage_sweep "$sweep" "$deadline"
+  step 600 "$((deadline - 40))" python3 -m raybench run "bench/sweeps/$sweep.yaml" --store "$store" --rerun --quiet
+  step 30 "$deadline" python3 bench/compiled_ac_round.py "$store" --sweep "$sweep" | tee "$out/compiled-ac-round.txt"
+}
+
 for stage in "$@"; do
   echo "== $(date -u +%FT%TZ) stage $stage" | tee -a "$log"
   case $stage in
@@ -264,6 +284,7 @@ print("transformers", transformers.__version__, "trl", trl.__version__, "SFTConf
     data) data_stage ;;
     leftovers) leftovers_stage ;;
     zero) zero_stage ;;
+    compiled-ac) compiled_ac_stage ;;
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"

@@ -69,13 +69,14 @@ def report(rows: pd.DataFrame, sweep: str, table: Callable[[pd.DataFrame], str],
     return "\n".join(lines + answers(rows))
 
 
-def main(argv, description: str, sweep: str, summary: Callable[[pd.DataFrame, str], str]) -> int:
-    """`SCRIPT STORE [--sweep NAME]`: prints `summary` of the sweep's rows in the order they ran; exit 1 when no
-    point ended ok."""
+def main(argv, description: str, sweep: str, summary: Callable[[pd.DataFrame, str], str],
+         every_attempt: bool = False) -> int:
+    """`SCRIPT STORE [--sweep NAME]`: prints `summary` of the sweep's rows in the order they ran (each trial's latest
+    attempt, or every_attempt: all of them); exit 1 when no point ended ok."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("store")
     parser.add_argument("--sweep", default=sweep)
     args = parser.parse_args(argv)
-    rows = read_results(args.store, args.sweep)
+    rows = read_results(args.store, args.sweep, latest=not every_attempt)
     print(summary(rows.sort_values("started_at") if not rows.empty else rows, args.sweep))
     return 0 if not rows.empty and (rows["status"] == "ok").any() else 1
