@@ -360,8 +360,7 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
 def zero3_gathered_elements(shape: ModelShape, train: TrainSpec) -> int:
     """Parameter elements ZeRO-3 holds whole as backward begins (zero3_gathered.gathered_at_backward)."""
     biased = tuple(n for n in PROJECTIONS if _has_bias(shape, n))
-    modules = zero3.forward_modules(shape, projection_shapes(shape), biased, train.lora.rank,
-                                                    lora_targets(train))
+    modules = zero3.forward_modules(shape, projection_shapes(shape), biased, train.lora.rank, lora_targets(train))
     return zero3.gathered_at_backward(modules)
 
 

@@ -235,7 +235,8 @@ def run_report(rows, run_ids: set[str], search, store_path: str, width: int | No
         if search.algo != "grid" or not isinstance(search.metric, str):
             parts.append(front_report(rows, search.objectives()))
     elif len(not_ok):
-        parts.append("\n".join(f"{r.trial_id}: {r.status}: {r.message}" for r in not_ok.itertuples()))
+        parts.append("\n".join(f"{r.trial_id}: {r.status}" + (f": {r.message}" if r.message else "")
+                                for r in not_ok.itertuples()))
     cut = cut_report(ran)
     if cut:
         parts.append(cut)

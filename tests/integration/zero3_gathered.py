@@ -20,8 +20,8 @@ from raybench.spec.presets import ModelShape
 from raybench.spec.sweep_spec import ModelSpec, TrainSpec
 
 CPU = torch.device("cpu")
-# 4 blocks (hidden 96, MLP 256) and a 512 x 96 head: the settings the test gives set apart the head, the blocks
-# and the prefetch bucket.
+# 4 blocks (hidden 96, MLP 256) and a 512 x 96 head: the settings the test gives set apart the head, the blocks,
+# the live limit and the persistent norms.
 SHAPE = ModelShape("llama", hidden_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=256, vocab_size=512, max_position_embeddings=64, tie_word_embeddings=False)
 
