@@ -118,6 +118,16 @@ def run(store_path: str | Path, sql: str, sweep: str | None = None) -> pa.Table:
             if attempt == _RETRIES - 1:
                 raise
         except duckdb.Error as err:
-            raise QueryError(str(err).strip().splitlines()[0]) from None
+            raise QueryError(_said(err)) from None
     raise AssertionError("unreachable")
+
+
+def _said(err: duckdb.Error) -> str:
+    """DuckDB's error in one line: its first, the columns it offers for one it did not find, and how a config
+    field is named here (where every table says `strategy`, the column is `train_strategy`)."""
+    lines = str(err).strip().splitlines()
+    offered = [line.strip() for line in lines[1:] if line.startswith("Candidate bindings")]
+    named = ["(a config field's column is its dotted name with _: train.strategy is train_strategy; docs/query.md)"
+             ] if "not found" in lines[0] else []
+    return " ".join([lines[0], *offered, *named])
 

@@ -75,6 +75,14 @@ def test_latest_attempt_wins_and_history_stays_in_attempts(results):
     assert latest == [{"status": "oom"}] and history.column("status").to_pylist() == ["ok", "oom"]
 
 
+def test_a_column_named_as_the_tables_name_it_gets_its_store_name_offered(results):
+    """Tables head a config field by its last name (strategy); its column is the dotted name with _."""
+    with pytest.raises(query.QueryError) as err:
+        query.run(results, "select strategy from trials")
+    assert '"strategy" not found' in str(err.value) and "train_strategy" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_sweep_filter_and_polars_recipe_from_the_docs(results):
     assert query.run(results, "select distinct sweep from trials", sweep="sweep1").to_pylist() == [{"sweep": "sweep1"}]
     # docs/query.md's polars recipe: lazy scan, hive partition pruning, latest attempt per trial.
