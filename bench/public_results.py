@@ -26,11 +26,12 @@ PRECISIONS = ("bf16", "fp8-tensorwise")
 AC_KINDS = ("none", "full", "selective-op", "selective-layer")
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "adamw_fused")
+MASTER_WEIGHTS = ("fp32", "none")  # none: pure bf16 (weights, gradients and optimizer state), raybench's train field
 # Configuration fields and the kind of value each holds.
 CONFIG_FIELDS = {"strategy": str, "dp": int, "tp": int, "cp": int, "seq_len": int, "micro_batch": int,
                  "grad_accum": int, "global_batch": int, "precision": str, "fp8_all_gather": bool, "ac": str,
                  "ac_every": int, "compile": bool, "optimizer": str, "finetune": str, "lora": dict, "packed": bool,
-                 "cpu_offload": bool, "async_tp": bool}
+                 "cpu_offload": bool, "async_tp": bool, "master_weights": str}
 # Published figures, by unit: tokens per second per GPU, seconds per optimizer step, a fraction, memory per GPU.
 PUBLISHED_FIELDS = ("tokens_per_gpu_s", "step_time_s", "mfu", "memory_gib", "memory_gb")
 # What a published memory figure measures (the source's own code says): the reserved peak, or a tensor peak.
@@ -137,7 +138,7 @@ def _check_config(eid: str, config) -> None:
         if key not in config:
             _fail(eid, f"config.{key} is missing")
     for key, allowed in (("strategy", STRATEGIES), ("precision", PRECISIONS), ("ac", AC_KINDS),
-                         ("finetune", FINETUNES), ("optimizer", OPTIMIZERS)):
+                         ("finetune", FINETUNES), ("optimizer", OPTIMIZERS), ("master_weights", MASTER_WEIGHTS)):
         if key in config and config[key] not in allowed:
             _fail(eid, f"config.{key} is {config[key]!r}: one of {', '.join(allowed)}")
     if config.get("ac") == "selective-layer" and "ac_every" not in config:

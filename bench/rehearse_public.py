@@ -80,6 +80,8 @@ def sweep_for(entry: public_results.PublicEntry) -> dict:
         train["zero_stage"] = 3
     if c.get("tp", 1) > 1:
         train["tp_size"] = c["tp"]
+    if c.get("master_weights", "fp32") != "fp32":
+        train["master_weights"] = c["master_weights"]
     if c["precision"] == "fp8-tensorwise":
         train["fp8"] = "tensorwise"
     if c["finetune"] == "lora":

@@ -154,9 +154,9 @@ def _dtypes(train: TrainSpec) -> _Dtypes:
 
 
 def base_bytes(train: TrainSpec) -> int:
-    """Bytes per element of the weights as stored (train.lora.base_dtype for a LoRA base, else fp32; QLoRA's
-    4-bit projections are counted apart)."""
-    return 2 if train.lora_base_dtype in ("bf16", "fp16") else 4
+    """Bytes per element of the weights as stored (train.lora.base_dtype for a LoRA base; bf16 under
+    master_weights none; else fp32; QLoRA's 4-bit projections are counted apart)."""
+    return 2 if train.lora_base_dtype in ("bf16", "fp16") or train.master_weights == "none" else 4
 
 
 def block_activation_bytes(shape: ModelShape, train: TrainSpec) -> tuple[float, float, float]:
@@ -310,8 +310,10 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
     adapters = tp_local_adapters(shape, train)
     local = counts.projections / tp + counts.block_norms + root + adapters
     trainable = local if full else adapters
-    # fp32 optimizer states of the whole model, scaled to this rank's TP-local share of the trainables
-    states = 4 * _optimizer_elements(train.optimizer, counts, shape, train, flat=train.parallelism.zero)
+    # Optimizer states of the whole model in the trained weights' dtype (fp32, or bf16 under master_weights none),
+    # scaled to this rank's TP-local share of the trainables
+    trained = 2 if train.master_weights == "none" else 4
+    states = trained * _optimizer_elements(train.optimizer, counts, shape, train, flat=train.parallelism.zero)
     states *= trainable / (counts.total if full else counts.adapters or 1)
     block = (local - root - adapters) / shape.num_hidden_layers  # one block's share (TP-local)
     block_adapters = adapters / shape.num_hidden_layers
@@ -328,14 +330,14 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
             cast = (0 if train.tuning.quantized_base else counts.projections / tp) + head
             weights += 2 * ((cast if base == 4 else 0) + adapters)  # a 16-bit base needs no cast
         # DDP's reducer keeps its own bucket copy of every gradient (gradient_as_bucket_view is off)
-        grads = 4 * trainable * (2 if train.parallelism.reducer else 1)
+        grads = trained * trainable * (2 if train.parallelism.reducer else 1)
         return weights, grads, states, offloaded
 
     if train.fsdp2_sharded:
         gathered = local if not train.reshard_after_forward else root + 2 * (block + block_adapters)
         weights = stored / dp + low * gathered  # the shard as stored + unsharded 16-bit copies being computed with
         block_trainable = (block + block_adapters) if full else block_adapters
-        grads = 4 * trainable / dp + block_trainable * (low + (4 if low == 2 else 0))  # + one block before reduce
+        grads = trained * trainable / dp + block_trainable * (low + (4 if low == 2 else 0))  # + a block unreduced
         return weights, grads, states / dp, offloaded
 
     # deepspeed: 16-bit module weights, a flat fp32 master partition, gradients and states partitioned by stage.

@@ -63,6 +63,23 @@ def _offload_rules(train, gpus: int) -> list[tuple[str, str]]:
     return problems
 
 
+def _master_weights_rules(train, gpus: int) -> list[tuple[str, str]]:
+    """Where the weights cannot be kept in bf16 alone."""
+    if train.master_weights != "none":
+        return []
+    field, problems = "train.master_weights", []
+    if train.precision != "bf16":
+        problems.append((field, f"none keeps the weights in bf16, and precision is {train.precision}: set "
+                         "train.precision: bf16, or master_weights: fp32"))
+    if not train.tuning.trains_base:
+        problems.append((field, f"{train.finetune} trains adapters over a frozen base (its dtype is "
+                         "train.lora.base_dtype): set train.master_weights: fp32"))
+    if train.parallelism.zero:
+        problems.append((field, "DeepSpeed's bf16 keeps an fp32 master copy itself: use fsdp2, ddp or tp, or "
+                         "train.master_weights: fp32"))
+    return problems
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("ac_saved_ops", id_default=(None,), before=None),
     Option("fp8", id_default=("off",), before="off"),
@@ -73,6 +90,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("loss", id_default=("chunked", "auto"), before="full", ids_only=True),
     Option("offload_activations", id_default=(False,), before=False, technique="activation_offload",
            after="compile", rules=_offload_rules),
+    Option("master_weights", id_default=("fp32",), before="fp32", technique="bf16_weights", after="lora",
+           rules=_master_weights_rules),
 )
 
 

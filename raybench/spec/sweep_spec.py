@@ -177,6 +177,9 @@ class TrainSpec(Section):
         "ac_mode op: the operator outputs each checkpointed block keeps, the rest recomputed, as `raybench best "
         "--predict` prints an op-level policy: a name keeps every call (mm, sdpa for attention), name#k the k-th "
         "call from 0 in the block's forward (mul#2); null: torchtitan's policy."))
+    master_weights: Literal["fp32", "none"] = Field("fp32", description=(
+        "fp32: weights, gradients and optimizer state in fp32, computed in bf16 (mixed precision); none: all in bf16 "
+        "(pure bf16: half the memory, no fp32 copy for small updates); bf16, full fine-tune, not deepspeed."))
     offload_activations: bool = Field(False, description=(
         "Keep what each decoder block saves for backward in pinned host memory until backward needs it (CUDA "
         "only; blocks not checkpointed; not with compile or tensor parallelism): GPU memory for host-link copies "
