@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from raybench.planning.plan import plan
 from raybench.spec.load import load_sweep
@@ -25,6 +26,12 @@ def flat(node: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def twin_changes(gpu: Path, twin: Path) -> set[str]:
+    """The fields (flat names) a round's CPU twin sweep sets otherwise than its GPU sweep."""
+    a, b = (flat(yaml.safe_load(path.read_text())) for path in (gpu, twin))
+    return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
 
 
 def planned_rows(path: Path) -> pd.DataFrame:
