@@ -1,7 +1,7 @@
 """How many parameter elements DeepSpeed ZeRO-3 holds gathered (whole, beside each rank's partition) as backward
 begins, where the activations peak: what its parameter coordinator keeps, read from DeepSpeed 0.19.8's
 runtime/zero/partitioned_param_coordinator.py (fetch_sub_module, release_sub_module, __params_to_release) and
-checked against it (tests/integration/test_zero3_gathered.py).
+checked against it (tests/integration/test_zero3_gathered.py, docs/results/zero3-gathered-2026-12-07.md).
 
 ZeRO-3 gathers a module's own parameters when the module runs and releases them after it, unless they are used
 again within `max_reuse_distance` elements of the modules that follow. At the end of forward the head runs and

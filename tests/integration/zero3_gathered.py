@@ -34,7 +34,9 @@ def main(all_settings: list[dict]) -> int:
     for settings in all_settings:
         gathered_by_step = steps(settings)
         modules = zero3_gathered.forward_modules(SHAPE, estimate.projection_shapes(SHAPE), (), 0, ())
-        predicted = zero3_gathered.gathered_at_backward(modules, zero3_gathered.Zero3Settings(**settings))
+        # DeepSpeed takes every setting given; the count reads those it models (not the prefetch bucket's size).
+        modelled = {k: v for k, v in settings.items() if k in zero3_gathered.Zero3Settings.__dataclass_fields__}
+        predicted = zero3_gathered.gathered_at_backward(modules, zero3_gathered.Zero3Settings(**modelled))
         if dist.get_rank() == 0:
             print(json.dumps({"settings": settings, "gathered_by_step": gathered_by_step, "predicted": predicted,
                               "model_elements": sum(modules)}), flush=True)
