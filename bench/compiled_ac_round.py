@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from round_report import axis_values, number, points_table
+from round_report import number, point_rows, points_table
 from round_report import main as round_main
 from round_report import report as round_report
 
@@ -33,7 +33,7 @@ def attempts(rows: pd.DataFrame, setting: str, compiled: bool) -> list:
     """The rows of one point, in the order they ran."""
     mode, ratio = SETTINGS[setting]
     want = {"train.ac_mode": mode, "train.ac_ratio": ratio, "train.compile": compiled}
-    return [row for _, row in rows.iterrows() if all(axis_values(row).get(k) == v for k, v in want.items())]
+    return point_rows(rows, want)
 
 
 def table(rows: pd.DataFrame) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from round_report import axis_values, number, points_table
+from round_report import latest as find
 from round_report import main as round_main
 from round_report import report as round_report
 
@@ -31,17 +32,6 @@ PREDICTED_STEP_S, PUBLIC_STEP_S, PUBLIC_TOKENS_S = 16.6, 10.5, 12_473
 PREDICTED_8B_DROPOUT, PREDICTED_CHUNKED, PREDICTED_1B_DROPOUT = 16.6 / 16 / 0.89, 0.296 / 0.291, 0.355 / 0.296
 COLUMNS = ["trial_id", "status", "tok_per_s_per_device", "step_time_p50_s", "peak_alloc_gib", "peak_reserved_gib",
            "est_peak_gib", "model_build_s", "loss_first", "loss_final", "trial_wall_s"]
-
-
-def matches(row, want: dict) -> bool:
-    values = axis_values(row)
-    return all(values.get(k) == v for k, v in want.items())
-
-
-def find(rows: pd.DataFrame, want: dict):
-    """The last row of the point `want` names (its latest attempt), or None."""
-    found = [row for _, row in rows.iterrows() if matches(row, want)]
-    return found[-1] if found else None
 
 
 def micro_batch_step(row) -> float:

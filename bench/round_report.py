@@ -22,6 +22,17 @@ def axis_values(row) -> dict:
     return json.loads(text) if isinstance(text, str) else {}
 
 
+def point_rows(rows: pd.DataFrame, want: dict) -> list:
+    """The rows of the point `want` names (axis name -> value), in the order they ran."""
+    return [row for _, row in rows.iterrows() if all(axis_values(row).get(k) == v for k, v in want.items())]
+
+
+def latest(rows: pd.DataFrame, want: dict):
+    """The point's last row (its latest attempt), or None."""
+    found = point_rows(rows, want)
+    return found[-1] if found else None
+
+
 def point(row) -> dict:
     """axis_values by each field's last name (fp8, not train.fp8)."""
     return {name.split(".")[-1]: value for name, value in axis_values(row).items()}

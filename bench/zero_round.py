@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from round_report import axis_values, number, points_table
+from round_report import latest as find
+from round_report import number, points_table
 from round_report import main as round_main
 from round_report import report as round_report
 
@@ -29,12 +30,6 @@ PREDICTED = {
 }
 COLUMNS = ["trial_id", "status", "tok_per_s_per_device", "step_time_p50_s", "peak_alloc_gib", "peak_reserved_gib",
            "est_peak_gib", "trial_wall_s"]
-
-
-def find(rows: pd.DataFrame, want: dict):
-    """The last row of the point `want` names (its latest attempt), or None."""
-    found = [row for _, row in rows.iterrows() if all(axis_values(row).get(k) == v for k, v in want.items())]
-    return found[-1] if found else None
 
 
 def table(rows: pd.DataFrame) -> str:
