@@ -36,7 +36,9 @@ CONFIG_FIELDS = {"strategy": str, "dp": int, "tp": int, "cp": int, "seq_len": in
 PUBLISHED_FIELDS = ("tokens_per_gpu_s", "step_time_s", "mfu", "memory_gib", "memory_gb")
 # What a published memory figure measures (the source's own code says): the reserved peak, or a tensor peak.
 MEMORY_MEASURES = ("max_reserved", "max_allocated", "max_active")
-MEMORY_KEYS = {"measures", "unit", "cite", "not_comparable"}
+# not_comparable: why raybench cannot run the source's configuration (not scored); differs: what the source's stack
+# does that raybench's trial does not, which the scored error holds.
+MEMORY_KEYS = {"measures", "unit", "cite", "not_comparable", "differs"}
 # A published step time and tokens/s per GPU agree with the entry's tokens per step to this (rounding in tables).
 CONSISTENCY = 0.03
 
@@ -60,7 +62,7 @@ class PublicEntry:
     seen: str | None = None  # the commit from which this entry was looked at while changing the model
     not_expressible: str | None = None  # why raybench cannot rehearse it
     note: str | None = None
-    memory: dict | None = None  # what the published memory figure measures: measures, unit, cite, not_comparable
+    memory: dict | None = None  # what the published memory figure measures: measures, unit, cite (MEMORY_KEYS)
 
     @property
     def gpus(self) -> int:
@@ -174,7 +176,8 @@ def _check_memory(eid: str, memory, published: dict) -> None:
     if not has_figure:
         _fail(eid, "memory: is given but published has no memory_gib or memory_gb")
     if not isinstance(memory, dict) or set(memory) - MEMORY_KEYS or not {"measures", "unit", "cite"} <= set(memory):
-        _fail(eid, f"memory must map measures, unit and cite (and optionally not_comparable), not {memory!r}")
+        _fail(eid, f"memory must map measures, unit and cite (and optionally not_comparable, differs), not "
+                   f"{memory!r}")
     if memory["measures"] not in MEMORY_MEASURES:
         _fail(eid, f"memory.measures is {memory['measures']!r}: one of {', '.join(MEMORY_MEASURES)}")
     if memory["unit"] not in ("GiB", "GB"):

@@ -14,7 +14,8 @@ and eager twins trace once. Nothing is fitted.
 Prints one Markdown table (unseen entries, then seen ones), the entries not expressible with why, and JSON lines:
 one per entry, then the summary, whose "unseen" part is the score (median and max |step time error|).
 A step time error is predicted / published - 1 (a published step time, else the one its tokens/s per GPU
-implies): +10% means predicted 10% slow; the tokens/s error is its inverse.
+implies): +10% means predicted 10% slow; the tokens/s error is its inverse. A memory error marked "stack differs"
+is scored as it is, with what the source's stack holds that raybench's trial does not (the entry's memory.differs).
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def predict(entry: public_results.PublicEntry, store: str, traces: dict) -> dict
         row |= {"published_memory_gib": round(entry.published_memory_gib, 2), "memory_measures":
                 entry.memory["measures"]}
         predicted = result.reserved_gib if entry.memory["measures"] == "max_reserved" else result.peak_gib
+        if entry.memory.get("differs"):  # what the source's stack holds that the trial does not: in the error
+            row["memory_differs"] = entry.memory["differs"]
         if entry.memory.get("not_comparable"):
             row["memory_not_comparable"] = entry.memory["not_comparable"]
         elif predicted and result.method == "traced":
@@ -208,6 +211,7 @@ def table(rows: list[dict]) -> str:
     for r in sorted(rows, key=lambda r: (r["set"] != "unseen", r["id"])):
         err = "failed" if "failed" in r else _pct(r.get("step_err"))
         mem_err = "not comparable" if "memory_not_comparable" in r else _pct(r.get("memory_err"))
+        mem_err += " (stack differs)" if "memory_differs" in r else ""
         lines.append(f"| {r['set']} | {r['id']} | {r['gpus']} | {r['published_tokens_per_gpu_s']:,.0f} | "
                      f"{r.get('predicted_tokens_per_gpu_s', 0):,.0f} | {err} | {r.get('memory_measures', '-')} | "
                      f"{r.get('published_memory_gib', '-')} | {r.get('predicted_memory_gib', '-')} | {mem_err} |")

@@ -61,6 +61,9 @@ COLUMNS = ["set", "fitted", "trial_id", "not_blind", "config", "method", "notes"
            "implied_efficiency", "implied_byte_cost", "compiled_traffic", "reserve"]
 
 
+REDUCER_NOTE = "memory not compared: the row ran DDP's reducer on one rank, which trials no longer build"
+
+
 def sweep_for_gpu(name: str, gpu: str):
     """The committed sweep, with estimate.gpu set to the GPU its rows ran on. Its rows ran before train.loss auto,
     so a sweep that leaves the loss at auto is planned chunked, the default of their day: its ids leave the loss out,
@@ -111,15 +114,21 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
         r = rehearsal.rehearse(config, trial.shape, gpu, analytic=analytic, traces=traces, calibration=priced)
         rehearsals.save_rehearsal(store, trial.config_id, r.as_dict())
         reserved = None if r.peak_gib is None else r.peak_gib * priced.for_finetune(config.train.tuning).reserve
+        # One-rank DDP rows ran DDP's reducer, which holds a bucket copy of every gradient; today's one-rank trial
+        # runs without DDP (2026-12-07), so the trace has no such copy: their memory is not compared (their
+        # step time is, the reducer's copies being small beside the step).
+        kept_reducer = config.train.parallelism.reducer and config.resources.workers == 1
+        rehearsed_gib = None if kept_reducer else r.peak_gib
+        reserved = None if kept_reducer else reserved
         lines.append({
             "set": validation_split.FITTING if fitted_on else validation_split.HELDOUT,
             "fitted": ", ".join(fitted_on) or "-", "trial_id": stored_id,
             "not_blind": entry.not_blind.get(stored_id),
             "config": ", ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in trial.axis_values.items()
                                 if k != "train.ac_mode") + (f", r{trial.repeat}" if trial.repeat else ""),
-            "method": r.method, "notes": "; ".join(r.notes) or "-",
-            "rehearsed_gib": r.peak_gib, "alloc_gib": row.peak_alloc_gib,
-            "alloc_err": _err(r.peak_gib, row.peak_alloc_gib),
+            "method": r.method, "notes": "; ".join(r.notes + [REDUCER_NOTE] * kept_reducer) or "-",
+            "rehearsed_gib": rehearsed_gib, "alloc_gib": row.peak_alloc_gib,
+            "alloc_err": _err(rehearsed_gib, row.peak_alloc_gib),
             "reserved_pred_gib": reserved, "reserved_gib": row.peak_reserved_gib,
             "reserved_err": _err(reserved, row.peak_reserved_gib),
             "step_pred_s": r.step_time_s, "step_s": row.step_time_p50_s, "step_err": _err(r.step_time_s,

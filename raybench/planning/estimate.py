@@ -329,8 +329,9 @@ def _state_bytes(config: TrialConfig, shape: ModelShape, counts: ParamCounts) ->
             head = shape.vocab_size * shape.hidden_size / vocab
             cast = (0 if train.tuning.quantized_base else counts.projections / tp) + head
             weights += 2 * ((cast if base == 4 else 0) + adapters)  # a 16-bit base needs no cast
-        # DDP's reducer keeps its own bucket copy of every gradient (gradient_as_bucket_view is off)
-        grads = trained * trainable * (2 if train.parallelism.reducer else 1)
+        # DDP's reducer keeps its own bucket copy of every gradient (gradient_as_bucket_view is off); one rank
+        # runs without DDP (strategies/ddp.py)
+        grads = trained * trainable * (2 if train.parallelism.reducer and world > 1 else 1)
         return weights, grads, states, offloaded
 
     if train.fsdp2_sharded:

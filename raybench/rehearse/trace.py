@@ -19,6 +19,7 @@ from fractions import Fraction
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from raybench.rehearse.fake_world import fake_allreduce_hook, fake_mode, marking_propagation, one_sequence_per_row
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
@@ -209,7 +210,7 @@ def _wrapped(model: nn.Module, train: TrainSpec, ctx: RankContext, mode, fake: b
 
     with steady_state_ddp_buckets(model) if train.parallelism.reducer else contextlib.nullcontext():
         trainable = strategies.setup(train.strategy, model, train, ctx, materialize)
-    if train.parallelism.reducer and fake:
+    if isinstance(trainable.model, DistributedDataParallel) and fake:
         trainable.model.register_comm_hook(None, fake_allreduce_hook)
     return trainable
 
@@ -219,7 +220,8 @@ def _track_from_start(tracker, trainable: strategies.Trainable, train: TrainSpec
     already) and DDP's gradient buckets."""
     if not train.fsdp2_sharded:
         tracker.track_external(trainable.model, trainable.optimizer)
-    if train.parallelism.reducer:  # its reducer holds a bucket copy of every trainable gradient from construction
+    if isinstance(trainable.model, DistributedDataParallel):  # its reducer holds a bucket copy of every trainable
+        # gradient from construction (one rank runs without DDP: strategies/ddp.py)
         tracker.count_from_start([b.buffer() for b in trainable.model.reducer._get_zeros_like_grad_buckets()])
 
 

@@ -85,6 +85,25 @@ def test_ddp_buckets_count_from_construction():
     assert fake.memory_gib["gradients"] == pytest.approx(buckets_gib, rel=0.01)
 
 
+def test_one_ddp_rank_runs_without_the_reducer():
+    """One rank has nothing to all-reduce: the trial runs its model unwrapped, with one copy of each gradient
+    where two ranks hold the bucket copy beside it, and the trace and the estimate both say so. At this sequence
+    length the step peaks as forward ends: two ranks hold the buckets there, one rank no gradient yet."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from raybench.runtime.strategies import ddp
+
+    one, two = (tiny_trial(world, strategy="ddp", seq_len=1024) for world in (1, 2))
+    grads_gib = 4 * one.assessment.analytic.params_trainable / GIB
+    traced = {world: fake_trace(trial).memory_gib["gradients"] for world, trial in ((1, one), (2, two))}
+    assert traced[1] == 0 and traced[2] == pytest.approx(grads_gib, rel=0.01)
+    assert one.assessment.analytic.grads_gib == pytest.approx(grads_gib)
+    assert two.assessment.analytic.grads_gib == pytest.approx(2 * grads_gib)
+    model = torch.nn.Linear(4, 4)
+    built = ddp.setup(model, one.config.train, RankContext(0, 1, 0, torch.device("cpu")))
+    assert built.model is model and not isinstance(built.model, DistributedDataParallel)
+
+
 def test_a_tied_output_head_stays_the_embedding(tmp_path):
     """A model whose output head is its embedding (Llama-3.2-1B) holds that weight once, as the worker builds it;
     `Module.to_empty` alone would give the head a copy of its own (on the 1B: 0.98 GiB of fp32 parameters, and
