@@ -61,7 +61,7 @@ COLUMNS = ["set", "fitted", "trial_id", "not_blind", "config", "method", "notes"
            "implied_efficiency", "implied_byte_cost", "compiled_traffic", "reserve"]
 
 
-REDUCER_NOTE = "memory not compared: the row ran DDP's reducer on one rank, which trials no longer build"
+REDUCER_NOTE = "not compared: the row ran DDP's reducer on one rank, which trials no longer build"
 
 
 def sweep_for_gpu(name: str, gpu: str):
@@ -114,12 +114,13 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
         r = rehearsal.rehearse(config, trial.shape, gpu, analytic=analytic, traces=traces, calibration=priced)
         rehearsals.save_rehearsal(store, trial.config_id, r.as_dict())
         reserved = None if r.peak_gib is None else r.peak_gib * priced.for_finetune(config.train.tuning).reserve
-        # One-rank DDP rows ran DDP's reducer, which holds a bucket copy of every gradient; today's one-rank trial
-        # runs without DDP (2026-12-07), so the trace has no such copy: their memory is not compared (their
-        # step time is, the reducer's copies being small beside the step).
+        # One-rank DDP rows ran DDP's reducer, which holds a bucket copy of every gradient and copies each gradient
+        # into it; today's one-rank trial runs without DDP (2026-12-07), so neither its memory nor its step is the
+        # row's: those rows are not compared.
         kept_reducer = config.train.parallelism.reducer and config.resources.workers == 1
         rehearsed_gib = None if kept_reducer else r.peak_gib
         reserved = None if kept_reducer else reserved
+        step_s = None if kept_reducer else r.step_time_s
         lines.append({
             "set": validation_split.FITTING if fitted_on else validation_split.HELDOUT,
             "fitted": ", ".join(fitted_on) or "-", "trial_id": stored_id,
@@ -131,10 +132,10 @@ def validate(entry: validation_split.FileEntry, gpu: str, store: Path, traces: d
             "alloc_err": _err(rehearsed_gib, row.peak_alloc_gib),
             "reserved_pred_gib": reserved, "reserved_gib": row.peak_reserved_gib,
             "reserved_err": _err(reserved, row.peak_reserved_gib),
-            "step_pred_s": r.step_time_s, "step_s": row.step_time_p50_s, "step_err": _err(r.step_time_s,
-                                                                                         row.step_time_p50_s),
+            "step_pred_s": step_s, "step_s": row.step_time_p50_s, "step_err": _err(step_s, row.step_time_p50_s),
             # What each row alone would make the fitted constants (single-rank rows: no communication).
-            "implied_efficiency": None if r.roofline_s is None else r.roofline_s / row.step_time_p50_s,
+            "implied_efficiency": None if r.roofline_s is None or step_s is None else (
+                r.roofline_s / row.step_time_p50_s),
             "implied_byte_cost": None if not (r.block_memory_bound_s and r.compiled_traffic) else (
                 1 - (r.roofline_s - priced.efficiency * row.step_time_p50_s) / r.block_memory_bound_s
             ) / r.compiled_traffic,
