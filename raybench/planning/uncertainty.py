@@ -50,15 +50,15 @@ class Bands:
     at_scale: Band  # added at reach 1 (tensor peak: the reserved peak's, the corpus publishes no tensor peak)
 
 
-# docs/results/prediction-bands-2026-12-07-zero-fp8.md (bench/prediction_intervals.py on bench/rehearse_validate.py's
-# and bench/rehearse_public.py's output, 2026-12-07: after the FP8 weight fix and ZeRO's memory as DeepSpeed holds
-# it).
+# docs/results/prediction-bands-2026-12-07-one-rank-ddp.md (bench/prediction_intervals.py on
+# bench/rehearse_validate.py's and bench/rehearse_public.py's output, 2026-12-07: after one-rank DDP trials stopped
+# building DDP, whose GPU rows the validation leaves out).
 # "traced": a traced rehearsal.
 # "analytic": the analytic estimate (what an untraced trial is predicted by: `raybench rehearse`'s fallback, the
 # plan without a rehearsal).
 BANDS = {
-    "traced": Bands(rows=Band(step_time=0.27, tensor_peak=0.042, reserved_peak=0.107),
-                    at_scale=Band(step_time=0.403, tensor_peak=0.246, reserved_peak=0.246)),
+    "traced": Bands(rows=Band(step_time=0.311, tensor_peak=0.029, reserved_peak=0.086),
+                    at_scale=Band(step_time=0.362, tensor_peak=0.267, reserved_peak=0.267)),
     "analytic": Bands(rows=Band(step_time=0.632, tensor_peak=0.251, reserved_peak=0.091),
                       at_scale=Band(step_time=0.116, tensor_peak=0.273, reserved_peak=0.273)),
 }

@@ -61,7 +61,7 @@ def test_an_interval_holds_every_measured_value_the_band_allows():
 def test_a_peak_whose_interval_straddles_the_limit_is_in_doubt_and_the_emitted_sweep_settles_it(tmp_path, capsys):
     # Ratio 0 fits by 0.5 GiB (21 of 21.5) but its interval reaches past the limit; 1/2 surely fits and is not
     # surely slower; 1 surely fits and is surely slower than 1/2: never the choice.
-    sweep = planted(tmp_path, 21.5, {"0": (20.0, 0.10), "1/2": (15.0, 0.11), "1": (10.0, 0.20)})
+    sweep = planted(tmp_path, 21.5, {"0": (20.0, 0.10), "1/2": (15.0, 0.11), "1": (10.0, 0.30)})
     result = group(sweep)
     assert result["best"]["value"] == "0"
     assert result["best"]["peak_interval_gib"] == pytest.approx((20 / (1 + TRACED.reserved_peak) + 1,
