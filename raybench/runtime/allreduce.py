@@ -16,6 +16,9 @@ import torch
 import torch.distributed as dist
 
 SIZES_MIB = (1, 4, 16, 64, 256)
+# gloo on the host reaches its bandwidth by 16 MiB, and its 64 and 256 MiB all-reduces took 2 of the probe's 2.2 s
+# on 2 CPU ranks (docs/results/busbw-sizes-2026-12-07.md): CPU trials probe up to 16 MiB.
+CPU_SIZES_MIB = (1, 4, 16)
 WARMUP_ITERS, TIMED_ITERS = 2, 5
 
 
@@ -23,10 +26,11 @@ def bus_bandwidth_gbps(size_bytes: int, seconds: float, world_size: int) -> floa
     return size_bytes / seconds * 2 * (world_size - 1) / world_size / 1e9
 
 
-def measure(device: torch.device, world_size: int, sizes_mib=SIZES_MIB) -> dict[str, float]:
-    """Bus bandwidth per message size in GB/s: the mean time of TIMED_ITERS all-reduces after warm-up."""
+def measure(device: torch.device, world_size: int, sizes_mib=None) -> dict[str, float]:
+    """Bus bandwidth per message size in GB/s: the mean time of TIMED_ITERS all-reduces after warm-up, over
+    `sizes_mib` (default: SIZES_MIB on a GPU, CPU_SIZES_MIB on the host)."""
     results = {}
-    for mib in sizes_mib:
+    for mib in sizes_mib or (SIZES_MIB if device.type == "cuda" else CPU_SIZES_MIB):
         buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
         for _ in range(WARMUP_ITERS):
             dist.all_reduce(buf)

@@ -74,7 +74,7 @@ def test_projection_setup_times_and_null_mfu(measured):
 def test_allreduce_probe_measured_once_and_cached(measured):
     tmp, rows = measured
     first, second = (json.loads(r["allreduce_busbw_json"]) for r in rows)
-    assert set(first) == {"1", "4", "16", "64", "256"} and all(v > 0 for v in first.values())
+    assert set(first) == {"1", "4", "16"} and all(v > 0 for v in first.values())  # CPU: up to 16 MiB
     assert first == second  # the second trial read the cache instead of measuring again
     assert len(list((tmp / "_cache").glob("busbw-*.json"))) == 1
 
