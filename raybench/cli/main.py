@@ -15,12 +15,13 @@ import json
 import sys
 from pathlib import Path
 
+from raybench.cli import cluster as cli_cluster
 from raybench.cli import example_data as cli_example_data
 from raybench.cli import rehearse as cli_rehearse
 from raybench.cli import results as cli_results
 from raybench.cli import store as cli_store
 from raybench.drivers import requeue, slurm
-from raybench.drivers.slurm import SlurmError, SlurmOptions
+from raybench.drivers.slurm import SlurmError
 from raybench.planning.plan import load_checked, matching, plan
 from raybench.reports.report import results_table, terminal_width
 from raybench.reports.tables import estimate_summary, estimate_table, plan_table
@@ -203,13 +204,6 @@ def _best(args) -> int:
     return EXIT_OK if (rows.status == "ok").any() else EXIT_TRIALS_FAILED
 
 
-def _slurm_options(args):
-
-    return SlurmOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
-                        mem=args.mem, time=args.time, partition=args.partition, account=args.account,
-                        container_cmd=args.container_cmd, port=args.port)
-
-
 def _slurm_submit(args) -> int:
 
     extra = [flag for flag, on in (("--rerun", args.rerun), ("--keep-invalid", args.keep_invalid)) if on]
@@ -217,7 +211,8 @@ def _slurm_submit(args) -> int:
         raise ConfigError("slurm options", [Problem("--signal-time", args.signal_time,
                                                     "only with --requeue (add --requeue, or leave it out)")])
     signal_s = (args.signal_time or requeue.DEFAULT_SIGNAL_S) if args.requeue else None
-    job_id, job_dir = slurm.submit(args.sweep, _slurm_options(args), args.store, extra, requeue_signal_s=signal_s)
+    job_id, job_dir = slurm.submit(args.sweep, cli_cluster.slurm_options(args), args.store, extra,
+                                   requeue_signal_s=signal_s)
     print(f"submitted job {job_id}; script, log and token in {job_dir}", flush=True)
     if not args.wait:
         return EXIT_OK
@@ -229,60 +224,12 @@ def _slurm_submit(args) -> int:
     return code
 
 
-def _cluster_up(args) -> int:
-    record = slurm.cluster_up(args.name, _slurm_options(args), ready_timeout=args.ready_timeout)
-    print(f"cluster {args.name} up: job {record['job_id']}, address {record['address']}; "
-          f"run sweeps with `raybench run SWEEP --cluster {args.name}`")
-    return EXIT_OK
-
-
-def _cluster_status(args) -> int:
-    status = slurm.cluster_status(args.name)
-    print(json.dumps(status) if args.json else cluster_status_text(status))
-    return EXIT_OK if status["state"] != "GONE" else EXIT_TRIALS_FAILED
-
-
-def cluster_status_text(status: dict) -> str:
-    """`cluster status` as a line, then one line per Ray node: a node lost mid-sweep is named with Ray's reason."""
-    ended = f" (its allocation ended: {status['ended']})" if status.get("ended") else ""
-    lines = [f"cluster {status['name']}: job {status['job_id']} {status['state']}{ended}, "
-             f"address {status['address'] or '-'}"]
-    if status.get("nodes_error"):
-        lines.append(f"  Ray nodes: cannot ask the cluster ({status['nodes_error']})")
-    for node in status.get("nodes") or ():
-        where = node["name"] if node["name"] == node["ip"] else f"{node['name']} ({node['ip']})"
-        lines.append(f"  node {where}: " + ("alive" if node["alive"] else f"GONE ({node['cause']})"))
-    if any(not node["alive"] for node in status.get("nodes") or ()):
-        lines.append("  degraded: trials that need the lost nodes end as 'not enough nodes'; "
-                     f"`raybench cluster down {status['name']}` and `up` again to heal it")
-    return "\n".join(lines)
-
-
-def _cluster_down(args) -> int:
-    job_id = slurm.cluster_down(args.name, timeout=args.timeout)
-    print(f"cluster {args.name} down (job {job_id} ended)")
-    return EXIT_OK
-
-
-def _add_slurm_options(p) -> None:
-    p.add_argument("--nodes", type=int, default=1, help="nodes (Ray head on the first, a worker on each other)")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (sbatch --gpus-per-node)")
-    p.add_argument("--cpus-per-node", type=int, help="CPUs per node (default: the partition's default)")
-    p.add_argument("--mem", help="memory per node, e.g. 200G (default: the partition's default)")
-    p.add_argument("--time", default="01:00:00", help="time limit, e.g. 30, 02:00:00, 1-00:00:00")
-    p.add_argument("--partition", help="SLURM partition")
-    p.add_argument("--account", help="SLURM account")
-    p.add_argument("--container-cmd", help="prefix for ray and raybench, e.g. 'apptainer exec --nv img.sif'")
-    p.add_argument("--port", type=int, default=6379,
-                   help="Ray GCS port; node i uses port+1000*i … port+1000*i+999 (default 6379)")
-
-
 def _add_slurm_parsers(sub) -> None:
     slurm = sub.add_parser("slurm", help="run a sweep as one SLURM job").add_subparsers(
         dest="slurm_command", required=True, parser_class=_Parser)
     p = slurm.add_parser("submit", help="allocation → Ray cluster → sweep → results → exit (one job)")
     p.add_argument("sweep")
-    _add_slurm_options(p)
+    cli_cluster.add_slurm_options(p)
     p.add_argument("--store", help="result store directory, on a filesystem every node sees")
     p.add_argument("--rerun", action="store_true", help="run trials again even if stored as ok")
     p.add_argument("--keep-invalid", action="store_true", help="record impossible grid points as invalid rows")
@@ -296,21 +243,7 @@ def _add_slurm_parsers(sub) -> None:
                         f"--signal=B:USR1@SECONDS; default {requeue.DEFAULT_SIGNAL_S})")
     p.set_defaults(func=_slurm_submit)
 
-    cluster = sub.add_parser("cluster", help="hold a warm Ray cluster on a SLURM allocation").add_subparsers(
-        dest="cluster_command", required=True, parser_class=_Parser)
-    p = cluster.add_parser("up", help="submit a job holding a Ray cluster; wait until it is up")
-    p.add_argument("name")
-    _add_slurm_options(p)
-    p.add_argument("--ready-timeout", type=float, default=900, help="seconds to wait for the cluster (900)")
-    p.set_defaults(func=_cluster_up)
-    p = cluster.add_parser("status", help="the cluster's job state and address")
-    p.add_argument("name")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cluster_status)
-    p = cluster.add_parser("down", help="scancel the cluster's job and wait until every process is gone")
-    p.add_argument("name")
-    p.add_argument("--timeout", type=float, default=300, help="seconds to wait for the job to end (300)")
-    p.set_defaults(func=_cluster_down)
+    cli_cluster.add_parsers(sub, _Parser)  # cluster up, status, check, down
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,7 +50,21 @@ def report(args) -> int:
     attempts = store.read_table(args.store, args.sweep, latest=False)
     rows = attempts if args.all_attempts else store.latest_per_trial(attempts)
     print(results_table(rows.to_pandas(), replaced=len(attempts) - len(rows), width=terminal_width()))
+    health = _health(args.store)
+    if health:
+        from raybench.reports.cluster_health import CAPTION, HEADERS
+        from raybench.reports.report import render
+
+        print(f"\n{CAPTION}:\n{render(HEADERS, health, width=terminal_width())}")
     return 0
+
+
+def _health(store_path: str) -> list[list[str]]:
+    """The cluster-health section's rows: the store's latest pre-flight per cluster (none: no section)."""
+    from raybench.reports.cluster_health import health_rows
+    from raybench.results import health
+
+    return health_rows(health.read_checks(store_path))
 
 
 def write_report(args) -> int:
@@ -66,7 +80,7 @@ def write_report(args) -> int:
                                                                          f"writes one file: give a file name")])
     df = _rows("report", args.store, args.sweep, args.all_attempts)
     title = f"raybench report: {args.store}" + (f", sweep {args.sweep}" if args.sweep else "")
-    paths = report_files.write(df, args.format, out, title)
+    paths = report_files.write(df, args.format, out, title, health=_health(args.store))
     print(f"wrote {paths[0] if args.format != 'png' else out} ({len(paths)} file(s))")
     return 0
 

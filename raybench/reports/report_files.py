@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from raybench.reports import compare, frames, plots
+from raybench.reports import cluster_health, compare, frames, plots
 from raybench.reports.report import repeats_lines, results_rows
 
 DEFAULT_OUT = {"md": "raybench-report.md", "html": "raybench-report.html", "png": "raybench-report"}
@@ -58,8 +58,9 @@ def _comparison_sections(comparison: compare.Comparison) -> list[tuple[str, list
     return sections
 
 
-def markdown(df: pd.DataFrame, title: str, figures: dict[str, str]) -> str:
-    """The report as Markdown; `figures` maps each plot name to the image path written next to the file."""
+def markdown(df: pd.DataFrame, title: str, figures: dict[str, str], health: list[list[str]] = ()) -> str:
+    """The report as Markdown; `figures` maps each plot name to the image path written next to the file;
+    `health`, the cluster-health section's rows (cluster_health.health_rows)."""
     heading, counts = _heading(df, title)
     headers, rows, note = results_rows(df)
     lines = [f"# {heading}", "", counts, "", "## Results", "", _md_table(headers, rows)]
@@ -76,6 +77,8 @@ def markdown(df: pd.DataFrame, title: str, figures: dict[str, str]) -> str:
             lines += ["", f"### {caption}", "", _md_table(h, r)]
         if comparison.same:
             lines += ["", f"Same on every system: {', '.join(comparison.same)}."]
+    if health:
+        lines += ["", f"## {cluster_health.CAPTION}", "", _md_table(cluster_health.HEADERS, health)]
     lines += ["", "## Figures"]
     for name, (caption, _) in plots.PLOTS.items():
         lines += ["", f"### {caption}", "", f"![{caption}]({figures[name]})"]
@@ -86,7 +89,7 @@ _CSS = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-co
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f0f0f0}img{max-width:100%}")
 
 
-def html_page(df: pd.DataFrame, title: str, pngs: dict[str, bytes]) -> str:
+def html_page(df: pd.DataFrame, title: str, pngs: dict[str, bytes], health: list[list[str]] = ()) -> str:
     """The report as one HTML page with every figure embedded as a base64 data URI (no other files)."""
     heading, counts = _heading(df, title)
     headers, rows, note = results_rows(df)
@@ -106,6 +109,8 @@ def html_page(df: pd.DataFrame, title: str, pngs: dict[str, bytes]) -> str:
             parts += [f"<h3>{html.escape(caption)}</h3>", _html_table(h, r)]
         if comparison.same:
             parts.append(f"<p>Same on every system: {html.escape(', '.join(comparison.same))}.</p>")
+    if health:
+        parts += [f"<h2>{html.escape(cluster_health.CAPTION)}</h2>", _html_table(cluster_health.HEADERS, health)]
     parts.append("<h2>Figures</h2>")
     for name, (caption, _) in plots.PLOTS.items():
         data = base64.b64encode(pngs[name]).decode("ascii")
@@ -116,8 +121,9 @@ def html_page(df: pd.DataFrame, title: str, pngs: dict[str, bytes]) -> str:
             f"<style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
 
 
-def write(df: pd.DataFrame, fmt: str, out: str | Path, title: str) -> list[Path]:
-    """Write the report in `fmt` to `out` (a file for md and html, a directory for png); returns the files."""
+def write(df: pd.DataFrame, fmt: str, out: str | Path, title: str, health: list[list[str]] = ()) -> list[Path]:
+    """Write the report in `fmt` to `out` (a file for md and html, a directory for png); returns the files;
+    `health`: the cluster-health section's rows, if any."""
     out = Path(out)
     pngs = plots.render_all(df)
     if fmt == "png":
@@ -128,11 +134,11 @@ def write(df: pd.DataFrame, fmt: str, out: str | Path, title: str) -> list[Path]
         return paths
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "html":
-        out.write_text(html_page(df, title, pngs), encoding="utf-8")
+        out.write_text(html_page(df, title, pngs, health), encoding="utf-8")
         return [out]
     # Markdown: the figures go next to the file, named after it, and are referenced relatively.
     figures = {name: f"{out.stem}-{name}.png" for name in pngs}
     for name, data in pngs.items():
         (out.parent / figures[name]).write_bytes(data)
-    out.write_text(markdown(df, title, figures), encoding="utf-8")
+    out.write_text(markdown(df, title, figures, health), encoding="utf-8")
     return [out, *(out.parent / f for f in figures.values())]

@@ -26,6 +26,7 @@ Each node has os.cpu_count() CPUs and each worker asks for all of them, so a 2-w
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import re
@@ -202,7 +203,7 @@ def _check_node_loss_rows(attempts: list[dict]) -> None:
 def test_worker_node_lost_on_a_warm_cluster(slurm2, tmp_path, healed):
     sweep, store = _sweep(tmp_path / "s.yaml", NODE_LOSS_POINTS, steps=2), tmp_path / "store"
     started = time.monotonic()
-    assert raybench_cli(slurm2, "cluster", "up", "faulty", *_options(2)).returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "faulty", "--no-check", *_options(2)).returncode == 0
     try:
         _node_lost_on_warm_cluster(slurm2, sweep, store, healed)
     finally:  # a failed check must not leave the cluster holding both nodes for the next test
@@ -231,7 +232,7 @@ def _node_lost_on_warm_cluster(slurm2: dict, sweep: Path, store: Path, healed: b
 
     # Healed: a fresh 2-node allocation. The same sweep runs exactly the two trials that were not ok.
     assert raybench_cli(slurm2, "cluster", "down", "faulty").returncode == 0
-    assert raybench_cli(slurm2, "cluster", "up", "faulty", *_options(2)).returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "faulty", "--no-check", *_options(2)).returncode == 0
     again = raybench_cli(slurm2, "run", str(sweep), "--cluster", "faulty", "--store", str(store), "--quiet")
     assert again.returncode == 0, again.stderr
     after = _attempts(store)
@@ -241,6 +242,57 @@ def _node_lost_on_warm_cluster(slurm2: dict, sweep: Path, store: Path, healed: b
     assert {a["status"] for a in _latest(after).values()} == {"ok"}
     print(f"FIGURES warm healed: healed run added {len(added)}, latest ok {len(_latest(after))}, "
           f"duplicate ok rows {len([a for a in after if a['status'] == 'ok']) - len(_latest(after))}")
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, where a CPU quota holds processes back
+
+
+@contextlib.contextmanager
+def _cpu_quota(procs: list[psutil.Process], fraction: float):
+    """Hold `procs` (and every process they start) to `fraction` of one CPU, for real: a cgroup with a CFS quota;
+    on leaving, they go back to the root group and the cgroup is removed."""
+    group = CPU_CGROUP / f"raybench-throttle-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as err:
+        pytest.skip(f"cannot make a cpu cgroup here ({err}): no way to slow a node down for real")
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(100000 * fraction)))
+        for proc in procs:
+            with contextlib.suppress(OSError):
+                (group / "cgroup.procs").write_text(str(proc.pid))
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CPU_CGROUP / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+# ~2 min: a 2-node cluster up with its pre-flight, node 2's processes held to a tenth of a CPU, the check again. The
+# default run checks the pre-flight of `cluster up` on one node (test_slurm.py's warm cluster) and its judgement on
+# planted figures (tests/unit/test_preflight.py).
+@pytest.mark.slow
+def test_the_preflight_names_a_throttled_node(slurm2, tmp_path):
+    store = tmp_path / "store"
+    up = raybench_cli(slurm2, "cluster", "up", "throttled", "--store", str(store), *_options(2))
+    assert up.returncode == 0 and "pre-flight of cluster throttled" in up.stdout, up.stderr
+    try:
+        job_id = _job_id_of(slurm2, "throttled")
+        with _cpu_quota(_node2_processes(job_id), 0.1):
+            check = raybench_cli(slurm2, "cluster", "check", "throttled", "--store", str(store))
+    finally:
+        raybench_cli(slurm2, "cluster", "down", "throttled")
+    assert check.returncode == 1, check.stderr
+    assert f"slow node(s): {NODE2};" in check.stdout and f"{NODE2} (cpu):" in check.stdout
+    glob = str(store / "cluster-health" / "*.parquet")
+    rows = duckdb.sql(f"select checked_at, node, slow, why, matmul_tflops_of_fastest from read_parquet('{glob}') "
+                      "order by checked_at, node").fetchall()
+    latest = [row[1:] for row in rows if row[0] == rows[-1][0]]  # the second check's (the first: `cluster up`'s)
+    assert len(rows) == 4 and [(node, slow) for node, slow, _, _ in latest] == [(f"{NODE_PREFIX}1", False),
+                                                                                 (NODE2, True)]
+    assert latest[1][2].startswith("matmul") and latest[1][3] < 0.5, latest  # a tenth of a CPU: far below
 
 
 @pytest.mark.slow  # ~100 s; the same node loss on a warm cluster is in the default run
@@ -507,7 +559,7 @@ def test_a_warm_clusters_allocation_ends_mid_run_then_a_new_cluster_runs_exactly
     held.touch()
     sweep, store = _idle_sweep(tmp_path, [tmp_path / "free-1", held, tmp_path / "free-2"]), tmp_path / "store"
     started = time.monotonic()
-    assert raybench_cli(slurm2, "cluster", "up", "short", *_options(1, "1")).returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "short", "--no-check", *_options(1, "1")).returncode == 0
     job_id = _job_id_of(slurm2, "short")
     try:
         run = raybench_cli(slurm2, "run", str(sweep), "--cluster", "short", "--store", str(store), "--quiet")
@@ -537,7 +589,7 @@ def test_a_warm_clusters_allocation_ends_mid_run_then_a_new_cluster_runs_exactly
 
     # A new cluster: the same run runs exactly the held trial and the one never started.
     held.unlink()
-    assert raybench_cli(slurm2, "cluster", "up", "short", *_options(1)).returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "short", "--no-check", *_options(1)).returncode == 0
     try:
         again = raybench_cli(slurm2, "run", str(sweep), "--cluster", "short", "--store", str(store), "--quiet")
     finally:
@@ -565,7 +617,7 @@ def test_a_warm_clusters_allocation_cancelled_mid_run_stops_the_run_at_once(slur
     held.touch()
     sweep, store = _idle_sweep(tmp_path, [tmp_path / "free-1", held, tmp_path / "free-2"]), tmp_path / "store"
     started = time.monotonic()
-    assert raybench_cli(slurm2, "cluster", "up", "cut", *_options(1)).returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "cut", "--no-check", *_options(1)).returncode == 0
     job_id = _job_id_of(slurm2, "cut")
     try:
         run = subprocess.Popen([*RAYBENCH, "run", str(sweep), "--cluster", "cut", "--store", str(store), "--quiet"],
@@ -643,7 +695,7 @@ def test_a_warm_clusters_head_node_dies_under_run_then_a_new_cluster_runs_exactl
     # Ray head) while `run --cluster`, outside the job as on a login node, has two trials running on it.
     holds, sweep, store = _free_then_two_held(tmp_path)
     started = time.monotonic()
-    assert raybench_cli(slurm2, "cluster", "up", "headless", *_options(2)).returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "headless", "--no-check", *_options(2)).returncode == 0
     job_id = _job_id_of(slurm2, "headless")
     try:
         run = subprocess.Popen([*RAYBENCH, "run", str(sweep), "--cluster", "headless", "--store", str(store),
@@ -671,7 +723,7 @@ def test_a_warm_clusters_head_node_dies_under_run_then_a_new_cluster_runs_exactl
 
     for hold in holds[1:]:
         hold.unlink()
-    assert raybench_cli(slurm2, "cluster", "up", "headless", *_options(2)).returncode == 0
+    assert raybench_cli(slurm2, "cluster", "up", "headless", "--no-check", *_options(2)).returncode == 0
     try:
         again = raybench_cli(slurm2, "run", str(sweep), "--cluster", "headless", "--store", str(store), "--quiet")
     finally:

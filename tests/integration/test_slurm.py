@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from raybench import read_results
+from raybench.results import health
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slurm_cluster import (free_port_block, job_processes, missing_reason, raybench_cli,  # noqa: E402
@@ -94,8 +95,14 @@ def test_submit_runs_the_sweep_and_lands_ok_rows(slurm, tmp_path):
 
 
 def test_warm_cluster_takes_two_runs_then_goes_down_leaving_nothing(slurm, tmp_path):
-    done = raybench_cli(slurm, "cluster", "up", "warm", *_slurm_options())
+    store = tmp_path / "store"
+    done = raybench_cli(slurm, "cluster", "up", "warm", "--store", str(store), *_slurm_options())
     assert done.returncode == 0, done.stderr
+    # Its pre-flight measured the node's CPU and stored the row beside the sweeps' (tests/unit/test_preflight.py
+    # checks the judgement; test_cluster_faults.py, with -m slow, a node held back for real).
+    assert "pre-flight of cluster warm" in done.stdout and "all 1 node(s) within 80%" in done.stdout, done.stdout
+    (check,) = health.read_checks(store).to_pylist()
+    assert check["cluster"] == "warm" and check["device"] == "cpu" and check["matmul_tflops"] > 0
     record_path = Path(slurm["RAYBENCH_HOME"]) / "clusters" / "warm.json"
     record = json.loads(record_path.read_text())
     assert stat.S_IMODE(record_path.stat().st_mode) == 0o600  # it holds the token
@@ -109,7 +116,6 @@ def test_warm_cluster_takes_two_runs_then_goes_down_leaving_nothing(slurm, tmp_p
     assert again.returncode == 2 and f"already up (job {job_id})" in again.stderr
     live = [line for line in _squeue(slurm).splitlines() if line.split()[4] in ("R", "PD", "CF")]
     assert len(live) == 1  # earlier tests' ended jobs may still be listed (CD, F)
-    store = tmp_path / "store"
     # Two sweeps, one after the other, on the same warm cluster and its warm pool (detached actors, which
     # `down` must take down too).
     for strategy in ("ddp", "fsdp2"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raybench.cli.main import cluster_status_text
+from raybench.cli.cluster import status_text as cluster_status_text
 from raybench.drivers import nodes
 from raybench.drivers.slurm import HOLD_PAYLOAD, SlurmOptions, render
 from raybench.drivers.trial import STATUSES, classify

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from raybench.cli import cluster as cli_cluster
 from raybench.cli import main as cli
 from raybench.drivers import sweep
 from raybench.drivers.progress import SweepProgress
@@ -202,7 +203,7 @@ def test_a_stop_from_another_thread_gives_its_reason_the_tally_and_exits_within_
 
 def test_cluster_status_says_how_a_clusters_allocation_ended():
     status = {"name": "c", "job_id": "7", "state": "GONE", "ended": "TIMEOUT", "address": None, "nodes": None}
-    assert cli.cluster_status_text(status) == "cluster c: job 7 GONE (its allocation ended: TIMEOUT), address -"
+    assert cli_cluster.status_text(status) == "cluster c: job 7 GONE (its allocation ended: TIMEOUT), address -"
 
 
 def test_a_stop_after_the_sweep_has_ended_does_nothing():

@@ -1,0 +1,122 @@
+"""The pre-flight: before a cluster's trials are trusted, every device of every node is measured
+(runtime/preflight.py: matmul rate, memory copy bandwidth, host-to-device copy) and held against the fastest
+device of its kind in the cluster and against the hardware table. A device below the tolerance of the fastest
+in any figure is named slow, with what is slow: one node held at lower clocks, power-capped, or sharing its cores
+with other work makes every comparison of the trials that touch it wrong.
+
+Rows, one per device, go to the store (results/health.py) so `raybench report` shows the cluster's health beside
+its trials. Not measured yet: the bus bandwidth inside a node and between node pairs (the trials' all-reduce probe
+measures their own ranks').
+
+Ray is imported inside functions only (Ray fixes its auth mode when it is first imported; see ray_cluster).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from raybench.drivers import nodes
+from raybench.spec import hardware
+
+# A device below this fraction of the fastest device of its kind, in any figure, is slow. Healthy devices of one
+# kind agree within a few percent on these figures; a 20% gap is a device held back, not noise.
+TOLERANCE = 0.8
+# A GPU below this fraction of its hardware table figure is slow even when every GPU of the cluster is (a cluster
+# of one node, all of its GPUs capped alike). Healthy GPUs reach 70-90% of their table's peak on these kernels; half
+# of it is a device held back. A tighter bound waits for a GPU round to measure the healthy fraction.
+TABLE_FLOOR = 0.5
+FIGURES = ("matmul_tflops", "memory_gb_per_s", "host_to_device_gb_per_s")
+FIGURE_NAMES = {"matmul_tflops": "matmul", "memory_gb_per_s": "memory copy",
+                "host_to_device_gb_per_s": "host-to-device copy"}
+
+
+def table_figures(device: str) -> dict[str, float | None]:
+    """What the hardware table says the device gives (peaks, not what a kernel reaches); None where it says
+    nothing (CPUs, a GPU the table lacks)."""
+    if not hardware.known_gpu(device):
+        return dict.fromkeys(FIGURES)
+    bandwidth = hardware.memory_bandwidth_tb_per_s(device)
+    return {"matmul_tflops": hardware.peak_tflops(device, "bf16"),
+            "memory_gb_per_s": bandwidth * 1000 if bandwidth else None,
+            "host_to_device_gb_per_s": hardware.host_link_gb_per_s(device)}
+
+
+def verdicts(measured: list[dict], tolerance: float = TOLERANCE) -> list[dict]:
+    """Each measured device's figures as fractions of the fastest device of its kind and of the table, and
+    whether it is slow (`slow`) and why (`why`: what is slow, by how much)."""
+    fastest = {(m["device"], f): max(x[f] for x in measured if x["device"] == m["device"] and x[f] is not None)
+               for m in measured for f in FIGURES if m[f] is not None}
+    rows = []
+    for m in measured:
+        table = table_figures(m["device"])
+        row, why = {**m, "tolerance": tolerance}, []
+        for f in FIGURES:
+            value = m[f]
+            of_fastest = None if value is None else value / fastest[m["device"], f]
+            of_table = None if value is None or not table[f] else value / table[f]
+            row[f"{f}_of_fastest"], row[f"{f}_of_table"] = of_fastest, of_table
+            if of_fastest is not None and of_fastest < tolerance:
+                why.append(f"{FIGURE_NAMES[f]} {value:.3g} is {of_fastest:.0%} of the fastest {m['device']}'s "
+                           f"{fastest[m['device'], f]:.3g}")
+            if of_table is not None and of_table < TABLE_FLOOR:
+                why.append(f"{FIGURE_NAMES[f]} {value:.3g} is {of_table:.0%} of the table's {table[f]:.3g}")
+        rows.append({**row, "slow": bool(why), "why": "; ".join(why) or None})
+    return rows
+
+
+def _measure_remote():
+    """The Ray task that measures one device where it runs (the GPU Ray gave it, else the host)."""
+    import ray
+    import torch
+
+    from raybench.runtime import preflight
+
+    gpu_ids = ray.get_gpu_ids()
+    device = torch.device("cuda", 0) if gpu_ids else torch.device("cpu")  # Ray shows the task its GPU as 0
+    figures = preflight.measure(device)
+    return {**figures, "device_index": int(gpu_ids[0]) if gpu_ids else None}
+
+
+def measure_cluster() -> list[dict]:
+    """Every device of every alive node of the Ray cluster this process is connected to, all at once, as a trial
+    runs them: what slows the whole cluster for a moment slows every device alike, and the comparison holds."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    places = []
+    for node in sorted((n for n in nodes.current() if n.alive), key=lambda n: n.name):
+        pinned = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+        size = {"num_gpus": 1, "num_cpus": 0} if node.gpus else {"num_cpus": 1}
+        places += [(node, {"scheduling_strategy": pinned, **size})] * (int(node.gpus) or 1)
+    # Start every device's worker and import torch there first, so that the measurements, in the same (now warm)
+    # workers, start together rather than as each worker gets through its imports.
+    ray.get([ray.remote(_import_torch).options(**options).remote() for _, options in places])
+    started = [(node, ray.remote(_measure_remote).options(**options).remote()) for node, options in places]
+    return [{"node": node.name, "ray_node_id": node.node_id, **ray.get(ref)} for node, ref in started]
+
+
+def _import_torch() -> None:
+    import torch  # noqa: F401
+
+
+def check(cluster: str | None, job_id: str | None, tolerance: float = TOLERANCE) -> list[dict]:
+    """The pre-flight's rows for the connected Ray cluster: measured, judged, stamped."""
+    checked_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return [{"cluster": cluster, "job_id": job_id, "checked_at": checked_at, **row}
+            for row in verdicts(measure_cluster(), tolerance)]
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Lines for the terminal: one per device, then the verdict naming the slow ones."""
+    lines = []
+    for r in rows:
+        where = r["node"] + (f" gpu{r['device_index']}" if r["device_index"] is not None else "")
+        figures = f"matmul {r['matmul_tflops']:.3g} TFLOP/s, memory {r['memory_gb_per_s']:.3g} GB/s"
+        if r["host_to_device_gb_per_s"] is not None:
+            figures += f", host-to-device {r['host_to_device_gb_per_s']:.3g} GB/s"
+        lines.append(f"  {where} ({r['device']}): {figures}" + (f"  SLOW: {r['why']}" if r["slow"] else ""))
+    slow = sorted({r["node"] for r in rows if r["slow"]})
+    lines.append(f"slow node(s): {', '.join(slow)}; leave them out of the allocation (sbatch --exclude) or let them "
+                 "recover, then check again" if slow else f"all {len({r['node'] for r in rows})} node(s) within "
+                 f"{rows[0]['tolerance']:.0%} of the fastest of their kind" if rows else "no alive node to check")
+    return lines
