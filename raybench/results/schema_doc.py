@@ -188,6 +188,12 @@ DESCRIPTIONS = {
     "data_fs_type": "Filesystem type of the data (or model) path.",
     "allreduce_busbw_gbps": "Best all-reduce bus bandwidth over the trial's ranks (nccl-tests definition).",
     "allreduce_busbw_json": "Bus bandwidth per message size (MiB → GB/s), as JSON.",
+    "nccl_transports_json": ("The transports NCCL's channels chose over every rank's communicators (P2P/CUMEM, "
+                             "SHM/direct, NET/IB, NET/Socket…), the most nodes a communicator spans and the network "
+                             "NCCL used, from its INIT log, as JSON; null on CPU."),
+    "nccl_transport_check": ("'ok', 'fallback: WHAT (usual causes: VARS; set here: …)' when a collective ran on "
+                             "sockets between nodes, or on the network or shared memory inside one, or why it "
+                             "was not checked ('not checked (gloo)' on CPU)."),
     "cpu_model": "Host CPU model.",
     "cpu_count": "Host logical CPUs.",
     "ram_gib": "Host memory.",

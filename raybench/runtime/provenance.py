@@ -8,7 +8,7 @@ import os
 
 import torch.distributed as dist
 
-from raybench.runtime import allreduce, fingerprint
+from raybench.runtime import allreduce, fingerprint, nccl_log
 from raybench.runtime.strategies import RankContext
 from raybench.spec.payload import TrialPayload
 from raybench.spec.sweep_spec import TrialConfig
@@ -29,7 +29,24 @@ def hostnames_and_busbw(payload: TrialPayload, ctx: RankContext) -> tuple[list[s
     return hostnames, busbw
 
 
-def columns(config: TrialConfig, ctx: RankContext, hostnames: list[str], busbw: dict, hardware: dict,
+def transport_check(ctx: RankContext, hostnames: list[str]) -> dict:
+    """NCCL's transports over every rank's communicators and whether one is a fallback (nccl_log), for the row;
+    every rank calls it, after the trial's first collectives (its channels are set up lazily)."""
+    if ctx.device.type != "cuda":
+        return {"nccl_transports_json": None, "nccl_transport_check": "not checked (gloo)"}
+    log = nccl_log.logged()
+    mine = None if log is None else nccl_log.transports(log)
+    found = [None] * ctx.world_size
+    dist.all_gather_object(found, mine)
+    merged = None if None in found else nccl_log.merged(found)
+    return {"nccl_transports_json": json.dumps(merged) if merged else None,
+            "nccl_transport_check": nccl_log.check_text(merged, len(set(hostnames)))}
+
+
+NOT_CHECKED_STACK = {"nccl_transports_json": None, "nccl_transport_check": "not checked (the user's command)"}
+
+
+def columns(config: TrialConfig, ctx: RankContext, hostnames: list[str], busbw: dict, hardware: dict, nccl: dict,
             software: dict | None = None) -> dict:
     """Where and with what the trial ran: the row's hardware and software columns (software: the versions of
     the environment the trial ran in; None: this process's). The environment variables and the system label are
@@ -39,6 +56,7 @@ def columns(config: TrialConfig, ctx: RankContext, hostnames: list[str], busbw: 
         "hostnames": sorted(set(hostnames)),
         "allreduce_busbw_gbps": max(busbw.values()) if busbw else None,
         "allreduce_busbw_json": json.dumps(busbw) if busbw else None,
+        **nccl,
         "data_fs_type": fingerprint.filesystem_of(config.data.path or config.model.path or os.getcwd()),
         **hardware,
         **(fingerprint.software() if software is None else software),

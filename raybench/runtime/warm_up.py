@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from raybench.runtime import bench
+from raybench.runtime import bench, nccl_log
 from raybench.runtime.strategies import RankContext
 from raybench.spec.payload import TrialPayload
 from raybench.spec.presets import ModelShape, model_shape
@@ -43,6 +43,8 @@ def init_distributed(config: TrialConfig, timeout_s: float = 1800) -> RankContex
     else:
         torch.set_num_threads(max(1, int(config.resources.cpus_per_worker)))
     if not dist.is_initialized():
+        if use_gpu:
+            nccl_log.capture()  # NCCL's transport choices, for the row (provenance.transport_check)
         dist.init_process_group("nccl" if use_gpu else "gloo", timeout=timedelta(seconds=timeout_s))
     return RankContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), device)
 

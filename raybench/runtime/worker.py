@@ -188,6 +188,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> RankResult | None:
     marks.reached("warm-up")
     shape = model_shape(config)
     hostnames, busbw = provenance.hostnames_and_busbw(payload, ctx)
+    nccl = provenance.transport_check(ctx, hostnames)
     # Not part of the trial's setup: time_to_first_step_s leaves it out.
     t_start += warm_up.warm_up(payload, ctx, shape, build_and_wrap)
     marks.reached("build")
@@ -199,7 +200,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> RankResult | None:
         return None
     hardware = fingerprint.hardware(ctx.device)
     facts = _trial_facts(payload, ctx, shape, built, trained, hardware, t_start)
-    return rank_metrics.rank_result(reduced, facts, provenance.columns(config, ctx, hostnames, busbw, hardware))
+    return rank_metrics.rank_result(reduced, facts, provenance.columns(config, ctx, hostnames, busbw, hardware, nccl))
 
 
 def main(argv: list[str]) -> int:

@@ -186,6 +186,7 @@ PROVENANCE_COLUMNS = [
     ("gpu_sm_clock_max_mhz", "float64"), ("gpu_power_limit_w", "float64"), ("gpu_driver_version", "string"),
     ("gpu_topology", "string"), ("data_fs_type", "string"),
     ("allreduce_busbw_gbps", "float64"), ("allreduce_busbw_json", "string"),
+    ("nccl_transports_json", "string"), ("nccl_transport_check", "string"),
     ("cpu_model", "string"), ("cpu_count", "int32"),
     ("ram_gib", "float64"), ("system", "string"), ("hostname", "string"), ("hostnames", "list<string>"),
     ("slurm_job_id", "string"), ("platform", "string"), ("env_json", "string"),

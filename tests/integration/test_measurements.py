@@ -69,6 +69,7 @@ def test_projection_setup_times_and_null_mfu(measured):
     assert row["data_fs_type"]
     assert len(row["peak_rss_gib_by_rank"]) == 2 and max(row["peak_rss_gib_by_rank"]) == row["peak_rss_gib"]
     assert row["peak_alloc_gib_by_rank"] is None  # CPU: no CUDA allocator
+    assert row["nccl_transport_check"] == "not checked (gloo)" and row["nccl_transports_json"] is None
 
 
 def test_allreduce_probe_measured_once_and_cached(measured):

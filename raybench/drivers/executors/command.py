@@ -178,7 +178,8 @@ def _result(payload: TrialPayload, records: list[dict], launched_wall: float, wa
         weights_cache=None, weights_copy_s=None, worker_wall_s=wall_s, process_trial_index=0)
     ctx = RankContext(rank=0, world_size=workers, local_rank=0, device=device)
     versions = _stack_versions(python, env)
-    columns = provenance.columns(config, ctx, [socket.gethostname()], {}, hardware, _stack_software(versions))
+    columns = provenance.columns(config, ctx, [socket.gethostname()], {}, hardware, provenance.NOT_CHECKED_STACK,
+                                 _stack_software(versions))
     return rank_metrics.rank_result(reduced, facts, columns, env=env, stack_version=_stack_version(argv, versions),
                                     data_taken=None)
 

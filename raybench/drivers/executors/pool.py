@@ -30,7 +30,7 @@ import ray
 
 from raybench.drivers import nodes
 from raybench.drivers.executors import RAY_WORKER_ENV
-from raybench.runtime import fingerprint, limits
+from raybench.runtime import fingerprint, limits, nccl_log
 from raybench.spec.payload import TrialPayload
 from raybench.spec.schema import RankResult
 
@@ -127,6 +127,8 @@ class PoolWorker:
         resources = payload.config.resources
         saved_rlimit = resource.getrlimit(resource.RLIMIT_DATA)
         backend = "nccl" if resources.gpus_per_worker > 0 else "gloo"
+        if backend == "nccl":
+            nccl_log.capture()  # this trial's communicators' transport choices, for its row
         dist.init_process_group(backend, store=dist.PrefixStore(trial_key, self.store), rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=resources.timeout_s))
         self.trials_run += 1

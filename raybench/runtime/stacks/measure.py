@@ -105,6 +105,7 @@ def measured_run(payload: TrialPayload, build: Build) -> RankResult | None:
     limits.apply_memory_limit(config.resources.memory_limit_gib, int(held_gib * GIB))
     ctx = warm_up.init_distributed(config, timeout_s=config.resources.timeout_s)
     hostnames, busbw = provenance.hostnames_and_busbw(payload, ctx)
+    nccl = provenance.transport_check(ctx, hostnames)
     limits.release_free_heap()
     _, file_at_reset_gib = rank_memory.reset_peaks(ctx.device)
     gpu_held_gib = rank_memory.gpu_allocated_gib(ctx.device)
@@ -146,7 +147,7 @@ def measured_run(payload: TrialPayload, build: Build) -> RankResult | None:
         peak_tflops=peak_tflops(hardware["gpu_name"], config.train.precision), comm_exposed_p50_s=None,
         weights_cache=None, weights_copy_s=None, worker_wall_s=time.perf_counter() - t_start,
         process_trial_index=payload.process_trial_index)
-    return rank_metrics.rank_result(reduced, facts, provenance.columns(config, ctx, hostnames, busbw, hardware),
+    return rank_metrics.rank_result(reduced, facts, provenance.columns(config, ctx, hostnames, busbw, hardware, nccl),
                                     stack_version=run.version, data_taken=data_taken)
 
 
