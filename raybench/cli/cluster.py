@@ -38,26 +38,34 @@ def _up(args) -> int:
     record = slurm.cluster_up(args.name, slurm_options(args), ready_timeout=args.ready_timeout)
     print(f"cluster {args.name} up: job {record['job_id']}, address {record['address']}; "
           f"run sweeps with `raybench run SWEEP --cluster {args.name}`", flush=True)
-    if not args.no_check:  # the cluster is up whatever the check finds: a slow node is named, not refused
-        _check_and_store(args.name, record["job_id"], args.store, args.tolerance)
+    if not args.no_check:  # the cluster is up whatever the check finds: a slow node is named (or left out)
+        _check_and_store(args.name, record["job_id"], args)
     return EXIT_OK
 
 
 def _check(args) -> int:
     _check_tolerance(args.tolerance)
-    return _check_and_store(args.name, slurm.load_record(args.name)["job_id"], args.store, args.tolerance)
+    return _check_and_store(args.name, slurm.load_record(args.name)["job_id"], args)
 
 
-def _check_and_store(name: str, job_id: str, store: str, tolerance: float) -> int:
-    """The pre-flight on the named cluster: its lines printed, its rows stored; exit 1 when a node is slow."""
+def _check_and_store(name: str, job_id: str, args) -> int:
+    """The pre-flight on the named cluster: its lines printed, its rows stored, the slow nodes left out with
+    --exclude-slow; exit 1 when a slow node stays in the cluster."""
     from raybench.drivers.ray_cluster import ray_cluster
 
     address = slurm.connect(name)  # before Ray is imported: the cluster's token
     with ray_cluster(address):
-        rows = preflight.check(name, job_id, tolerance)
-    path = health.save_check(store, rows)
-    print("\n".join([f"pre-flight of cluster {name} (stored in {path}):", *preflight.summary(rows)]))
-    return EXIT_NOT_OK if any(r["slow"] for r in rows) else EXIT_OK
+        rows = preflight.check(name, job_id, args.tolerance)
+        out, kept = preflight.leave_out(job_id, rows) if args.exclude_slow else ([], sorted(
+            {r["node"] for r in rows if r["slow"]}))
+    path = health.save_check(args.store, rows)
+    lines = [f"pre-flight of cluster {name} (stored in {path}):", *preflight.summary(rows)]
+    lines += [f"left out: {', '.join(out)} (its Ray stopped; the cluster goes on without it; "
+              f"`raybench cluster status {name}` lists it GONE)"] if out else []
+    lines += [f"kept: {', '.join(kept)}, the Ray head's node (without it there is no cluster): "
+              "bring the cluster up again without it (sbatch --exclude)"] if args.exclude_slow and kept else []
+    print("\n".join(lines))
+    return EXIT_NOT_OK if kept else EXIT_OK
 
 
 def _check_tolerance(tolerance: float) -> None:
@@ -99,6 +107,8 @@ def _add_check_options(p) -> None:
     p.add_argument("--store", default=DEFAULT_STORE, help=f"store the pre-flight's rows go to ({DEFAULT_STORE})")
     p.add_argument("--tolerance", type=float, default=preflight.TOLERANCE,
                    help=f"a device below this fraction of the fastest of its kind is slow ({preflight.TOLERANCE})")
+    p.add_argument("--exclude-slow", action="store_true",
+                   help="leave the slow nodes out: stop their Ray (not the head's); the cluster goes on without them")
 
 
 def add_parsers(sub, parser_class) -> None:

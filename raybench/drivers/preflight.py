@@ -5,8 +5,9 @@ in any figure is named slow, with what is slow: one node held at lower clocks, p
 with other work makes every comparison of the trials that touch it wrong.
 
 Rows, one per device, go to the store (results/health.py) so `raybench report` shows the cluster's health beside
-its trials. Not measured yet: the bus bandwidth inside a node and between node pairs (the trials' all-reduce probe
-measures their own ranks').
+its trials. `--exclude-slow` leaves a slow node out of a warm cluster (`leave_out`): its Ray is stopped and the
+cluster goes on, degraded, on the other nodes, as after a lost node. Not measured yet: the bus bandwidth inside a
+node and between node pairs (the trials' all-reduce probe measures their own ranks').
 
 Ray is imported inside functions only (Ray fixes its auth mode when it is first imported; see ray_cluster).
 """
@@ -14,6 +15,8 @@ Ray is imported inside functions only (Ray fixes its auth mode when it is first 
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import time
 
 from raybench.drivers import nodes
 from raybench.spec import hardware
@@ -120,3 +123,26 @@ def summary(rows: list[dict]) -> list[str]:
                  "recover, then check again" if slow else f"all {len({r['node'] for r in rows})} node(s) within "
                  f"{rows[0]['tolerance']:.0%} of the fastest of their kind" if rows else "no alive node to check")
     return lines
+
+
+def leave_out(job_id: str, rows: list[dict], wait_s: float = nodes.LOST_NODE_WAIT_S) -> tuple[list[str], list[str]]:
+    """Stop the Ray of every slow node of the cluster's job but the head's, and wait until Ray has them dead: the
+    cluster goes on with the others (a trial that needs more nodes ends as "not enough nodes"). Returns the nodes
+    left out and the slow ones kept (the head: without it there is no cluster)."""
+    slow = sorted({r["node"] for r in rows if r["slow"]})
+    hosts = _slurm("scontrol", "show", "hostnames", _slurm("squeue", "-h", "-j", job_id, "-o", "%N")).split()
+    out = [node for node in slow if node in hosts[1:]]
+    for node in out:
+        # The node's `ray start --block` (cluster_yaml/raybench.sbatch.tmpl, its temp dir /tmp/rbs-JOB-INDEX) stops
+        # its node's Ray on SIGTERM. "[d]" keeps the pattern from matching pkill's own command line.
+        pattern = f"--temp-[d]ir=/tmp/rbs-{job_id}-{hosts.index(node)}( |$)"
+        _slurm("srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+               "pkill", "-TERM", "-f", "--", pattern)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(n.alive for n in nodes.current() if n.name in out):
+        time.sleep(nodes.POLL_S)
+    return out, [node for node in slow if node not in out]
+
+
+def _slurm(*args: str) -> str:
+    return subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout.strip()

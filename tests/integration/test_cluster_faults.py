@@ -270,7 +270,8 @@ def _cpu_quota(procs: list[psutil.Process], fraction: float):
         group.rmdir()
 
 
-# ~2 min: a 2-node cluster up with its pre-flight, node 2's processes held to a tenth of a CPU, the check again. The
+# ~3 min: a 2-node cluster up with its pre-flight, node 2's processes held to a tenth of a CPU, the check again
+# (naming it), once more with --exclude-slow (leaving it out), then a sweep on the node left. The
 # default run checks the pre-flight of `cluster up` on one node (test_slurm.py's warm cluster) and its judgement on
 # planted figures (tests/unit/test_preflight.py).
 @pytest.mark.slow
@@ -282,15 +283,26 @@ def test_the_preflight_names_a_throttled_node(slurm2, tmp_path):
         job_id = _job_id_of(slurm2, "throttled")
         with _cpu_quota(_node2_processes(job_id), 0.1):
             check = raybench_cli(slurm2, "cluster", "check", "throttled", "--store", str(store))
+            # Left out: node 2's Ray stopped, the cluster goes on with node 1 alone.
+            excluded = raybench_cli(slurm2, "cluster", "check", "throttled", "--store", str(store), "--exclude-slow")
+        status = raybench_cli(slurm2, "cluster", "status", "throttled")
+        sweep = _sweep(tmp_path / "s.yaml", {"point": NODE_LOSS_POINTS["point"][1:]}, steps=2)
+        ran = raybench_cli(slurm2, "run", str(sweep), "--cluster", "throttled", "--store", str(store), "--quiet")
     finally:
         raybench_cli(slurm2, "cluster", "down", "throttled")
     assert check.returncode == 1, check.stderr
     assert f"slow node(s): {NODE2};" in check.stdout and f"{NODE2} (cpu):" in check.stdout
+    assert excluded.returncode == 0 and f"left out: {NODE2}" in excluded.stdout, excluded.stdout + excluded.stderr
+    assert f"node {NODE2} (" in status.stdout and "GONE" in status.stdout, status.stdout
+    # The sweep on what is left: the 2-node trial refused at once, the 1-node trial ok on node 1.
+    assert ran.returncode == 1, ran.stderr
+    statuses = sorted((a["resources_workers"], a["status"]) for a in _latest(_attempts(store)).values())
+    assert statuses == [(1, "ok"), (2, "error")], statuses
     glob = str(store / "cluster-health" / "*.parquet")
     rows = duckdb.sql(f"select checked_at, node, slow, why, matmul_tflops_of_fastest from read_parquet('{glob}') "
                       "order by checked_at, node").fetchall()
-    latest = [row[1:] for row in rows if row[0] == rows[-1][0]]  # the second check's (the first: `cluster up`'s)
-    assert len(rows) == 4 and [(node, slow) for node, slow, _, _ in latest] == [(f"{NODE_PREFIX}1", False),
+    latest = [row[1:] for row in rows if row[0] == rows[-1][0]]  # the last check's (the first: `cluster up`'s)
+    assert len(rows) == 6 and [(node, slow) for node, slow, _, _ in latest] == [(f"{NODE_PREFIX}1", False),
                                                                                  (NODE2, True)]
     assert latest[1][2].startswith("matmul") and latest[1][3] < 0.5, latest  # a tenth of a CPU: far below
 
