@@ -55,7 +55,11 @@ def _check_and_store(name: str, job_id: str, args) -> int:
 
     address = slurm.connect(name)  # before Ray is imported: the cluster's token
     with ray_cluster(address):
-        rows = preflight.check(name, job_id, args.tolerance)
+        try:
+            rows = preflight.check(name, job_id, args.tolerance)
+        except preflight.ClusterBusy as busy:
+            print(f"pre-flight of cluster {name}: not run: {busy}")
+            return EXIT_NOT_OK
         out, kept = preflight.leave_out(job_id, rows) if args.exclude_slow else ([], sorted(
             {r["node"] for r in rows if r["slow"]}))
     path = health.save_check(args.store, rows)

@@ -28,6 +28,8 @@ TOLERANCE = 0.8
 # of one node, all of its GPUs capped alike). Healthy GPUs reach 70-90% of their table's peak on these kernels; half
 # of it is a device held back. A tighter bound waits for a GPU round to measure the healthy fraction.
 TABLE_FLOOR = 0.5
+# A device the pre-flight waits for longer than this is held by trials (a warm pool's actors keep theirs).
+BUSY_TIMEOUT_S = 120.0
 FIGURES = ("matmul_tflops", "memory_gb_per_s", "host_to_device_gb_per_s")
 FIGURE_NAMES = {"matmul_tflops": "matmul", "memory_gb_per_s": "memory copy",
                 "host_to_device_gb_per_s": "host-to-device copy"}
@@ -93,9 +95,28 @@ def measure_cluster() -> list[dict]:
         places += [(node, {"scheduling_strategy": pinned, **size})] * (int(node.gpus) or 1)
     # Start every device's worker and import torch there first, so that the measurements, in the same (now warm)
     # workers, start together rather than as each worker gets through its imports.
-    ray.get([ray.remote(_import_torch).options(**options).remote() for _, options in places])
+    _get([ray.remote(_import_torch).options(**options).remote() for _, options in places])
     started = [(node, ray.remote(_measure_remote).options(**options).remote()) for node, options in places]
-    return [{"node": node.name, "ray_node_id": node.node_id, **ray.get(ref)} for node, ref in started]
+    figures = _get([ref for _, ref in started])
+    return [{"node": node.name, "ray_node_id": node.node_id, **f} for (node, _), f in zip(started, figures)]
+
+
+class ClusterBusy(RuntimeError):
+    """The pre-flight could not have every device: trials (a warm pool's actors) hold them."""
+
+
+def _get(refs: list) -> list:
+    import ray
+
+    timeout_s = BUSY_TIMEOUT_S
+    _, waiting = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if waiting:
+        for ref in waiting:
+            ray.cancel(ref, force=True)
+        raise ClusterBusy(f"the pre-flight waited {timeout_s:.0f} s for {len(waiting)} of {len(refs)} device(s), held "
+                          "by trials (a warm pool's actors hold theirs between sweeps); check again when the cluster "
+                          "is idle")
+    return ray.get(refs)
 
 
 def _import_torch() -> None:
