@@ -66,6 +66,15 @@ DESCRIPTIONS = {
     "peak_reserved_gib": ("Peak CUDA memory reserved by the caching allocator (max over ranks), net of the same; "
                           "null on CPU."),
     "peak_rss_gib_by_rank": "peak_rss_gib of every rank, in rank order.",
+    "step_time_p50_s_by_rank": ("Each rank's own median step, in rank order: alike in a synchronous step, where "
+                                "every rank waits for the slowest inside the collectives."),
+    "local_time_p50_s_by_rank": ("Each rank's median local work per step, in rank order: loading its batch plus "
+                                 "its optimizer step, the parts no collective waits in (null for a user's stack)."),
+    "slowest_rank": "The rank with the most local work (local_time_p50_s_by_rank).",
+    "slowest_rank_node": "The node of slowest_rank: its SLURM node name under SLURM, else its hostname.",
+    "straggler": ("True when slowest_rank's local work is beyond the median rank's by more than 1/0.8 and by 5% of "
+                  "the step or more (raybench/runtime/stragglers.py); null for a user's stack."),
+    "straggler_why": "What made slowest_rank a straggler, with its host and its share of the step.",
     "build_peak_rss_gib": ("Peak resident host memory of a rank during the model build (meta model, techniques, wrap, "
                            "its own values), max over ranks; peak_rss_gib covers training only."),
     "build_peak_alloc_gib": "Peak CUDA memory allocated during the model build (max over ranks); null on CPU.",

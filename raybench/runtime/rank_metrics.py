@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from raybench.runtime import fingerprint
+from raybench.runtime import fingerprint, stragglers
 from raybench.runtime.probe import PHASES, LoopRecord
 from raybench.runtime.techniques import compile as compile_technique
 from raybench.spec import metrics
@@ -76,6 +78,8 @@ class RankMeasurement:
             "rss_before_build_gib": self.rss_before_build_gib, "host_held_gib": self.host_held_gib,
             "model_build_s": self.model_build_s, "wrap_s": self.wrap_s,
             "time_to_first_step_s": self.time_to_first_step_s,
+            # The node as its users name it: SLURM's node name under SLURM (two slurmd may share a host), else the host.
+            "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
         }
 
 
@@ -90,6 +94,9 @@ class RankReduction:
     tokens: list[float]
     nonpad_tokens: list[float]
     phase_times_s: dict[str, list[float]]  # empty for a user's stack
+    rank_step_times_s: list[list[float]]  # per rank, its own step times
+    rank_local_times_s: list[list[float]] | None  # per rank, its local work per step (stragglers); None: no phases
+    nodes_by_rank: list[str | None]  # None: a record without its host (a user's stack's probe)
     sampled: dict[str, float | None]
     peak_rss_gib_by_rank: list[float]
     peak_alloc_gib_by_rank: list[float] | None
@@ -136,6 +143,11 @@ def _by_rank(ranks: list[dict], section: str, key: str) -> list[float] | None:
     return None if any(v is None for v in values) else values
 
 
+def _local_times(ranks: list[dict], steps: int) -> list[list[float]] | None:
+    local = [stragglers.local_times_s(r.get("phase_times_s") or {}) for r in ranks]
+    return None if None in local else [times[:steps] for times in local]
+
+
 def _slowest(ranks: list[dict], key: str) -> float | None:
     values = [r.get(key) for r in ranks]
     return None if any(v is None for v in values) else max(values)
@@ -167,6 +179,9 @@ def combine(ranks: list[dict], tp_size: int, warmup_steps: int) -> RankReduction
         tokens=[math.fsum(step) / tp_size for step in _per_step(ranks, "tokens")],
         nonpad_tokens=[math.fsum(step) / tp_size for step in _per_step(ranks, "nonpad_tokens")],
         phase_times_s=phases,
+        rank_step_times_s=[r["step_times_s"][:len(steps)] for r in ranks],
+        rank_local_times_s=_local_times(ranks, len(steps)),
+        nodes_by_rank=[r.get("node") for r in ranks],
         sampled=sampled,
         peak_rss_gib_by_rank=_by_rank(ranks, "peaks", "rss_gib"),
         peak_alloc_gib_by_rank=_by_rank(ranks, "peaks", "alloc_gib") if on_gpu else None,
@@ -301,6 +316,9 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         worker_wall_s=facts.worker_wall_s,
         process_trial_index=facts.process_trial_index,
         **r.sampled,
+        step_time_p50_s_by_rank=[metrics.percentile(t[warm:], 50) for t in r.rank_step_times_s],
+        **stragglers.columns(None if r.rank_local_times_s is None else [
+            metrics.percentile(t[warm:], 50) for t in r.rank_local_times_s], r.nodes_by_rank, step_p50),
     )
 
 

@@ -119,6 +119,12 @@ class TrialMetrics:
     gpu_power_w: float | None
     gpu_sm_clock_mhz: float | None
     gpu_mem_clock_mhz: float | None
+    step_time_p50_s_by_rank: list[float]  # each rank's own median step (alike: every rank waits for the slowest)
+    local_time_p50_s_by_rank: list[float] | None  # each rank's median data + optimizer work (runtime.stragglers)
+    slowest_rank: int | None
+    slowest_rank_node: str | None
+    straggler: bool | None
+    straggler_why: str | None
 
 
 # What a trial took of raybench's tokenized data (data.source hf): its rows as raybench's loop lays them out, or
