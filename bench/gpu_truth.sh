@@ -286,6 +286,10 @@ print("transformers", transformers.__version__, "trl", trl.__version__, "SFTConf
     zero) zero_stage ;;
     compiled-ac) compiled_ac_stage ;;
     tests) timeout -k 10 480 python3 -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider --timeout=120 ;;
+    # Round 11: the pre-flight on this machine's GPUs against the table, and one NCCL group's transports (CPU twin:
+    # tests/unit/test_gpu_preflight_round.py), then the pre-flight's GPU test.
+    preflight) timeout -k 10 180 python3 bench/preflight_round.py "$out/preflight"
+               timeout -k 10 60 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/unit/test_preflight.py ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac 2>&1 | tee -a "$log"
 done

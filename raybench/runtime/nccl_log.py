@@ -54,6 +54,11 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def log_path() -> Path | None:
+    """This process's NCCL log file (None: not captured, or the user's own)."""
+    return _FILE.get("path")
+
+
 def logged() -> str | None:
     """What NCCL wrote since this trial's `capture`; None when it was not captured (the user's NCCL_DEBUG_FILE)."""
     path = _FILE.get("path")
