@@ -72,8 +72,8 @@ DESCRIPTIONS = {
                                  "its optimizer step, the parts no collective waits in (null for a user's stack)."),
     "slowest_rank": "The rank with the most local work (local_time_p50_s_by_rank).",
     "slowest_rank_node": "The node of slowest_rank: its SLURM node name under SLURM, else its hostname.",
-    "straggler": ("True when slowest_rank's local work is beyond the median rank's by more than 1/0.8 and by 5% of "
-                  "the step or more (raybench/runtime/stragglers.py); null for a user's stack."),
+    "straggler": ("True when slowest_rank's local work is beyond the other ranks' median by more than 1/0.8 and by "
+                  "5% of the step or more (raybench/runtime/stragglers.py); null for a user's stack."),
     "straggler_why": "What made slowest_rank a straggler, with its host and its share of the step.",
     "build_peak_rss_gib": ("Peak resident host memory of a rank during the model build (meta model, techniques, wrap, "
                            "its own values), max over ranks; peak_rss_gib covers training only."),

@@ -257,8 +257,10 @@ def _cpu_quota(procs: list[psutil.Process], fraction: float):
     except OSError as err:
         pytest.skip(f"cannot make a cpu cgroup here ({err}): no way to slow a node down for real")
     try:
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text(str(int(100000 * fraction)))
+        # A 10 ms period: the quota's pauses come every few milliseconds, so a phase of a few milliseconds is held
+        # back as a longer one is (with the default 100 ms period, a short phase often runs whole in one slice).
+        (group / "cpu.cfs_period_us").write_text("10000")
+        (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(10000 * fraction))))
         for proc in procs:
             with contextlib.suppress(OSError):
                 (group / "cgroup.procs").write_text(str(proc.pid))
@@ -283,6 +285,10 @@ def test_the_preflight_names_a_throttled_node(slurm2, tmp_path):
         job_id = _job_id_of(slurm2, "throttled")
         with _cpu_quota(_node2_processes(job_id), 0.1):
             check = raybench_cli(slurm2, "cluster", "check", "throttled", "--store", str(store))
+            # A trial across both nodes: its row names node 2's rank the straggler.
+            both = _sweep(tmp_path / "both.yaml", {"point": NODE_LOSS_POINTS["point"][:1]}, steps=4)
+            spanned = raybench_cli(slurm2, "run", str(both), "--cluster", "throttled", "--store",
+                                   str(tmp_path / "both-store"), "--quiet")
             # Left out: node 2's Ray stopped, the cluster goes on with node 1 alone.
             excluded = raybench_cli(slurm2, "cluster", "check", "throttled", "--store", str(store), "--exclude-slow")
         status = raybench_cli(slurm2, "cluster", "status", "throttled")
@@ -292,6 +298,12 @@ def test_the_preflight_names_a_throttled_node(slurm2, tmp_path):
         raybench_cli(slurm2, "cluster", "down", "throttled")
     assert check.returncode == 1, check.stderr
     assert f"slow node(s): {NODE2};" in check.stdout and f"{NODE2} (cpu):" in check.stdout
+    assert spanned.returncode == 0, spanned.stderr
+    rows_of_both = f"read_parquet('{tmp_path}/both-store/sweep={SWEEP}/*.parquet')"
+    (row,) = duckdb.sql(f"select straggler, slowest_rank_node, straggler_why, local_time_p50_s_by_rank, "
+                        f"step_time_p50_s from {rows_of_both}").fetchall()
+    print(f"FIGURES straggler: {row}")
+    assert row[0] is True and row[1] == NODE2, row
     assert excluded.returncode == 0 and f"left out: {NODE2}" in excluded.stdout, excluded.stdout + excluded.stderr
     assert f"node {NODE2} (" in status.stdout and "GONE" in status.stdout, status.stdout
     # The sweep on what is left: the 2-node trial refused at once, the 1-node trial ok on node 1.

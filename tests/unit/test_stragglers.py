@@ -36,7 +36,7 @@ def test_a_rank_with_much_more_local_work_is_a_straggler_named_with_its_host():
     assert m.local_time_p50_s_by_rank == pytest.approx([0.10, 0.11, 0.40, 0.11])
     assert (m.slowest_rank, m.slowest_rank_node, m.straggler) == (2, "n2", True)
     assert m.straggler_why.startswith("rank 2 on n2: its data and optimizer work took 400.0 ms a step at the median, "
-                                      "3.6x the median rank's 110.0 ms (29% of the step)")
+                                      "3.6x the other ranks' median 110.0 ms (29% of the step)")
 
 
 def test_ranks_that_differ_by_little_or_by_a_sliver_of_the_step_are_not():
