@@ -15,10 +15,10 @@ Ray is imported inside functions only (Ray fixes its auth mode when it is first 
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
 import time
 
 from raybench.drivers import nodes
+from raybench.drivers.slurm import slurm_command
 from raybench.spec import hardware
 
 # A device below this fraction of the fastest device of its kind, in any figure, is slow. Healthy devices of one
@@ -151,19 +151,17 @@ def leave_out(job_id: str, rows: list[dict], wait_s: float = nodes.LOST_NODE_WAI
     cluster goes on with the others (a trial that needs more nodes ends as "not enough nodes"). Returns the nodes
     left out and the slow ones kept (the head: without it there is no cluster)."""
     slow = sorted({r["node"] for r in rows if r["slow"]})
-    hosts = _slurm("scontrol", "show", "hostnames", _slurm("squeue", "-h", "-j", job_id, "-o", "%N")).split()
+    nodelist = slurm_command("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
+    hosts = slurm_command("scontrol", "show", "hostnames", nodelist).stdout.split()
     out = [node for node in slow if node in hosts[1:]]
     for node in out:
         # The node's `ray start --block` (cluster_yaml/raybench.sbatch.tmpl, its temp dir /tmp/rbs-JOB-INDEX) stops
         # its node's Ray on SIGTERM. "[d]" keeps the pattern from matching pkill's own command line.
         pattern = f"--temp-[d]ir=/tmp/rbs-{job_id}-{hosts.index(node)}( |$)"
-        _slurm("srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+        slurm_command("srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
                "pkill", "-TERM", "-f", "--", pattern)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and any(n.alive for n in nodes.current() if n.name in out):
         time.sleep(nodes.POLL_S)
     return out, [node for node in slow if node not in out]
 
-
-def _slurm(*args: str) -> str:
-    return subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout.strip()

@@ -164,7 +164,7 @@ def _job_dir(kind: str, name: str) -> Path:
     return job_dir
 
 
-def _slurm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def slurm_command(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     try:
         done = subprocess.run(list(args), capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
@@ -178,7 +178,7 @@ def sbatch(script: str, job_dir: Path, job_name: str) -> str:
     """Submit the rendered script; returns the job id. A rejected job (bad partition, …) is bad input."""
     path = job_dir / "raybench.sbatch"
     path.write_text(script)
-    done = _slurm("sbatch", "--parsable", f"--job-name={job_name}", f"--output={job_dir}/slurm-%j.out",
+    done = slurm_command("sbatch", "--parsable", f"--job-name={job_name}", f"--output={job_dir}/slurm-%j.out",
                   f"--chdir={job_dir}", str(path), check=False)
     if done.returncode:
         raise SlurmError(f"sbatch rejected the job: {done.stderr.strip()}", 2)
@@ -195,7 +195,8 @@ def _squeue_state(job_id: str, fields: str = "%T") -> str:
     """The job's state as squeue prints it (TIMEOUT, CANCELLED, … included; `fields`: squeue's format), "" once
     SLURM no longer knows it."""
     for attempt in range(5):
-        done = _slurm("squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={fields}", check=False)
+        done = slurm_command("squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={fields}",
+                             check=False)
         if done.returncode == 0 or "Invalid job id" in done.stderr:
             break
         time.sleep(2 * attempt + 1)  # slurmctld busy or restarting: a failed query does not mean the job is gone
@@ -388,7 +389,7 @@ def cluster_down(name: str, timeout: float = 300) -> str:
     record = load_record(name)
     job_id = record["job_id"]
     if job_state(job_id) is not None:
-        _slurm("scancel", job_id)
+        slurm_command("scancel", job_id)
         if not wait_gone(job_id, timeout):
             raise SlurmError(f"job {job_id} of cluster {name!r} is still {job_state(job_id)} after {timeout} s")
     _record_path(name).unlink(missing_ok=True)
