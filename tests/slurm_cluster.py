@@ -8,6 +8,7 @@ are stopped by PID. Run `python tests/slurm_cluster.py [NODES [CRED_EXPIRE_S]]` 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import shutil
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from raybench.drivers.nodes import ports_in_use
 
 PACKAGES = ("slurm-wlm", "munge")
 # The daemons live in /usr/sbin, which a non-login PATH may lack.
@@ -229,18 +232,33 @@ def raybench_cli(env: dict, *args: str, timeout: float = 600) -> subprocess.Comp
     return done
 
 
+# Blocks below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default), from which
+# every outgoing connection and every server bound to port 0 (the other test worker's embedded Rays) takes its
+# port at any moment, and above Ray's default worker ports (10002-19999): a block found free here stays free (one
+# in the ephemeral range was found taken by the job's own check-ports, in 1 clean-clone run of 17). Each block
+# serves two nodes (node i's ports are base+1000*i ... +999) and is held by one test process at a time (a lock).
+PORT_BLOCKS = range(20000, 31000, 2000)
+_held: dict[int, int] = {}  # base -> its lock file's descriptor, held until this process exits
+
+
 def free_port_block() -> int:
-    """A Ray base port whose first few ports are free (the node's block is port … port+999)."""
-    for _ in range(50):
-        base = random.randrange(20000, 60000, 1000)
-        try:
-            for port in (base, base + 1, base + 2, base + 7, base + 8):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", port))
+    """A Ray base port of a block this process holds whose ports the job's template checks (the base and the next
+    8, on each of 2 nodes: cluster_yaml/raybench.sbatch.tmpl) are free now."""
+    for base in [*_held, *random.sample(PORT_BLOCKS, len(PORT_BLOCKS))]:
+        if (base in _held or _hold(base)) and not ports_in_use([n + p for n in (base, base + 1000) for p in range(9)]):
             return base
-        except OSError:
-            continue
     raise RuntimeError("no free port block")
+
+
+def _hold(base: int) -> bool:
+    fd = os.open(Path(tempfile.gettempdir()) / f"raybench-test-ports-{base}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other test worker's, while it runs
+    except OSError:
+        os.close(fd)
+        return False
+    _held[base] = fd
+    return True
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:

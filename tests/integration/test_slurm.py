@@ -169,6 +169,8 @@ def test_a_taken_port_is_named_and_the_cluster_refused(slurm):
     options = _slurm_options()
     port = int(options[options.index("--port") + 1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        # As a server binds: the block served this process's earlier clusters, whose connections may linger.
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taken.bind(("", port))
         taken.listen()
         done = raybench_cli(slurm, "cluster", "up", "taken", *options)
