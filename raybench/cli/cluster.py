@@ -7,7 +7,6 @@ import json
 
 from raybench.drivers import preflight, slurm
 from raybench.drivers.slurm import SlurmOptions
-from raybench.results import health
 from raybench.results.store import DEFAULT_STORE
 from raybench.spec.errors import ConfigError, Problem
 
@@ -56,20 +55,18 @@ def _check_and_store(name: str, job_id: str, args) -> int:
     address = slurm.connect(name)  # before Ray is imported: the cluster's token
     with ray_cluster(address):
         try:
-            rows = preflight.check(name, job_id, args.tolerance)
+            lines, kept = preflight.check_and_store(name, job_id, args.store, args.tolerance, args.exclude_slow)
         except preflight.ClusterBusy as busy:
             print(f"pre-flight of cluster {name}: not run: {busy}")
             return EXIT_NOT_OK
-        out, kept = preflight.leave_out(job_id, rows) if args.exclude_slow else ([], sorted(
-            {r["node"] for r in rows if r["slow"]}))
-    path = health.save_check(args.store, rows)
-    lines = [f"pre-flight of cluster {name} (stored in {path}):", *preflight.summary(rows)]
-    lines += [f"left out: {', '.join(out)} (its Ray stopped; the cluster goes on without it; "
-              f"`raybench cluster status {name}` lists it GONE)"] if out else []
-    lines += [f"kept: {', '.join(kept)}, the Ray head's node (without it there is no cluster): "
-              "bring the cluster up again without it (sbatch --exclude)"] if args.exclude_slow and kept else []
     print("\n".join(lines))
     return EXIT_NOT_OK if kept else EXIT_OK
+
+
+def submit_check(args) -> list[str] | None:
+    """`slurm submit`'s pre-flight in its job (drivers/preflight.main), checked here; None with --no-check."""
+    _check_tolerance(args.tolerance)
+    return None if args.no_check else preflight.job_command(args.tolerance, args.exclude_slow)
 
 
 def _check_tolerance(tolerance: float) -> None:
@@ -109,6 +106,11 @@ def _down(args) -> int:
 
 def _add_check_options(p) -> None:
     p.add_argument("--store", default=DEFAULT_STORE, help=f"store the pre-flight's rows go to ({DEFAULT_STORE})")
+    add_verdict_options(p)
+
+
+def add_verdict_options(p) -> None:
+    """The pre-flight's options that `cluster up`, `cluster check` and `slurm submit` share."""
     p.add_argument("--tolerance", type=float, default=preflight.TOLERANCE,
                    help=f"a device below this fraction of the fastest of its kind is slow ({preflight.TOLERANCE})")
     p.add_argument("--exclude-slow", action="store_true",

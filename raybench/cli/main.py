@@ -212,7 +212,7 @@ def _slurm_submit(args) -> int:
                                                     "only with --requeue (add --requeue, or leave it out)")])
     signal_s = (args.signal_time or requeue.DEFAULT_SIGNAL_S) if args.requeue else None
     job_id, job_dir = slurm.submit(args.sweep, cli_cluster.slurm_options(args), args.store, extra,
-                                   requeue_signal_s=signal_s)
+                                   requeue_signal_s=signal_s, check=cli_cluster.submit_check(args))
     print(f"submitted job {job_id}; script, log and token in {job_dir}", flush=True)
     if not args.wait:
         return EXIT_OK
@@ -241,6 +241,9 @@ def _add_slurm_parsers(sub) -> None:
     p.add_argument("--signal-time", type=int, metavar="SECONDS",
                    help=f"with --requeue: seconds before the time limit at which the job requeues itself (sbatch "
                         f"--signal=B:USR1@SECONDS; default {requeue.DEFAULT_SIGNAL_S})")
+    p.add_argument("--no-check", action="store_true", help="skip the pre-flight of every node before the sweep "
+                                                           "(`raybench cluster check`'s, its rows in --store)")
+    cli_cluster.add_verdict_options(p)
     p.set_defaults(func=_slurm_submit)
 
     cli_cluster.add_parsers(sub, _Parser)  # cluster up, status, check, down

@@ -5,20 +5,24 @@ in any figure is named slow, with what is slow: one node held at lower clocks, p
 with other work makes every comparison of the trials that touch it wrong.
 
 Rows, one per device, go to the store (results/health.py) so `raybench report` shows the cluster's health beside
-its trials. `--exclude-slow` leaves a slow node out of a warm cluster (`leave_out`): its Ray is stopped and the
-cluster goes on, degraded, on the other nodes, as after a lost node. Not measured yet: the bus bandwidth inside a
-node and between node pairs (the trials' all-reduce probe measures their own ranks').
+its trials. Then the links: the all-reduce bus bandwidth inside each node of 2 GPUs or more and across pairs of
+nodes (drivers/preflight_links.py). `--exclude-slow` leaves a slow node out of a warm cluster (`leave_out`): its Ray
+is stopped and the cluster goes on, degraded, on the other nodes, as after a lost node.
 
 Ray is imported inside functions only (Ray fixes its auth mode when it is first imported; see ray_cluster).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import os
+import sys
 import time
 
-from raybench.drivers import nodes
+from raybench.drivers import nodes, preflight_links
 from raybench.drivers.slurm import slurm_command
+from raybench.results import health
 from raybench.spec import hardware
 
 # A device below this fraction of the fastest device of its kind, in any figure, is slow. Healthy devices of one
@@ -82,14 +86,14 @@ def _measure_remote():
     return {**figures, "device_index": int(gpu_ids[0]) if gpu_ids else None}
 
 
-def measure_cluster() -> list[dict]:
-    """Every device of every alive node of the Ray cluster this process is connected to, all at once, as a trial
+def measure_cluster(alive: list[nodes.Node]) -> list[dict]:
+    """Every device of the `alive` nodes of the Ray cluster this process is connected to, all at once, as a trial
     runs them: what slows the whole cluster for a moment slows every device alike, and the comparison holds."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     places = []
-    for node in sorted((n for n in nodes.current() if n.alive), key=lambda n: n.name):
+    for node in sorted(alive, key=lambda n: n.name):
         pinned = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
         size = {"num_gpus": 1, "num_cpus": 0} if node.gpus else {"num_cpus": 1}
         places += [(node, {"scheduling_strategy": pinned, **size})] * (int(node.gpus) or 1)
@@ -124,25 +128,44 @@ def _import_torch() -> None:
 
 
 def check(cluster: str | None, job_id: str | None, tolerance: float = TOLERANCE) -> list[dict]:
-    """The pre-flight's rows for the connected Ray cluster: measured, judged, stamped."""
+    """The pre-flight's rows for the connected Ray cluster, its devices' then its links': measured, judged,
+    stamped."""
     checked_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    return [{"cluster": cluster, "job_id": job_id, "checked_at": checked_at, **row}
-            for row in verdicts(measure_cluster(), tolerance)]
+    alive = [n for n in nodes.current() if n.alive]
+    devices = verdicts(measure_cluster(alive), tolerance)
+    links = preflight_links.measure(preflight_links.plan(alive), _get)
+    links = preflight_links.verdicts(links, {r["node"]: r["device"] for r in devices}, tolerance)
+    return [{"cluster": cluster, "job_id": job_id, "checked_at": checked_at, **row} for row in devices + links]
+
+
+def slow_nodes(rows: list[dict]) -> list[str]:
+    """The nodes a check names: a device of theirs slow, or their links (preflight_links.blamed)."""
+    named, _ = preflight_links.blamed(rows)
+    return sorted({r["node"] for r in rows if r["slow"] and not r.get("link")} | named)
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """Lines for the terminal: one per device, then the verdict naming the slow ones."""
+    """Lines for the terminal: one per device, one per link, then the verdict naming the slow nodes and links."""
     lines = []
     for r in rows:
+        if r.get("link"):
+            where = f"{r['node']}<->{r['peer_node']}" if r["peer_node"] else f"{r['node']} inside"
+            figure = "failed" if r["busbw_gb_per_s"] is None else f"{r['busbw_gb_per_s']:.3g} GB/s bus"
+            lines.append(f"  {where} ({r['link_ranks']} ranks): all-reduce {figure}" +
+                         (f"  SLOW: {r['why']}" if r["slow"] else ""))
+            continue
         where = r["node"] + (f" gpu{r['device_index']}" if r["device_index"] is not None else "")
         figures = f"matmul {r['matmul_tflops']:.3g} TFLOP/s, memory {r['memory_gb_per_s']:.3g} GB/s"
         if r["host_to_device_gb_per_s"] is not None:
             figures += f", host-to-device {r['host_to_device_gb_per_s']:.3g} GB/s"
         lines.append(f"  {where} ({r['device']}): {figures}" + (f"  SLOW: {r['why']}" if r["slow"] else ""))
-    slow = sorted({r["node"] for r in rows if r["slow"]})
-    lines.append(f"slow node(s): {', '.join(slow)}; leave them out of the allocation (sbatch --exclude) or let them "
-                 "recover, then check again" if slow else f"all {len({r['node'] for r in rows})} node(s) within "
-                 f"{rows[0]['tolerance']:.0%} of the fastest of their kind" if rows else "no alive node to check")
+    slow, (_, pairs) = slow_nodes(rows), preflight_links.blamed(rows)
+    verdict = [f"slow node(s): {', '.join(slow)}"] if slow else []
+    verdict += [f"slow link(s): {', '.join(pairs)} (no node to blame: check both ends' network)"] if pairs else []
+    nodes_checked = len({r["node"] for r in rows if not r.get("link")})
+    lines.append("; ".join(verdict) + "; leave them out of the allocation (sbatch --exclude) or let them recover, "
+                 "then check again" if verdict else f"all {nodes_checked} node(s) within {rows[0]['tolerance']:.0%} "
+                 "of the fastest of their kind" if rows else "no alive node to check")
     return lines
 
 
@@ -150,7 +173,7 @@ def leave_out(job_id: str, rows: list[dict], wait_s: float = nodes.LOST_NODE_WAI
     """Stop the Ray of every slow node of the cluster's job but the head's, and wait until Ray has them dead: the
     cluster goes on with the others (a trial that needs more nodes ends as "not enough nodes"). Returns the nodes
     left out and the slow ones kept (the head: without it there is no cluster)."""
-    slow = sorted({r["node"] for r in rows if r["slow"]})
+    slow = slow_nodes(rows)
     nodelist = slurm_command("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
     hosts = slurm_command("scontrol", "show", "hostnames", nodelist).stdout.split()
     out = [node for node in slow if node in hosts[1:]]
@@ -165,3 +188,48 @@ def leave_out(job_id: str, rows: list[dict], wait_s: float = nodes.LOST_NODE_WAI
         time.sleep(nodes.POLL_S)
     return out, [node for node in slow if node not in out]
 
+
+
+def check_and_store(cluster: str, job_id: str, store: str, tolerance: float,
+                    exclude_slow: bool) -> tuple[list[str], list[str]]:
+    """The pre-flight of the Ray cluster this process is connected to (SLURM job `job_id`): its rows stored, the
+    slow nodes left out when `exclude_slow`. Returns the lines to print and what stays slow in the cluster (its
+    nodes, and slow node pairs that name no node). Raises ClusterBusy when trials hold its devices."""
+    rows = check(cluster, job_id, tolerance)
+    out, kept = leave_out(job_id, rows) if exclude_slow else ([], slow_nodes(rows))
+    path = health.save_check(store, rows)
+    lines = [f"pre-flight of cluster {cluster} (stored in {path}):", *summary(rows)]
+    lines += [f"left out: {', '.join(out)} (its Ray stopped; the cluster goes on without it)"] if out else []
+    lines += [f"kept: {', '.join(kept)}, the Ray head's node (without it there is no cluster): bring the cluster up "
+              "again without it (sbatch --exclude)"] if exclude_slow and kept else []
+    return lines, kept + preflight_links.blamed(rows)[1]
+
+
+def job_command(tolerance: float, exclude_slow: bool) -> list[str]:
+    """The arguments after `python` of a one-shot job's pre-flight (main below, which `--store` completes), run
+    on its cluster before the sweep."""
+    return ["-m", "raybench.drivers.preflight", "--tolerance", str(tolerance),
+            *(["--exclude-slow"] if exclude_slow else [])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A one-shot SLURM job's pre-flight (`raybench slurm submit`), in the job, on its new cluster: the lines go to
+    the job's log, the verdict (prefixed `raybench: `) to `slurm submit --wait`'s too. The sweep runs whatever it
+    finds: a slow node is named, or left out with --exclude-slow."""
+    from raybench.drivers.ray_cluster import ray_cluster
+
+    parser = argparse.ArgumentParser(prog="python -m raybench.drivers.preflight")
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE)
+    parser.add_argument("--exclude-slow", action="store_true")
+    args = parser.parse_args(argv)
+    job_id = os.environ["SLURM_JOB_ID"]
+    with ray_cluster(os.environ["RAY_ADDRESS"]):
+        lines, kept = check_and_store(f"job {job_id}", job_id, args.store, args.tolerance, args.exclude_slow)
+    print("\n".join(lines[:-1]))
+    print(f"raybench: pre-flight: {lines[-1]}", flush=True)
+    return 1 if kept else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -242,10 +242,11 @@ def log_tail(job_dir: Path, lines: int = 30) -> str:
 
 
 def submit(sweep: str, opts: SlurmOptions, store: str | None = None, extra: list[str] = (),
-           requeue_signal_s: int | None = None) -> tuple[str, Path]:
-    """One-shot job: allocation → Ray cluster → `raybench run` → rows in the store → exit. With `requeue_signal_s`
-    (`--requeue`), the job requeues itself that many seconds before its time limit until the sweep is done
-    (raybench.drivers.requeue).
+           requeue_signal_s: int | None = None, check: list[str] | None = None) -> tuple[str, Path]:
+    """One-shot job: allocation → Ray cluster → pre-flight → `raybench run` → rows in the store → exit. With
+    `requeue_signal_s` (`--requeue`), the job requeues itself that many seconds before its time limit until the
+    sweep is done (raybench.drivers.requeue); each allocation gets its own pre-flight. `check`: the pre-flight's
+    arguments after `python` (drivers/preflight.job_command without the store), None for none.
 
     The sweep is validated here first: a bad sweep or bad options raise ConfigError and submit nothing.
     Returns (job id, job dir).
@@ -263,11 +264,12 @@ def submit(sweep: str, opts: SlurmOptions, store: str | None = None, extra: list
     store_path = Path(store or spec.store).resolve()  # the job runs in its own directory
     job_dir = _job_dir("jobs", spec.name)
     run = _run_command(opts, Path(sweep).resolve(), store_path, list(extra))
-    if requeue_signal_s is None:
-        script = render(opts, job_dir, _run_payload(run))
-    else:
-        script = render(opts, job_dir, requeue.payload(run, requeue_signal_s),
-                        directives=requeue.directives(requeue_signal_s))
+    payload = _run_payload(run) if requeue_signal_s is None else requeue.payload(run, requeue_signal_s)
+    if check is not None:  # a slow node is named (or left out), and the sweep runs whatever the pre-flight finds
+        payload = (f"{_container(opts)} {shlex.join([sys.executable, *check, '--store', str(store_path)])} || echo "
+                   '"raybench: the pre-flight did not pass (its lines above); the sweep runs" >&2\n' + payload)
+    directives = () if requeue_signal_s is None else requeue.directives(requeue_signal_s)
+    script = render(opts, job_dir, payload, directives=directives)
     return sbatch(script, job_dir, f"raybench-{spec.name}"), job_dir
 
 

@@ -1,5 +1,6 @@
 """The clusters' pre-flight checks in the store: `STORE/cluster-health/check-STAMP.parquet`, one file per check,
-one row per device measured (drivers/preflight.py writes them; `raybench report` reads them beside the trials)."""
+one row per device measured and one per link (`link` set: inside a node, or a node pair with `peer_node`);
+drivers/preflight.py writes them, `raybench report` reads them beside the trials."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ COLUMNS = pa.schema([
     ("host_to_device_gb_per_s", pa.float64()), ("matmul_tflops_of_fastest", pa.float64()),
     ("memory_gb_per_s_of_fastest", pa.float64()), ("host_to_device_gb_per_s_of_fastest", pa.float64()),
     ("matmul_tflops_of_table", pa.float64()), ("memory_gb_per_s_of_table", pa.float64()),
-    ("host_to_device_gb_per_s_of_table", pa.float64()), ("tolerance", pa.float64()), ("slow", pa.bool_()),
-    ("why", pa.string()),
+    ("host_to_device_gb_per_s_of_table", pa.float64()), ("link", pa.string()), ("peer_node", pa.string()),
+    ("link_ranks", pa.int64()), ("busbw_gb_per_s", pa.float64()), ("busbw_gb_per_s_of_fastest", pa.float64()),
+    ("busbw_gb_per_s_of_table", pa.float64()), ("link_error", pa.string()), ("tolerance", pa.float64()),
+    ("slow", pa.bool_()), ("why", pa.string()),
 ])
 
 

@@ -1,6 +1,7 @@
 """What one device of a node delivers, measured in a few seconds before any trial trusts it: its matmul rate,
 its memory's copy bandwidth, and (GPUs) the host-to-device copy rate. `raybench cluster check` runs this on every
-GPU of every node at once (on CPU nodes, one worker's cores) and compares the nodes (drivers/preflight.py).
+GPU of every node at once (on CPU nodes, one worker's cores) and compares the nodes (drivers/preflight.py). Then
+the links: the all-reduce bus bandwidth among a node's GPUs, and across each pair of nodes (`link_bus_bandwidth`).
 
 Each figure is a sustained rate: the work done over a window of WINDOW_S seconds after a warm-up, not the best of a
 few short repetitions. A GPU held at lower clocks is slow in every repetition, but a device that loses time in
@@ -10,10 +11,15 @@ repetitions at full speed: only the rate over many of its slices shows it.
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import socket
 import time
 
 import torch
+import torch.distributed as dist
+
+from raybench.runtime import allreduce
 
 WINDOW_S = 1.0
 # Sizes whose one repetition takes milliseconds on the slowest device measured (one CPU core) and is still large
@@ -71,3 +77,36 @@ def measure(device: torch.device) -> dict:
     return {"hostname": socket.gethostname(), "device": name, "device_index": device.index,
             "torch_threads": torch.get_num_threads(), "matmul_tflops": matmul_tflops(device),
             "memory_gb_per_s": memory_gb_per_s(device), "host_to_device_gb_per_s": host_to_device_gb_per_s(device)}
+
+
+# A link's measurement gives up after this long: a peer that never joins (a firewall between two nodes) is a
+# link that does not work, said as such, not a pre-flight that hangs.
+LINK_TIMEOUT_S = 120
+
+
+def link_bus_bandwidth(rank: int, world_size: int, init_method: str, gpu: int | None,
+                       node_gpus: list[int] | None = None) -> float:
+    """The best all-reduce bus bandwidth in GB/s (nccl-tests' definition, over allreduce's message sizes) among
+    `world_size` processes meeting at `init_method`: NCCL on GPU `gpu`, gloo on the host (None). `node_gpus`: every
+    GPU this process's node lends to the measurement, made visible to it as Ray Train does for its workers, so
+    that NCCL can reach its peers over NVLink rather than through the host."""
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in node_gpus or [gpu])
+    device = torch.device("cuda", (node_gpus or [gpu]).index(gpu)) if gpu is not None else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
+                            world_size=world_size, timeout=dt.timedelta(seconds=LINK_TIMEOUT_S))
+    try:
+        return max(allreduce.measure(device, world_size).values())
+    finally:
+        dist.destroy_process_group()
+
+
+def rendezvous(host: str) -> str:
+    """A TCP address for a link's processes to meet at, on `host` (this node's address as its peers reach it): a
+    port free now (the OS's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return f"tcp://{host}:{port}"

@@ -298,6 +298,9 @@ def test_the_preflight_names_a_throttled_node(slurm2, tmp_path):
         raybench_cli(slurm2, "cluster", "down", "throttled")
     assert check.returncode == 1, check.stderr
     assert f"slow node(s): {NODE2};" in check.stdout and f"{NODE2} (cpu):" in check.stdout
+    # The one pair of nodes all-reduced across the two nodes' Rays (gloo; with nothing to compare with, and no table
+    # figure for CPUs, it is measured, not judged).
+    assert f"{NODE_PREFIX}1<->{NODE2} (2 ranks): all-reduce" in check.stdout, check.stdout
     assert spanned.returncode == 0, spanned.stderr
     rows_of_both = f"read_parquet('{tmp_path}/both-store/sweep={SWEEP}/*.parquet')"
     (row,) = duckdb.sql(f"select straggler, slowest_rank_node, straggler_why, local_time_p50_s_by_rank, "
@@ -312,7 +315,7 @@ def test_the_preflight_names_a_throttled_node(slurm2, tmp_path):
     assert statuses == [(1, "ok"), (2, "error")], statuses
     glob = str(store / "cluster-health" / "*.parquet")
     rows = duckdb.sql(f"select checked_at, node, slow, why, matmul_tflops_of_fastest from read_parquet('{glob}') "
-                      "order by checked_at, node").fetchall()
+                      "where link is null order by checked_at, node").fetchall()
     latest = [row[1:] for row in rows if row[0] == rows[-1][0]]  # the last check's (the first: `cluster up`'s)
     assert len(rows) == 6 and [(node, slow) for node, slow, _, _ in latest] == [(f"{NODE_PREFIX}1", False),
                                                                                  (NODE2, True)]
@@ -438,6 +441,11 @@ def test_a_one_shot_jobs_driver_killed_at_the_stop_still_records_it(slurm2, tmp_
     job_s = time.monotonic() - stopped
     print(stdout, stderr)
     assert submit.returncode == 1 and "ended before the sweep finished" in stderr, stderr
+    # The job's pre-flight ran before its sweep: its verdict among the sweep's own lines, its row in the store.
+    said = stderr.split("its log ends:")[0]
+    assert "raybench: pre-flight: all 1 node(s) within 80% of the fastest of their kind" in said, stderr
+    checks = duckdb.sql(f"select cluster, job_id, slow from '{store / 'cluster-health' / '*.parquet'}'").fetchall()
+    assert checks == [(f"job {job_id}", job_id, False)], checks
     log = _job_log(slurm2)
     assert "interrupted (received signal 15); of 3 trials: 1 interrupted, 1 ok, 1 not started" in log, log[-3000:]
     assert "the sweep's driver ended without a word (exit status -9)" in log  # said by its parent

@@ -57,6 +57,12 @@ def test_bad_options_exit_2_before_anything_is_submitted(capsys):
     assert "--time = 'soon'" in err and "--nodes = 0" in err and "nothing was launched" in err
 
 
+def test_a_bad_preflight_tolerance_exits_2_before_anything_is_submitted(capsys):
+    assert cli.main(["slurm", "submit", SMOKE, "--tolerance", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--tolerance = 1.5" in err and "must be a fraction in (0, 1]" in err and "nothing was launched" in err
+
+
 def test_unknown_cluster_is_bad_input(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RAYBENCH_HOME", str(tmp_path))
     assert cli.main(["run", SMOKE, "--cluster", "nope"]) == 2
