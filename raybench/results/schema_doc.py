@@ -144,6 +144,17 @@ DESCRIPTIONS = {
     "phase_sum_over_step": "Sum of the phase means / mean step time (near 1 when the phases account for the step).",
     "comm_exposed_p50_s": "DDP: all-reduce time per step not hidden behind the backward pass; null otherwise.",
     "comm_exposed_frac": "comm_exposed_p50_s / step_time_p50_s.",
+    "comm_bus_gb_per_step": ("Rank 0's collectives per step of the timed window, in bus bytes as nccl-tests sizes "
+                             "them (an all-reduce's buffer times 2(n-1)/n, an all-gather's output or a "
+                             "reduce-scatter's input times (n-1)/n), read from torch's flight recorder; null on one "
+                             "rank (docs/metrics.md, Collectives)."),
+    "comm_busbw_over_step_gbps": ("comm_bus_gb_per_step / step_time_p50_s: the least bus bandwidth the step needs; "
+                                  "above allreduce_busbw_gbps it cannot have hidden its collectives."),
+    "comm_busbw_gbps": ("comm_bus_gb_per_step / profile_comm_s: the bus bandwidth the collectives achieved over "
+                        "their own time in the profiled steps (their waits included); null unless profiled."),
+    "comm_busbw_of_probe": "comm_busbw_gbps / allreduce_busbw_gbps: the trial's collectives against its ranks' probe.",
+    "comm_busbw_of_link": ("comm_busbw_gbps against the link's nominal rate in the hardware table: NVLink when every "
+                           "rank is on one node, one NIC across nodes; null on CPUs."),
     "cpu_util_pct": "CPU utilization of each rank's process over the timed steps, averaged over ranks.",
     "gpu_util_pct": "GPU utilization (NVML) over the timed steps, averaged over ranks.",
     "gpu_power_w": "GPU power draw (NVML) over the timed steps, averaged over ranks.",

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from raybench.runtime import allreduce, fingerprint, nccl_log
 from raybench.runtime.strategies import RankContext
+from raybench.spec import hardware as hardware_table
 from raybench.spec.payload import TrialPayload
 from raybench.spec.sweep_spec import TrialConfig
 
@@ -61,3 +62,12 @@ def columns(config: TrialConfig, ctx: RankContext, hostnames: list[str], busbw: 
         **hardware,
         **(fingerprint.software() if software is None else software),
     }
+
+
+def nominal_link_gbps(gpu_name: str | None, hostnames: list[str]) -> float | None:
+    """The nominal rate, GB/s each way, of the link a trial's ranks span: NVLink when they share one node, one NIC
+    across nodes (the hardware table's); None on CPUs or a GPU the table lacks."""
+    link = hardware_table.nominal_link(gpu_name) if gpu_name else None
+    if link is None:
+        return None
+    return link.nvlink_gbps if len(set(hostnames)) <= 1 else link.nic_gbps

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from raybench.runtime import fingerprint, stragglers
+from raybench.runtime import collectives, fingerprint, stragglers
 from raybench.runtime.probe import PHASES, LoopRecord
 from raybench.runtime.techniques import compile as compile_technique
 from raybench.spec import metrics
@@ -239,6 +239,9 @@ class TrialFacts:
     compiled: dict = field(default_factory=dict)  # train.compile's graph columns (techniques.compile); empty: nulls
     fp8: dict = field(default_factory=dict)  # train.fp8's columns (techniques.fp8.columns); empty: nulls
     profile: dict = field(default_factory=dict)  # train.profile_steps' columns (step_profile); empty: nulls
+    comm_bus_gb_per_step: float | None = None  # the timed steps' collectives (collectives.bus_gb_per_step)
+    allreduce_busbw_gbps: float | None = None  # the trial's ranks' all-reduce probe
+    link_gbps: float | None = None  # the nominal rate of the link the ranks span (NVLink, one NIC; None: unknown)
 
 
 def rank_result(r: RankReduction, facts: TrialFacts, provenance: dict, env: dict[str, str] | None = None,
@@ -270,6 +273,8 @@ def trial_metrics(r: RankReduction, facts: TrialFacts) -> TrialMetrics:
         **_phase_columns({p: t[warm:] for p, t in r.phase_times_s.items()}, r.mean_rank_step_times_s[warm:]),
         comm_exposed_p50_s=facts.comm_exposed_p50_s,
         comm_exposed_frac=facts.comm_exposed_p50_s / step_p50 if facts.comm_exposed_p50_s is not None else None,
+        **collectives.columns(facts.comm_bus_gb_per_step, step_p50, facts.profile.get("profile_comm_s"),
+                              facts.allreduce_busbw_gbps, facts.link_gbps),
         steps_timed=len(timed),
         tokens_per_step=round(tokens_per_step),
         nonpad_tokens_per_step=sum(r.nonpad_tokens[warm:]) / len(timed),

@@ -25,8 +25,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from raybench.runtime import (  # noqa: E402
-    bench, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics, rank_progress, stacks,
-    step_profile, strategies, warm_up)
+    bench, collectives, cuda_snapshot, data, fingerprint, limits, provenance, rank_memory, rank_metrics,
+    rank_progress, stacks, step_profile, strategies, warm_up)
 from raybench.runtime.build import Built, build_and_wrap  # noqa: E402
 from raybench.runtime.probe import LoopRecord  # noqa: E402
 from raybench.runtime.rank_metrics import Peaks, RankMeasurement, TrialFacts  # noqa: E402
@@ -131,6 +131,7 @@ class _Trained:
     comm_exposed_p50_s: float | None
     dp_size: int
     profile: dict  # step_profile.COLUMNS; empty when train.profile_steps is 0
+    comm_bus_gb_per_step: float | None  # rank 0's collectives in the timed loop (collectives.bus_gb_per_step)
 
 
 def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, built: Built, build_peaks: Peaks,
@@ -144,7 +145,9 @@ def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, 
     t_loop = time.perf_counter()
     sampler = Sampler(ctx.device.index if ctx.device.type == "cuda" else None)
     dynamo_before = compile.dynamo_counts() if train.compile else None
+    sent_before = collectives.marks()
     record = bench.timed_loop(built.trainable, batches, train, ctx.device, sampler, on_step=marks.step)
+    comm_bus = collectives.bus_gb_per_step(sent_before, collectives.marks(), train.steps) if ctx.rank == 0 else None
     marks.reached("after the timed steps")
     compiled = compile.compiled_since(dynamo_before) if train.compile else {}
     sampler.close()
@@ -157,11 +160,11 @@ def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, 
         time_to_first_step_s=t_loop - t_start + record.step_times_s[0])
     # Last, after the peaks are read: the profiled steps change no timing or memory figure of the row.
     profile = step_profile.profile_training(built.trainable, batches, train, ctx.device, reduce=ctx.rank == 0)
-    return _Trained(measured, compiled, comm_exposed_p50_s, dp_size, profile)
+    return _Trained(measured, compiled, comm_exposed_p50_s, dp_size, profile, comm_bus)
 
 
 def _trial_facts(payload: TrialPayload, ctx: RankContext, shape: ModelShape, built: Built, trained: _Trained,
-                 hardware: dict, t_start: float) -> TrialFacts:
+                 hardware: dict, t_start: float, hostnames: list[str], busbw: dict) -> TrialFacts:
     train = payload.config.train
     flops_tok = metrics.flops_per_token(
         metrics.matmul_params(built.params_total, shape.vocab_size, shape.hidden_size, shape.tie_word_embeddings),
@@ -174,7 +177,9 @@ def _trial_facts(payload: TrialPayload, ctx: RankContext, shape: ModelShape, bui
         worker_wall_s=time.perf_counter() - t_start, process_trial_index=payload.process_trial_index,
         compiled=trained.compiled, **built.weights_info,
         fp8=fp8.columns(built.fp8_linears, train.tuning.trains_base, flops_tok) if fp8.wanted(train) else {},
-        profile=trained.profile)
+        profile=trained.profile, comm_bus_gb_per_step=trained.comm_bus_gb_per_step,
+        allreduce_busbw_gbps=max(busbw.values()) if busbw else None,
+        link_gbps=provenance.nominal_link_gbps(hardware["gpu_name"], hostnames))
 
 
 def _benchmark(payload: TrialPayload, held_gib: float) -> RankResult | None:
@@ -199,7 +204,7 @@ def _benchmark(payload: TrialPayload, held_gib: float) -> RankResult | None:
     if ctx.rank != 0:
         return None
     hardware = fingerprint.hardware(ctx.device)
-    facts = _trial_facts(payload, ctx, shape, built, trained, hardware, t_start)
+    facts = _trial_facts(payload, ctx, shape, built, trained, hardware, t_start, hostnames, busbw)
     return rank_metrics.rank_result(reduced, facts, provenance.columns(config, ctx, hostnames, busbw, hardware, nccl))
 
 

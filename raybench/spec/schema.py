@@ -114,6 +114,12 @@ class TrialMetrics:
     phase_sum_over_step: float | None
     comm_exposed_p50_s: float | None
     comm_exposed_frac: float | None
+    # The timed steps' collectives, from torch's flight recorder (runtime/collectives.py; null with one rank)
+    comm_bus_gb_per_step: float | None
+    comm_busbw_over_step_gbps: float | None
+    comm_busbw_gbps: float | None  # over the profiled steps' collective time (train.profile_steps)
+    comm_busbw_of_probe: float | None
+    comm_busbw_of_link: float | None
     cpu_util_pct: float | None
     gpu_util_pct: float | None
     gpu_power_w: float | None

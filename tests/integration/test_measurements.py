@@ -26,7 +26,7 @@ def measured(tmp_path_factory):
                   "precision": "fp32", "strategy": "fsdp2"},
         "resources": {"workers": 2}, "projection": {"dataset_tokens": 1.0e6, "epochs": 2},
         "axes": {"setup": [{"train.strategy": "fsdp2", "train.ac_ratio": "1"},
-                           {"train.strategy": "ddp", "train.ac_ratio": "0"}]},
+                           {"train.strategy": "ddp", "train.ac_ratio": "0", "train.profile_steps": 2}]},
     })
     with pytest.MonkeyPatch.context() as mp:
         for key, value in SECRETS.items():
@@ -88,3 +88,21 @@ def test_secrets_leave_no_trace_in_store(measured):
     for value in SECRETS.values():
         assert value.encode() not in blobs
     assert len(store.read_results(tmp)) == 2
+
+
+def test_the_collectives_bytes_are_what_the_strategy_moves(measured):
+    """DDP all-reduces every gradient once a step (accumulation syncs on the last micro-batch only): fp32 gradients,
+    4 bytes each, times nccl-tests' 2(n-1)/n, which is 1 on 2 ranks. Before that step's forward it broadcasts the
+    model's buffers (the tiny Llama's two rotary tables of 16 floats), and once, after its first step, a few
+    bytes to rebuild its buckets. Read from torch's flight recorder, over the 8 steps of the loop."""
+    _, (fsdp2, ddp) = measured
+    grads, buffers = ddp["params_trainable"] * 4, 2 * 16 * 4
+    assert grads + buffers <= ddp["comm_bus_gb_per_step"] * 1e9 <= grads + buffers + 1024 / 8, ddp["comm_bus_gb_per_step"]
+    assert ddp["comm_busbw_over_step_gbps"] == pytest.approx(ddp["comm_bus_gb_per_step"] / ddp["step_time_p50_s"])
+    # Profiled: the bandwidth over the collectives' own time, against the probe; no table figure for CPUs.
+    assert ddp["comm_busbw_gbps"] == pytest.approx(ddp["comm_bus_gb_per_step"] / ddp["profile_comm_s"])
+    assert ddp["comm_busbw_of_probe"] == pytest.approx(ddp["comm_busbw_gbps"] / ddp["allreduce_busbw_gbps"])
+    assert ddp["comm_busbw_of_link"] is None
+    # FSDP2 gathers the weights again for each micro-batch's forward and backward: more bytes than DDP's one
+    # all-reduce; not profiled, so no achieved bandwidth.
+    assert fsdp2["comm_bus_gb_per_step"] > ddp["comm_bus_gb_per_step"] and fsdp2["comm_busbw_gbps"] is None
