@@ -52,9 +52,12 @@ def plan(alive: list[nodes.Node]) -> list[list[tuple[nodes.Node, ...]]]:
     count = len(ordered) if len(ordered) > 2 else len(ordered) - 1
     rounds: list[list[tuple[nodes.Node, ...]]] = []
     for pair in [(ordered[i], ordered[(i + 1) % len(ordered)]) for i in range(max(count, 0))]:
-        free = next((r for r in rounds if not {n.node_id for n in pair} & {n.node_id for link in r for n in link}),
-                    None)
-        free.append(pair) if free is not None else rounds.append([pair])
+        ids = {n.node_id for n in pair}
+        free = next((r for r in rounds if not ids & {n.node_id for link in r for n in link}), None)
+        if free is None:
+            rounds.append([pair])
+        else:
+            free.append(pair)
     return ([inside] if inside else []) + rounds
 
 
@@ -86,16 +89,15 @@ def _measure_round(links: list[tuple[nodes.Node, ...]], wait) -> list[dict]:
                 ray.kill(actor)
 
 
-def _start(group: list, gpu_ids: list[int | None], wait):
-    """Every rank of one link's all-reduce started; rank 0's figure (every rank times the same collectives)."""
+def _start(group: list, gpu_ids: list[int | None], wait) -> list:
+    """Every rank of one link's all-reduce started, meeting at a port of the first rank's node: their refs."""
     head, head_actor = group[0]
     (address,) = wait([head_actor.rendezvous.remote(head.ip)])
     on_node = {}
     for (node, _), gpu in zip(group, gpu_ids):
         on_node.setdefault(node.node_id, []).append(gpu)
-    refs = [actor.bus_bandwidth.remote(i, len(group), address, gpu, on_node[node.node_id] if gpu is not None else None)
+    return [actor.bus_bandwidth.remote(i, len(group), address, gpu, on_node[node.node_id] if gpu is not None else None)
             for i, ((node, actor), gpu) in enumerate(zip(group, gpu_ids))]
-    return refs
 
 
 def _row(link: tuple[nodes.Node, ...], group: list, refs: list) -> dict:
@@ -105,7 +107,7 @@ def _row(link: tuple[nodes.Node, ...], group: list, refs: list) -> dict:
            "link": PAIR if len(link) > 1 else INSIDE, "link_ranks": len(group), "busbw_gb_per_s": None,
            "link_error": None}
     try:
-        row["busbw_gb_per_s"] = ray.get(refs)[0]
+        row["busbw_gb_per_s"] = ray.get(refs)[0]  # rank 0's: every rank times the same collectives
     except Exception as err:  # noqa: BLE001 - a link that fails is a finding, the check goes on
         row["link_error"] = str(err).strip().splitlines()[-1][:300]
     return row

@@ -25,9 +25,13 @@ _DTYPES = {"Byte": torch.uint8, "Char": torch.int8}
 
 
 def _trace() -> dict:
-    from torch._C._distributed_c10d import _dump_fr_trace
+    """The recorder's entries, without their stack traces; none when it is off or this torch cannot dump it."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace
 
-    return pickle.loads(_dump_fr_trace(True, False, False))  # collectives, without their stack traces
+        return pickle.loads(_dump_fr_trace(True, False, False))
+    except (ImportError, RuntimeError):
+        return {}
 
 
 def marks() -> dict[str, int]:
