@@ -125,7 +125,8 @@ def verdicts(measured: list[dict], devices: dict[str, str], tolerance: float) ->
             fastest[kind(m)] = max(fastest.get(kind(m), 0.0), m["busbw_gb_per_s"])
     rows = []
     for m in measured:
-        value, device, table = m["busbw_gb_per_s"], devices.get(m["node"], "cpu"), _table(m["link"], kind(m)[1])
+        value, device = m["busbw_gb_per_s"], devices.get(m["node"], "cpu")
+        table = _table(m["link"], device)
         of_fastest = None if value is None else value / fastest[kind(m)]
         of_table = None if value is None or not table else value / table
         why = [f"the all-reduce failed: {m['link_error']}"] if value is None else []

@@ -10,6 +10,7 @@ its links (above what the probe measured, the step cannot have hidden its commun
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import torch
@@ -70,14 +71,7 @@ def _bus_bytes(entry: dict, ranks: int) -> float:
     # An all-gather's size is its whole output, a reduce-scatter's and an all-reduce's their whole input.
     shapes, dtypes = (entry["output_sizes"], entry["output_dtypes"]) if "gather" in op else (
         entry["input_sizes"], entry["input_dtypes"])
-    return factor * sum(_numel(shape) * _itemsize(dtype) for shape, dtype in zip(shapes, dtypes))
-
-
-def _numel(shape: list[int]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
+    return factor * sum(math.prod(shape) * _itemsize(dtype) for shape, dtype in zip(shapes, dtypes))
 
 
 def _itemsize(name: str) -> int:
