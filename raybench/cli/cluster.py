@@ -64,16 +64,20 @@ def _check_and_store(name: str, job_id: str, args) -> int:
 
 
 def submit_check(args) -> list[str] | None:
-    """`slurm submit`'s pre-flight in its job (drivers/preflight.main), checked here; None with --no-check."""
-    _check_tolerance(args.tolerance)
+    """`slurm submit`'s pre-flight in its job (drivers/preflight.main); None with --no-check."""
     return None if args.no_check else preflight.job_command(args.tolerance, args.exclude_slow)
 
 
+def tolerance_problems(tolerance: float) -> list[Problem]:
+    if 0 < tolerance <= 1:
+        return []
+    return [Problem("--tolerance", tolerance, "must be a fraction in (0, 1]: a device below that fraction of the "
+                                              f"fastest of its kind is slow (default {preflight.TOLERANCE})")]
+
+
 def _check_tolerance(tolerance: float) -> None:
-    if not 0 < tolerance <= 1:
-        raise ConfigError("raybench cluster", [Problem(
-            "--tolerance", tolerance, "must be a fraction in (0, 1]: a device below that fraction of the fastest "
-                                      f"of its kind is slow (default {preflight.TOLERANCE})")])
+    if problems := tolerance_problems(tolerance):
+        raise ConfigError("raybench cluster", problems)
 
 
 def _status(args) -> int:

@@ -212,7 +212,8 @@ def _slurm_submit(args) -> int:
                                                     "only with --requeue (add --requeue, or leave it out)")])
     signal_s = (args.signal_time or requeue.DEFAULT_SIGNAL_S) if args.requeue else None
     job_id, job_dir = slurm.submit(args.sweep, cli_cluster.slurm_options(args), args.store, extra,
-                                   requeue_signal_s=signal_s, check=cli_cluster.submit_check(args))
+                                   requeue_signal_s=signal_s, check=cli_cluster.submit_check(args),
+                                   problems=cli_cluster.tolerance_problems(args.tolerance))
     print(f"submitted job {job_id}; script, log and token in {job_dir}", flush=True)
     if not args.wait:
         return EXIT_OK

@@ -242,16 +242,15 @@ def log_tail(job_dir: Path, lines: int = 30) -> str:
 
 
 def submit(sweep: str, opts: SlurmOptions, store: str | None = None, extra: list[str] = (),
-           requeue_signal_s: int | None = None, check: list[str] | None = None) -> tuple[str, Path]:
+           requeue_signal_s: int | None = None, check: list[str] | None = None, problems=()) -> tuple[str, Path]:
     """One-shot job: allocation → Ray cluster → pre-flight → `raybench run` → rows in the store → exit. With
     `requeue_signal_s` (`--requeue`), the job requeues itself that many seconds before its time limit until the
     sweep is done (raybench.drivers.requeue); each allocation gets its own pre-flight. `check`: the pre-flight's
     arguments after `python` (drivers/preflight.job_command without the store), None for none.
 
-    The sweep is validated here first: a bad sweep or bad options raise ConfigError and submit nothing.
-    Returns (job id, job dir).
-    """
-    problems = option_problems(opts)
+    The sweep is validated here first: a bad sweep or bad options (`problems`: the caller's) raise ConfigError, all
+    of them together, and submit nothing. Returns (job id, job dir)."""
+    problems = option_problems(opts) + list(problems)
     try:
         spec = load_sweep(sweep)
         trials = plan(spec, keep_invalid="--keep-invalid" in extra, source=sweep)

@@ -58,9 +58,10 @@ def test_bad_options_exit_2_before_anything_is_submitted(capsys):
 
 
 def test_a_bad_preflight_tolerance_exits_2_before_anything_is_submitted(capsys):
-    assert cli.main(["slurm", "submit", SMOKE, "--tolerance", "1.5"]) == 2
-    err = capsys.readouterr().err
-    assert "--tolerance = 1.5" in err and "must be a fraction in (0, 1]" in err and "nothing was launched" in err
+    assert cli.main(["slurm", "submit", SMOKE, "--tolerance", "1.5", "--time", "soon"]) == 2
+    err = capsys.readouterr().err  # with the other options' problems, in one round
+    assert "--tolerance = 1.5" in err and "must be a fraction in (0, 1]" in err and "--time = 'soon'" in err
+    assert "nothing was launched" in err
 
 
 def test_unknown_cluster_is_bad_input(tmp_path, monkeypatch, capsys):
