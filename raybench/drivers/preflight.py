@@ -162,10 +162,14 @@ def summary(rows: list[dict]) -> list[str]:
     slow, (_, pairs) = slow_nodes(rows), preflight_links.blamed(rows)
     verdict = [f"slow node(s): {', '.join(slow)}"] if slow else []
     verdict += [f"slow link(s): {', '.join(pairs)} (no node to blame: check both ends' network)"] if pairs else []
-    nodes_checked = len({r["node"] for r in rows if not r.get("link")})
-    lines.append("; ".join(verdict) + "; leave them out of the allocation (sbatch --exclude) or let them recover, "
-                 "then check again" if verdict else f"all {nodes_checked} node(s) within {rows[0]['tolerance']:.0%} "
-                 "of the fastest of their kind" if rows else "no alive node to check")
+    if verdict:
+        lines.append("; ".join(verdict) + "; leave them out of the allocation (sbatch --exclude) or let them recover, "
+                     "then check again")
+    elif rows:
+        nodes_checked = len({r["node"] for r in rows if not r.get("link")})
+        lines.append(f"all {nodes_checked} node(s) within {rows[0]['tolerance']:.0%} of the fastest of their kind")
+    else:
+        lines.append("no alive node to check")
     return lines
 
 

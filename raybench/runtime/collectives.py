@@ -37,26 +37,28 @@ def _trace() -> dict:
 
 def marks() -> dict[str, int]:
     """Each process group's latest collective sequence number now (this rank's), to bound a window of steps."""
-    if not dist.is_initialized():
-        return {}
+    return _latest(_trace().get("entries", [])) if dist.is_initialized() else {}
+
+
+def _latest(entries: list[dict]) -> dict[str, int]:
     latest: dict[str, int] = {}
-    for entry in _trace().get("entries", []):
+    for entry in entries:
         name = entry["process_group"][0]
         latest[name] = max(latest.get(name, 0), entry["collective_seq_id"])
     return latest
 
 
-def bus_gb_per_step(before: dict[str, int], after: dict[str, int], steps: int) -> float | None:
-    """This rank's collectives' bus bytes per step, in GB, between two `marks`; None when it ran none or the
+def bus_gb_per_step(before: dict[str, int], steps: int) -> float | None:
+    """This rank's collectives' bus bytes per step, in GB, since `before` (`marks`); None when it ran none or the
     recorder is off. The buffer keeps the latest entries only: a window longer than it is counted from the
     entries left, scaled to the window's count of collectives per group."""
-    if not after or steps <= 0:
-        return None
+    entries = _trace().get("entries", []) if dist.is_initialized() and steps > 0 else []
+    after = _latest(entries)
     sizes = {name: group.size() for group, name in dist.distributed_c10d._world.pg_names.items()}
     seen: dict[str, list[float]] = {}
-    for entry in _trace().get("entries", []):
+    for entry in entries:
         name, seq = entry["process_group"][0], entry["collective_seq_id"]
-        if before.get(name, 0) < seq <= after.get(name, 0) and not entry.get("is_p2p"):
+        if seq > before.get(name, 0) and not entry.get("is_p2p"):
             seen.setdefault(name, []).append(_bus_bytes(entry, sizes.get(name, 1)))
     if not seen:
         return None

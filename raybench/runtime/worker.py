@@ -147,7 +147,7 @@ def _train_measured(payload: TrialPayload, ctx: RankContext, shape: ModelShape, 
     dynamo_before = compile.dynamo_counts() if train.compile else None
     sent_before = collectives.marks() if ctx.rank == 0 else {}
     record = bench.timed_loop(built.trainable, batches, train, ctx.device, sampler, on_step=marks.step)
-    comm_bus = collectives.bus_gb_per_step(sent_before, collectives.marks(), train.steps) if ctx.rank == 0 else None
+    comm_bus = collectives.bus_gb_per_step(sent_before, train.steps) if ctx.rank == 0 else None
     marks.reached("after the timed steps")
     compiled = compile.compiled_since(dynamo_before) if train.compile else {}
     sampler.close()
