@@ -28,7 +28,7 @@ FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "adamw_fused")
 MASTER_WEIGHTS = ("fp32", "none")  # none: pure bf16 (weights, gradients and optimizer state), raybench's train field
 # Configuration fields and the kind of value each holds.
-CONFIG_FIELDS = {"strategy": str, "dp": int, "tp": int, "cp": int, "seq_len": int, "micro_batch": int,
+CONFIG_FIELDS = {"strategy": str, "dp": int, "tp": int, "cp": int, "sp": int, "seq_len": int, "micro_batch": int,
                  "grad_accum": int, "global_batch": int, "precision": str, "fp8_all_gather": bool, "ac": str,
                  "ac_every": int, "compile": bool, "optimizer": str, "finetune": str, "lora": dict, "packed": bool,
                  "cpu_offload": bool, "async_tp": bool, "master_weights": str}
@@ -71,10 +71,10 @@ class PublicEntry:
     @property
     def tokens_per_gpu_step(self) -> float:
         """Tokens one GPU's share of an optimizer step holds: its data-parallel group's micro-batches, split over
-        the tensor- and context-parallel ranks that work on them together."""
+        the tensor-, context- and sequence-parallel ranks that work on them together."""
         c = self.config
         tokens = c["micro_batch"] * c.get("grad_accum", 1) * c["seq_len"]
-        return tokens / (c.get("tp", 1) * c.get("cp", 1))
+        return tokens / (c.get("tp", 1) * c.get("cp", 1) * c.get("sp", 1))
 
     @property
     def published_step_s(self) -> float:
@@ -208,9 +208,9 @@ def _entry(raw) -> PublicEntry:
     _check_memory(eid, raw.get("memory"), raw["published"] if isinstance(raw["published"], dict) else {})
     entry = PublicEntry(**{**raw, "assumed": assumed})
     c = entry.config
-    parallel = c.get("dp", 1) * c.get("tp", 1) * c.get("cp", 1)
+    parallel = c.get("dp", 1) * c.get("tp", 1) * c.get("cp", 1) * c.get("sp", 1)
     if "dp" in c and parallel != entry.gpus:
-        _fail(eid, f"dp x tp x cp = {parallel} but nodes x gpus_per_node = {entry.gpus}")
+        _fail(eid, f"dp x tp x cp x sp = {parallel} but nodes x gpus_per_node = {entry.gpus}")
     _check_published(eid, raw["published"], entry)
     return entry
 

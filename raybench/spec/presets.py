@@ -42,6 +42,12 @@ PRESETS: dict[str, ModelShape] = {
     "llama-2-13b": ModelShape("llama", 5120, 40, 40, 40, 13824, 32000, 4096, False),
     "codellama-34b": ModelShape("llama", 8192, 48, 64, 8, 22016, 32000, 16384, False),
     "llama-2-70b": ModelShape("llama", 8192, 80, 64, 8, 28672, 32000, 4096, False),
+    # Llama 2's shapes with RoPE stretched to 32,768 positions, as long-context fine-tunes of Llama 2 ship them
+    # (Together's LLaMA-2-7B-32K) and as xtuner's speed benchmark trains them at 8k-32k. Rotary positions have no
+    # table: only the limit differs from llama-2-7b and llama-2-70b.
+    "llama-2-7b-32k": ModelShape("llama", 4096, 32, 32, 32, 11008, 32000, 32768, False),
+    "llama-2-70b-32k": ModelShape("llama", 8192, 80, 64, 8, 28672, 32000, 32768, False),
+    "yi-34b-200k": ModelShape("llama", 7168, 60, 56, 8, 20480, 64000, 200000, False),
     # KempnerForge's "13B" (Llama 3 layout, its benchmarks/mfu_scaling report): ffn 1.3 x 8/3 x 5120 rounded up to
     # 256, which gives its stated 14.84B parameters. Not a released model; a shape its published rows ran.
     "kempnerforge-13b": ModelShape("llama", 5120, 40, 40, 8, 17920, 128256, 8192, False),

@@ -53,7 +53,7 @@ def _write(tmp_path: Path, change) -> Path:
     (lambda e: e["published"].update(step_time_s=1.0), "implies 8192 tokens/s per GPU"),
     (lambda e: e["config"].update(seq=8192), "config.seq is not a known field"),
     (lambda e: e["config"].update(strategy="pp"), "config.strategy is 'pp'"),
-    (lambda e: e["config"].update(dp=8), "dp x tp x cp = 8 but nodes x gpus_per_node = 64"),
+    (lambda e: e["config"].update(dp=8), "dp x tp x cp x sp = 8 but nodes x gpus_per_node = 64"),
     (lambda e: e["model"].update(ffn=0), "model.ffn is 0"),
     (lambda e: e["source"].update(commit="main"), "is not a 40-digit hexadecimal commit"),
     (lambda e: e["published"].update(memory_gib=70.0), "published memory needs `memory:`"),
