@@ -92,9 +92,12 @@ def sweep_for(entry: public_results.PublicEntry) -> dict:
             "estimate": {"gpu": GPU_NAMES[entry.gpu], "gpus_per_node": entry.gpus_per_node, "prune": False}}
 
 
-def predict(entry: public_results.PublicEntry, store: str, traces: dict) -> dict:
-    """Rehearse the entry's trial as `raybench rehearse` does; its predicted against published figures."""
-    spec = parse_sweep(sweep_for(entry), source=entry.id)
+def predict(entry: public_results.PublicEntry, store: str, traces: dict, estimate: dict | None = None) -> dict:
+    """Rehearse the entry's trial as `raybench rehearse` does; its predicted against published figures.
+    estimate: fields that replace the sweep's (a what-if, e.g. another fabric: bench/fabric_what_if.py)."""
+    sweep = sweep_for(entry)
+    sweep["estimate"] |= estimate or {}
+    spec = parse_sweep(sweep, source=entry.id)
     (trial,) = plan(spec, store_path=store)
     gpu = spec.estimate.gpu
     t0 = time.perf_counter()
