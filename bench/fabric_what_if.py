@@ -36,7 +36,9 @@ def main() -> None:
             for nics in args.nics:
                 row = predict(entry, store, traces, {"nics_per_node": nics})
                 line[f"step_err_{nics}_nics"] = row.get("step_err")
+                line[f"comm_s_{nics}_nics"] = row.get("comm_s")
                 line[f"exposed_comm_s_{nics}_nics"] = row.get("exposed_comm_s")
+            line["compute_s"] = row.get("compute_s")
             print(json.dumps(line), flush=True)
 
 

@@ -111,7 +111,8 @@ def predict(entry: public_results.PublicEntry, store: str, traces: dict, estimat
         row |= {"predicted_step_s": round(result.step_time_s, 3),
                 "predicted_tokens_per_gpu_s": round(entry.tokens_per_gpu_step / result.step_time_s, 1),
                 "step_err": round(result.step_time_s / entry.published_step_s - 1, 4),
-                "compute_s": round(result.compute_s, 3), "exposed_comm_s": round(result.exposed_comm_s or 0, 3)}
+                "compute_s": round(result.compute_s, 3), "comm_s": round(result.comm_s or 0, 3),
+                "exposed_comm_s": round(result.exposed_comm_s or 0, 3)}
     if result.reserved_gib:
         row |= {"predicted_reserved_gib": round(result.reserved_gib, 2),
                 "predicted_peak_gib": round(result.peak_gib, 2)}
