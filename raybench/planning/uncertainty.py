@@ -50,17 +50,16 @@ class Bands:
     at_scale: Band  # added at reach 1 (tensor peak: the reserved peak's, the corpus publishes no tensor peak)
 
 
-# docs/results/prediction-bands-2026-12-07-one-rank-ddp.md (bench/prediction_intervals.py on
-# bench/rehearse_validate.py's and bench/rehearse_public.py's output, 2026-12-07: after one-rank DDP trials stopped
-# building DDP, whose GPU rows the validation leaves out).
+# docs/results/prediction-bands-2026-12-07-xtuner.md (bench/prediction_intervals.py on bench/rehearse_validate.py's
+# and bench/rehearse_public.py's output, 2026-12-07: the corpus with xtuner's entries).
 # "traced": a traced rehearsal.
 # "analytic": the analytic estimate (what an untraced trial is predicted by: `raybench rehearse`'s fallback, the
 # plan without a rehearsal).
 BANDS = {
     "traced": Bands(rows=Band(step_time=0.311, tensor_peak=0.029, reserved_peak=0.086),
-                    at_scale=Band(step_time=0.362, tensor_peak=0.267, reserved_peak=0.267)),
+                    at_scale=Band(step_time=0.361, tensor_peak=0.267, reserved_peak=0.267)),
     "analytic": Bands(rows=Band(step_time=0.632, tensor_peak=0.251, reserved_peak=0.091),
-                      at_scale=Band(step_time=0.116, tensor_peak=0.273, reserved_peak=0.273)),
+                      at_scale=Band(step_time=0.127, tensor_peak=0.273, reserved_peak=0.273)),
 }
 
 

@@ -110,8 +110,8 @@ def test_best_predict_draws_its_intervals_with_the_bands_of_the_groups_scale(tmp
 
 
 def test_the_shipped_bands_are_the_recorded_derivation():
-    """BANDS holds the figures docs/results/prediction-bands-2026-12-07-one-rank-ddp.md records (its JSON line)."""
-    record = (REPO / "docs" / "results" / "prediction-bands-2026-12-07-one-rank-ddp.md").read_text()
+    """BANDS holds the figures docs/results/prediction-bands-2026-12-07-xtuner.md records (its JSON line)."""
+    record = (REPO / "docs" / "results" / "prediction-bands-2026-12-07-xtuner.md").read_text()
     line = next(x for x in record.splitlines() if x.startswith('{"bench": "prediction_intervals"'))
     recorded = json.loads(line)["bands"]
     for basis, bands in uncertainty.BANDS.items():
