@@ -18,7 +18,7 @@ from raybench.rehearse.compiled import compiled_block_saving_gib, compiled_block
 from raybench.rehearse.fake_world import init_fake_world
 from raybench.rehearse.fitted import SHIPPED_CALIBRATION, Calibration
 from raybench.rehearse.policy import block_ops
-from raybench.rehearse.step_time import Layout, layout_of, link_busbw_gbps, predict_step_time
+from raybench.rehearse.step_time import Layout, gathered_after_step, layout_of, link_busbw_gbps, predict_step_time
 from raybench.rehearse.trace import StepTrace, trace_step
 from raybench.rehearse.traced_model import (
     COMPILE_NOTE,
@@ -106,7 +106,7 @@ def why_not_traceable(config: TrialConfig) -> str | None:
 ZERO_NOTE = ("ZeRO-{stage}: weights, gradients and optimizer state as DeepSpeed partitions them (16-bit weights, "
              "fp32 master and states over the ranks, its reduce buckets), activations and temporaries traced on "
              "its FSDP2 twin; step time the twin's operators and collectives (ZeRO-3: weights gathered in forward "
-             "and again in backward; ZeRO-1/2: once a step)")
+             "and again in backward; ZeRO-1/2: once a step, after the optimizer step, with nothing beside it)")
 
 
 def zero_twin(config: TrialConfig) -> TrialConfig | None:
@@ -147,7 +147,8 @@ def _zero_from_twin(config: TrialConfig, twin: Rehearsal, analytic: Estimate | N
 def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps: float | None = None,
              busbw_source: str = "probe", analytic: Estimate | None = None,
              calibration: Calibration = SHIPPED_CALIBRATION, rank: int = 0, traces: dict | None = None,
-             extrapolate_depth: bool = True, layout: Layout | None = None, share_worlds: bool = True) -> Rehearsal:
+             extrapolate_depth: bool = True, layout: Layout | None = None, share_worlds: bool = True,
+             gathers_after_step: bool = False) -> Rehearsal:
     """Trace `config` as `rank` of its full world, or fall back to its analytic estimate (`analytic`).
 
     `calibration` prices it: the shipped H100 constants, or the profile `raybench calibrate` stored for the
@@ -161,6 +162,8 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
 
     `layout` (the sweep's estimate.gpus_per_node and nics_per_node) places the ranks on nodes for the
     collectives' bandwidth and latency; None: the GPU's NVLink domain, one NIC per GPU.
+
+    `gathers_after_step`: a ZeRO-1/2 trial's twin, priced as DeepSpeed gathers (step_time.gathered_after_step).
     """
     world = config.resources.workers
     calibration = calibration.for_finetune(config.train.tuning)  # stored with the rehearsal, as priced
@@ -170,7 +173,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         if twin is None:
             return _analytic(config, analytic, rank, why_not)
         traced_twin = rehearse(twin, shape, gpu, busbw_gbps, busbw_source, None, calibration, rank, traces,
-                               extrapolate_depth, layout, share_worlds)
+                               extrapolate_depth, layout, share_worlds, not twin.train.reshard_after_forward)
         return _zero_from_twin(config, traced_twin, analytic, why_not)
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
@@ -194,7 +197,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
             return _analytic(config, analytic, rank, f"trace failed ({type(err).__name__}: {err})"[:300])
         traces[key, "trace notes"] = trace_notes
     notes = [*notes, *traces[key, "trace notes"]]
-    trace = traces[key]
+    trace = gathered_after_step(traces[key]) if gathers_after_step else traces[key]
     memory = dict(trace.memory_gib)
     if config.train.compile:
         saving_gib = _compiled_saving_gib(config, shape, rank, traces)

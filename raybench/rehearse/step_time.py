@@ -3,6 +3,7 @@ hide, at a measured bus bandwidth or that of nominal links."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -101,6 +102,40 @@ def exposed_s(events: list, compute_scale: float, comm_seconds) -> float:
             ends.append(comm_t)
             kinds.append(kind)
     return max(compute_t, comm_t) - busy
+
+
+def gathered_after_step(trace: StepTrace) -> StepTrace:
+    """ZeRO-1/2's step from its FSDP2 twin's trace (rehearsal.zero_twin). DeepSpeed keeps the 16-bit weights whole
+    through every micro-batch and all-gathers the updated shards once a step, after the optimizer step, on the
+    compute stream (stage_1_and_2.py `step`: all_gather_dp_groups), so nothing runs beside it. The twin gathers
+    the same weights in each micro-batch's forward, ahead of the blocks that read them: those gathers leave the
+    micro-batches, and one micro-batch's worth runs alone at the step's end."""
+    gathers = {e[1] for _, events in trace.timeline for e in events if e[0] == "comm" and e[3] == "gather"}
+    if not gathers:
+        return trace
+    per_step = {name: trace.comm_bytes[name] // trace.grad_accum for name in gathers}
+    calls = {name: max(trace.comm_calls.get(name, 0) // trace.grad_accum, 1) for name in gathers}
+    timeline = [(weight, _without_gathers(events)) for weight, events in trace.timeline]
+    timeline += [(1, [["comm", name, per_step[name], "blocking"]]) for name in sorted(gathers)]
+    return dataclasses.replace(trace, timeline=timeline, comm_bytes={**trace.comm_bytes, **per_step},
+                               comm_calls={**trace.comm_calls, **calls})
+
+
+def _without_gathers(events: list) -> list:
+    """A timeline part less its FSDP all-gathers; the compute that waited for one waits for nothing, and waits
+    for the other collectives keep pointing at them (exposed_s numbers collectives in order)."""
+    kept, index, new_index = [], -1, {}
+    for event in events:
+        if event[0] == "comm":
+            index += 1
+            if event[3] == "gather":
+                continue
+            new_index[index] = len(new_index)
+            kept.append(event)
+        else:
+            waits_for = event[2]
+            kept.append([event[0], event[1], new_index.get(waits_for, -1) if waits_for >= 0 else -1, event[3]])
+    return kept
 
 
 def predict_step_time(trace: StepTrace, world_size: int, busbw_gbps: float | None, busbw_source: str,

@@ -2,7 +2,9 @@
 a small Llama-shaped model under DeepSpeed ZeRO-3 (`strategies.deepspeed.setup`) takes three training steps; in
 each, as backward begins (the logits' gradient made, the head's backward not yet run), it sums the elements of
 the parameters DeepSpeed holds gathered. Rank 0 prints one JSON line per settings: those sums by step, and what
-`zero3_gathered.gathered_at_backward` predicts for the model and settings."""
+`zero3_gathered.gathered_at_backward` predicts for the model and settings. Then, under ZeRO-2 with DeepSpeed's
+defaults, the collectives each of two steps calls in order, the optimizer's step among them (one JSON line): where
+ZeRO-2 gathers its weights (rehearse/step_time.gathered_after_step)."""
 
 from __future__ import annotations
 
@@ -40,32 +42,83 @@ def main(all_settings: list[dict]) -> int:
         if dist.get_rank() == 0:
             print(json.dumps({"settings": settings, "gathered_by_step": gathered_by_step, "predicted": predicted,
                               "model_elements": sum(modules)}), flush=True)
+    order = collectives_by_step(2)
+    if dist.get_rank() == 0:
+        print(json.dumps({"stage": 2, "collectives_by_step": order}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def collectives_by_step(stage: int) -> list[list[str]]:
+    """Two ZeRO-`stage` steps with DeepSpeed's defaults: the collectives DeepSpeed's communication backend runs in
+    each, in order, with "optimizer" where the wrapped optimizer's step ends."""
+    import deepspeed.comm.comm as ds_comm
+
+    trainable = setup(stage, {})
+    calls: list[str] = []
+    backend = ds_comm.cdb
+    names = ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "all_reduce", "reduce", "broadcast")
+    originals = {name: getattr(backend, name) for name in names}
+
+    def recorded(name: str):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return originals[name](*args, **kwargs)
+        return call
+
+    for name in names:
+        setattr(backend, name, recorded(name))
+    trainable.model.optimizer.optimizer.register_step_post_hook(lambda *args: calls.append("optimizer"))
+    by_step = []
+    try:
+        for _ in range(2):
+            calls.clear()
+            train_step(trainable)
+            by_step.append(list(calls))
+    finally:
+        for name, original in originals.items():
+            setattr(backend, name, original)
+    return by_step
+
+
+def setup(stage: int, settings: dict):
+    """The small model under DeepSpeed ZeRO-`stage` through raybench's strategy, with `settings` (stage3_...)."""
+    torch.manual_seed(0)
+    train = TrainSpec(strategy="deepspeed", zero_stage=stage, precision="fp32", seq_len=16, micro_batch=1)
+    model, source, info = build_meta(ModelSpec(preset="tiny"), seed=0, shape=SHAPE)
+    config = deepspeed.ds_config
+
+    def with_settings(*args):
+        built = config(*args)
+        built["zero_optimization"].update(settings)
+        return built
+
+    deepspeed.ds_config = with_settings
+    ctx = RankContext(dist.get_rank(), dist.get_world_size(), 0, CPU)
+    try:
+        return deepspeed.setup(model, train, ctx, lambda whole: fill(model, CPU, source, info, whole))
+    finally:
+        deepspeed.ds_config = config
+
+
+TOKENS = torch.randint(0, SHAPE.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+
+
+def train_step(trainable, on_logits=None) -> None:
+    out = trainable.model(input_ids=TOKENS, use_cache=False)
+    if on_logits:
+        out.logits.register_hook(on_logits)
+    loss = torch.nn.functional.cross_entropy(out.logits[0, :-1].float(), TOKENS[0, 1:])
+    trainable.backward(loss)
+    trainable.step()
 
 
 def steps(settings: dict) -> list[int]:
     """Three steps under `settings`; the parameter elements gathered as each one's backward began."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    torch.manual_seed(0)
-    train = TrainSpec(strategy="deepspeed", zero_stage=3, precision="fp32", seq_len=16, micro_batch=1)
-    model, source, info = build_meta(ModelSpec(preset="tiny"), seed=0, shape=SHAPE)
-    ds_settings = {f"stage3_{name}": value for name, value in settings.items()}
-    config = deepspeed.ds_config
-
-    def with_settings(*args):
-        built = config(*args)
-        built["zero_optimization"].update(ds_settings)
-        return built
-
-    deepspeed.ds_config = with_settings
-    ctx = RankContext(dist.get_rank(), dist.get_world_size(), 0, CPU)
-    try:
-        trainable = deepspeed.setup(model, train, ctx, lambda whole: fill(model, CPU, source, info, whole))
-    finally:
-        deepspeed.ds_config = config
+    trainable = setup(3, {f"stage3_{name}": value for name, value in settings.items()})
     engine = trainable.model
     gathered_by_step = []
 
@@ -74,13 +127,8 @@ def steps(settings: dict) -> list[int]:
                                     if p.ds_status == ZeroParamStatus.AVAILABLE))
         return grad
 
-    tokens = torch.randint(0, SHAPE.vocab_size, (1, 16))
     for _ in range(3):  # DeepSpeed prefetches once its first step has recorded the modules' order
-        out = engine(input_ids=tokens, use_cache=False)
-        out.logits.register_hook(count_gathered)
-        loss = torch.nn.functional.cross_entropy(out.logits[0, :-1].float(), tokens[0, 1:])
-        trainable.backward(loss)
-        trainable.step()
+        train_step(trainable, count_gathered)
     return gathered_by_step
 
 

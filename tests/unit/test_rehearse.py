@@ -24,6 +24,7 @@ from raybench.rehearse import (
     compiled,
     fake_world,
     fitted,
+    nccl,
     policy,
     rehearsal,
     roofline,
@@ -366,6 +367,32 @@ def test_collectives_overlap_compute_block_by_block_in_the_traces_order():
     assert step_time.exposed_s(blocking, 1.0, price({"all_reduce": 0.3})) == pytest.approx(0.3)
 
 
+def test_zero2_gathers_the_weights_once_alone_after_the_optimizer_step():
+    """ZeRO-1/2 priced from its FSDP2 twin's trace: the twin's gathers leave the micro-batches (their compute
+    waits for none), which then expose only their last reduce-scatter, and one micro-batch's gathers run alone
+    at the step's end, exposed whole whatever the compute."""
+    part, optimizer = _fsdp_part(4, 1.0, 2.0), [["compute", 0.5, -1, False]]
+    gathers, reduces = (sum(1 for e in part if e[0] == "comm" and e[1] == name)
+                        for name in ("allgather_base", "reduce_scatter_base"))
+    per_step = {"allgather_base": 2 * gathers * 150, "reduce_scatter_base": 2 * reduces * 20}
+    twin = dataclasses.replace(fake_trace(tiny_trial(2, gpus=1, strategy="fsdp2")), grad_accum=2,
+                               timeline=[(2, part), (1, optimizer)], comm_bytes=per_step,
+                               comm_calls={"allgather_base": 2 * gathers, "reduce_scatter_base": 2 * reduces})
+    zero2 = step_time.gathered_after_step(twin)
+    assert zero2.comm_bytes == {"allgather_base": gathers * 150, "reduce_scatter_base": 2 * reduces * 20}
+    assert zero2.comm_calls == {"allgather_base": gathers, "reduce_scatter_base": 2 * reduces}
+    assert [w for w, _ in zero2.timeline] == [2, 1, 1]
+    assert not [e for _, events in zero2.timeline[:2] for e in events if e[0] == "comm" and e[3] == "gather"]
+    assert zero2.timeline[2][1] == [["comm", "allgather_base", gathers * 150, "blocking"]]
+    # The compute is the twin's, event for event.
+    assert [e[1] for e in zero2.timeline[0][1] if e[0] == "compute"] == [e[1] for e in part if e[0] == "compute"]
+    seconds = {"allgather_base": 1.5, "reduce_scatter_base": 0.2}
+    exposed = sum(w * step_time.exposed_s(events, 1.0, lambda name, nbytes: seconds[name])
+                  for w, events in zero2.timeline)
+    assert exposed == pytest.approx(2 * 0.2 + 1.5)
+    assert step_time.gathered_after_step(dataclasses.replace(twin, timeline=[])).timeline == []
+
+
 def test_the_step_time_runs_each_parts_timeline_and_the_edges_model_only_without_one():
     """The same collectives by name alone (a rehearsal stored before timelines) hide behind the step's compute
     but for the edges; in the trace's order, the forward gathers that outlast their blocks show."""
@@ -620,10 +647,18 @@ def test_a_zero_trial_is_rehearsed_from_its_fsdp2_twin_with_deepspeeds_own_state
     assert sum(fsdp2.working_gib.values()) >= fsdp2.memory_gib["activations"] + fsdp2.memory_gib["temporaries"]
     assert rehearsed.peak_gib == pytest.approx(sum(rehearsed.memory_gib.values()))
     assert rehearsed.reserved_gib == pytest.approx(rehearsed.peak_gib * fitted.ALLOCATOR_RESERVE)
-    assert rehearsed.step_time_s == fsdp2.step_time_s and rehearsed.comm_bytes == fsdp2.comm_bytes
     # The twin gathers for each of the 2 micro-batches (twice for stage 3) and reduces once a step.
     gathers = fsdp2.comm_calls["allgather_base"]
     assert gathers == (2 if stage == 3 else 1) * 2 * fsdp2.comm_calls["reduce_scatter_base"]
+    if stage == 3:  # DeepSpeed's ZeRO-3 gathers as the twin does
+        assert rehearsed.step_time_s == fsdp2.step_time_s and rehearsed.comm_bytes == fsdp2.comm_bytes
+    else:  # ZeRO-2 gathers the weights once a step, after the optimizer step: alone at the step's end
+        assert rehearsed.comm_bytes == {**fsdp2.comm_bytes, "allgather_base": fsdp2.comm_bytes["allgather_base"] // 2}
+        assert rehearsed.comm_calls["allgather_base"] == gathers // 2
+        assert rehearsed.compute_s == fsdp2.compute_s
+        gather_s = rehearsed.comm_bytes["allgather_base"] * nccl.bus_factor("allgather_base", 4) / (
+            rehearsed.busbw_gbps * 1e9)
+        assert rehearsed.exposed_comm_s >= gather_s > 0
     # DeepSpeed's bf16 reduces gradients in bf16: half the bytes of FSDP2's default fp32 reduction.
     fp32 = tiny_trial(4, gpus=1, strategy="fsdp2", reshard_after_forward=stage == 3, grad_accum=2)
     fp32_bytes = rehearsal.rehearse(fp32.config, fp32.shape, "H100 SXM").comm_bytes["reduce_scatter_base"]
