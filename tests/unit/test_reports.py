@@ -53,6 +53,21 @@ def test_a_rehearse_run_names_what_priced_its_traced_rows():
     # A CPU row the shipped constants priced has no time, so it names no calibration; analytic rows none either.
     assert text.splitlines()[-1] == f"priced with: profile: CPU 2026-01-01; {SHIPPED}"
     assert "priced with" not in rehearsal_report(rows[2:], "STORE", "s.yaml")
+    assert "fabric" not in text
+
+
+def test_a_rehearse_run_says_when_its_steps_cross_nodes_on_nominal_links():
+    """A step that crosses nodes on links nobody measured is the least certain figure: the run says how many and
+    how to give the fabric; one node, or a measured or stated bus bandwidth, says nothing."""
+    def row(world: int, source: str) -> dict:
+        return {**_row("traced", "A100 80GB", SHIPPED_CALIBRATION), "world_size": world, "busbw_source": source,
+                "layout": {"gpus_per_node": 8, "nics_per_node": 8}}
+
+    text = rehearsal_report([row(16, "links"), row(32, "links"), row(8, "links"), row(16, "probe"), row(16, "set")],
+                            "STORE", "s.yaml")
+    assert text.splitlines()[-1].startswith("fabric: 2 configuration(s) cross nodes on nominal links")
+    assert "estimate.nics_per_node" in text.splitlines()[-1]
+    assert "fabric" not in rehearsal_report([row(8, "links"), row(16, "set")], "STORE", "s.yaml")
 
 
 def test_a_device_without_a_stored_profile_is_priced_by_the_shipped_constants(tmp_path):
