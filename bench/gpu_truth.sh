@@ -3,7 +3,7 @@
 # hang in one stage costs only that stage. Run from the project root on a machine with one CUDA GPU:
 #   bench/gpu_truth.sh OUT_DIR STAGE...     stages: env calibrate overhead validate seed000 seed000-one sac rehearse recheck
 #                                           snapshot ddp-liger tests stacks probe hf-check speed data leftovers
-#                                           zero compiled-ac
+#                                           zero zero-offload compiled-ac
 # Writes OUT_DIR/log.txt, OUT_DIR/<sweep>.parquet (every stored row of each sweep, one file) and, for `env`,
 # nvidia-smi -q and package versions. RAYBENCH_GPU_STORE (default /tmp/rb-gpu-store) holds the store, so a
 # rerun of a stage resumes: rows stored ok are not run again; RAYBENCH_GPU_SEED names a folder of earlier
@@ -257,6 +257,17 @@ import torch; print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(
     snapshot) RAYBENCH_CUDA_MEMORY_SNAPSHOT=$out/snapshot timeout -k 10 240 \
                 python3 -m raybench trial bench/sweeps/gpu-ddp-snapshot.yaml 0 --store "$store"
               cat "$out"/snapshot/*-peak.json ;;
+    # Round 8's offload half (GPU round 8: ZeRO offload's reserved peak waits on it): gpu-validate's ZeRO-2 and
+    # ZeRO-3 trials with offload, each beside its twin without (plan indices 4 and 2, then 5 and 3), the allocator's
+    # history of each and the tensors live at each one's peak by allocation site, DeepSpeed's lines among them
+    # (OUT_DIR/zero-offload/*-peak.json, printed to the log). On 2026-11-22 the offloaded ones peaked higher (28.5
+    # and 31.3 GiB allocated) than those without (25.4 and 25.7). The first offloaded trial JIT-builds DeepSpeed's
+    # CPU Adam (142 s then, the trial included).
+    zero-offload) for index in 4 2 5 3; do
+                    RAYBENCH_CUDA_MEMORY_SNAPSHOT=$out/zero-offload timeout -k 10 200 \
+                      python3 -m raybench trial bench/sweeps/gpu-validate.yaml "$index" --store "$store"
+                  done
+                  cat "$out"/zero-offload/*-peak.json ;;
     # ddp + Liger (needs the Liger wheel): the rehearsal traces it since 2026-11-26 (26.17 GiB, 0.170 s on an
     # H100, docs/results/rehearse-2026-11-26.md §9); no GPU has run it. Its row lands in gpu-validate.parquet.
     ddp-liger) timeout -k 10 240 python3 -m raybench trial bench/sweeps/gpu-validate.yaml 9f29bd997b04e189 --store "$store" ;;

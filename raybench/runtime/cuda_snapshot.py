@@ -34,8 +34,8 @@ MAX_ENTRIES = 200_000
 # Frames that say who allocated, most telling first: a live allocation is grouped under the innermost frame of
 # the first of these packages on its stack (a model's line over the nn.Module call under it, which every layer
 # shares; raybench's own frames, such as the step's backward call, when nothing else names it).
-_OWNERS = ("transformers/", "peft/", "liger_kernel/", "torch/nn/parallel/", "torch/distributed/", "torch/optim/",
-           "torch/utils/checkpoint", "raybench/")
+_OWNERS = ("transformers/", "peft/", "liger_kernel/", "deepspeed/", "torch/nn/parallel/", "torch/distributed/",
+           "torch/optim/", "torch/utils/checkpoint", "raybench/")
 _GROUPS_KEPT = 25
 # CUDA device index -> allocator events recorded before its training window opened (mark_training_start); an
 # entry exists while that device records.

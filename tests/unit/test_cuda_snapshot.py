@@ -49,6 +49,16 @@ def test_the_peak_is_what_was_live_at_once_grouped_by_the_model_line():
     assert peak["other_gib"] == 0
 
 
+def test_deepspeeds_own_line_names_what_it_allocates():
+    """What DeepSpeed's engine and ZeRO optimizers allocate goes under their line, not under the torch call below
+    it (round 8's offload snapshot: where the offloaded trials' GiB sit on the GPU)."""
+    zero = frame("/site-packages/deepspeed/runtime/zero/stage_1_and_2.py", 1234, "initialize_optimizer_states")
+    adamw = frame("/site-packages/torch/optim/adamw.py", 80, "_init_group")
+    events = [alloc(1, 2.0, adamw, zero, frame(STEP, 90, "setup"))]
+    (group,) = cuda_snapshot.live_at_peak(events)["groups"]
+    assert group["allocated_at"] == "deepspeed/runtime/zero/stage_1_and_2.py:1234:initialize_optimizer_states"
+
+
 def test_the_training_window_leaves_out_a_higher_build_peak():
     """The peak file's peak is the row's peak_alloc_gib: CUDA's counter is reset after the build, so a build
     that peaked higher (a full-precision copy of the weights, say) is not it; what the build left live is."""

@@ -80,3 +80,17 @@ def test_the_summary_scores_each_point_against_both_tables():
     assert "re-predicted: tensor 45.41 (+3.2%), reserved 52.68 [47.6-59.0] (+0.0%), step 0.4 (+0.0%)" in text
     assert "ZeRO-3: error" in text and "RuntimeError: out of memory" in text
     assert "ZeRO-2 above fsdp2: +4.00 GiB of tensors (re-predicted +1.37)" in text
+
+
+def test_the_offload_stage_snapshots_each_offloaded_zero_trial_beside_its_twin_without():
+    """The `zero-offload` stage's plan indices are gpu-validate's ZeRO trials: each offloaded one, then the same
+    stage without offload, every one on a GPU (the snapshot refuses CPU trials)."""
+    script = SCRIPT.read_text()
+    (indices,) = re.findall(r"zero-offload\) for index in ([\d ]+);", script)
+    trials = plan(load_sweep(SWEEPS / "gpu-validate.yaml"))
+    chosen = [trials[int(i)].config for i in indices.split()]
+    assert [(c.train.strategy, c.train.zero_stage, c.train.offload) for c in chosen] == [
+        ("deepspeed", 2, "optimizer"), ("deepspeed", 2, "none"), ("deepspeed", 3, "optimizer_params"),
+        ("deepspeed", 3, "none")]
+    assert {c.resources.gpus_per_worker for c in chosen} == {1}
+    assert "RAYBENCH_CUDA_MEMORY_SNAPSHOT=$out/zero-offload" in script
