@@ -125,7 +125,7 @@ def corpus_points(public_output: Path) -> list[dict]:
                 "id": entry.id, "set": traced[entry.id]["set"],
                 "source": f"{entry.source.get('repo') or entry.source.get('url') or entry.source.get('paper')}"
                           f"/{entry.source.get('path', '')}".rstrip("/"),
-                "params": est.params_total, "world": trial.world_size,
+                "params": est.params_total, "world": trial.world_size, "nodes": entry.nodes,
                 "reach": uncertainty.reach(est.params_total, trial.world_size),
                 "traced": {"step_time": traced[entry.id]["step_time"],
                            "reserved_peak": traced[entry.id]["reserved_peak"] if memory else None},
@@ -244,6 +244,17 @@ def main() -> None:
         print(f"| {p['set']} | {p['id']} | {p['params'] / 1e9:.1f} | {p['world']} | {p['reach']:.2f} | "
               f"{_pct(p['traced']['step_time'])} | {_pct(width['step_time'])} | "
               f"{_pct(p['traced']['reserved_peak'])} | {_pct(width['reserved_peak'])} |")
+    print("\n## Traced step time's band by where the step runs (a check, not part of the derivation)\n")
+    print("| entries | n | covered | p90 \\|err\\| | max \\|err\\| | unseen | unseen covered |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, chosen in (("on one node", [p for p in points if p["nodes"] == 1]),
+                          ("across nodes", [p for p in points if p["nodes"] > 1])):
+        errors = [p["traced"]["step_time"] for p in chosen]
+        covered = [p for p in chosen if p["traced"]["step_time"] <= traced_band["rows"]["step_time"]
+                   + traced_band["at_scale"]["step_time"] * p["reach"]]
+        unseen = [p for p in chosen if p["set"] == "unseen"]
+        print(f"| {label} | {len(chosen)} | {len(covered)} | {_pct(uncertainty.quantile(errors))} | "
+              f"{_pct(max(errors))} | {len(unseen)} | {sum(p in covered for p in unseen)} |")
     print(json.dumps({"bench": "prediction_intervals", "quantile": uncertainty.QUANTILE,
                       "derivation_gpu": DERIVATION_GPU, "bands": bands, "checks": checks}))
 
