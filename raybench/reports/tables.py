@@ -77,12 +77,14 @@ def rehearsal_report(rows: list[dict], store_path: str, sweep_file: str) -> str:
     text = (rehearsal_table(rows) + f"\n\n{len(rows)} configuration(s) rehearsed; stored in {store_path}/"
             f"{REHEARSALS_DIR} (`raybench estimate {sweep_file}` fits them by their rehearsal)")
     used = _priced_with(rows)
-    text += "\npriced with: " + "; ".join(used) if used else ""
+    if used:
+        text += "\npriced with: " + "; ".join(used)
     crossing = sum(_across_nodes_on_nominal_links(r) for r in rows)
-    return text + (f"\nfabric: {crossing} configuration(s) cross nodes on nominal links (nothing measured the "
-                   "network): their step times are the least certain here (docs/rehearse.md, node layout); give "
-                   "the cluster's fabric with --busbw, estimate.busbw_gbps or estimate.nics_per_node" if crossing
-                   else "")
+    if crossing:
+        text += (f"\nfabric: {crossing} configuration(s) cross nodes on nominal links (nothing measured the "
+                 "network): their step times are the least certain here (docs/rehearse.md, node layout); give the "
+                 "cluster's fabric with --busbw, estimate.busbw_gbps or estimate.nics_per_node")
+    return text
 
 
 def _across_nodes_on_nominal_links(row: dict) -> bool:
