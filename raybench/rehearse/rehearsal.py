@@ -173,7 +173,7 @@ def rehearse(config: TrialConfig, shape: ModelShape, gpu: str | None, busbw_gbps
         if twin is None:
             return _analytic(config, analytic, rank, why_not)
         traced_twin = rehearse(twin, shape, gpu, busbw_gbps, busbw_source, None, calibration, rank, traces,
-                               extrapolate_depth, layout, share_worlds, not twin.train.reshard_after_forward)
+                               extrapolate_depth, layout, share_worlds, gathers_after_step=config.train.zero_stage < 3)
         return _zero_from_twin(config, traced_twin, analytic, why_not)
     on_gpu = config.resources.gpus_per_worker > 0
     _, notes = traced_train(config.train, on_gpu)
